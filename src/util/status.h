@@ -94,17 +94,17 @@ class [[nodiscard]] Result {
 #define TRELLIS_CONCAT_(a, b) TRELLIS_CONCAT_INNER_(a, b)
 
 // Returns early from the enclosing function if `expr` (a Status) is not OK.
-#define TRELLIS_RETURN_IF_ERROR(expr)                   \
+#define TRELLIS_RETURN_IF_ERROR(...)                    \
   do {                                                  \
-    ::trellis::Status trellis_status_ = (expr);         \
+    ::trellis::Status trellis_status_ = (__VA_ARGS__);  \
     if (!trellis_status_.ok()) return trellis_status_;  \
   } while (0)
 
 // `TRELLIS_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result or returns its error.
-#define TRELLIS_ASSIGN_OR_RETURN(lhs, expr) \
-  TRELLIS_ASSIGN_OR_RETURN_IMPL_(TRELLIS_CONCAT_(trellis_result_, __LINE__), lhs, expr)
-#define TRELLIS_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                   \
+#define TRELLIS_ASSIGN_OR_RETURN(lhs, ...) \
+  TRELLIS_ASSIGN_OR_RETURN_IMPL_(TRELLIS_CONCAT_(trellis_result_, __LINE__), lhs, __VA_ARGS__)
+#define TRELLIS_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, ...) \
+  auto tmp = (__VA_ARGS__);                           \
   if (!tmp.ok()) return tmp.status();                  \
   lhs = std::move(tmp).value()
 
