@@ -1,0 +1,101 @@
+#include "kernels/cpu_features.h"
+
+#include <cpuid.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+namespace trellis {
+namespace {
+
+uint64_t ReadXcr0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+CpuFeatures DetectCpuFeatures() {
+  CpuFeatures f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid(1, a, b, c, d);
+  const bool osxsave = (c >> 27) & 1;
+  const bool fma = (c >> 12) & 1;
+  const bool f16c = (c >> 29) & 1;
+  const bool avx = (c >> 28) & 1;
+  if (!osxsave || !avx) return f;
+  const uint64_t xcr0 = ReadXcr0();
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;            // SSE + AVX state
+  const bool zmm_state = ymm_state && (xcr0 & 0xe0) == 0xe0;  // opmask + ZMM hi/lo
+  if (!ymm_state) return f;
+
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = (b >> 5) & 1;
+  f.fma = fma;
+  f.f16c = f16c;
+  if (zmm_state) {
+    f.avx512f = (b >> 16) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+    f.avx512vnni = (c >> 11) & 1;
+  }
+  __cpuid_count(7, 1, a, b, c, d);
+  f.avxvnni = (a >> 4) & 1;
+  if (zmm_state) f.avx512bf16 = (a >> 5) & 1;
+  return f;
+}
+
+bool HasAvx512Dq() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (b >> 17) & 1;
+}
+
+}  // namespace
+
+const CpuFeatures& GetCpuFeatures() {
+  static const CpuFeatures features = DetectCpuFeatures();
+  return features;
+}
+
+bool IsaSupported(KernelIsa isa) {
+  const CpuFeatures& f = GetCpuFeatures();
+  switch (isa) {
+    case KernelIsa::kScalar:
+      return true;
+    case KernelIsa::kAvx2:
+      return f.avx2 && f.fma && f.f16c;
+    case KernelIsa::kAvx512:
+      return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni &&
+             f.avx512bf16 && HasAvx512Dq();
+  }
+  return false;
+}
+
+const char* KernelIsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kScalar: return "scalar";
+    case KernelIsa::kAvx2: return "avx2";
+    case KernelIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+KernelIsa BestKernelIsa() {
+  static const KernelIsa best = [] {
+    KernelIsa cap = KernelIsa::kAvx512;
+    if (const char* env = std::getenv("TRELLIS_ISA")) {
+      if (std::strcmp(env, "scalar") == 0) cap = KernelIsa::kScalar;
+      else if (std::strcmp(env, "avx2") == 0) cap = KernelIsa::kAvx2;
+    }
+    for (KernelIsa isa : {KernelIsa::kAvx512, KernelIsa::kAvx2}) {
+      if (static_cast<int>(isa) <= static_cast<int>(cap) && IsaSupported(isa)) return isa;
+    }
+    return KernelIsa::kScalar;
+  }();
+  return best;
+}
+
+}  // namespace trellis

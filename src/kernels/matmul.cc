@@ -1,0 +1,314 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/matmul_internal.h"
+#include "kernels/quant.h"
+#include "util/fp16.h"
+#include "util/status.h"
+
+namespace trellis {
+namespace matmul_internal {
+namespace {
+
+constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// ---- scalar dots: one weight row against one activation row (scratch layout) ----------
+
+float DotQ4_0(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ4_0* wb = reinterpret_cast<const BlockQ4_0*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int isum = 0;
+    const int8_t* q8 = aq + 32 * b;
+    for (int j = 0; j < 16; ++j) {
+      isum += ((wb[b].qs[j] & 0xF) - 8) * q8[j] + ((wb[b].qs[j] >> 4) - 8) * q8[j + 16];
+    }
+    sum += static_cast<float>(isum) * (Fp16ToFp32(wb[b].d) * ad[b]);
+  }
+  return sum;
+}
+
+float DotQ8_0(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int isum = 0;
+    for (int j = 0; j < 32; ++j) isum += wb[b].qs[j] * aq[32 * b + j];
+    sum += static_cast<float>(isum) * (Fp16ToFp32(wb[b].d) * ad[b]);
+  }
+  return sum;
+}
+
+float DotQ4_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w);
+  const int64_t nb = cols / kQkK;
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  const int16_t* bsums = reinterpret_cast<const int16_t*>(a + cols + 4 * nb);
+  float sum = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* q8 = aq + kQkK * b;
+    int isum = 0, msum = 0;
+    for (int c = 0; c < 4; ++c) {
+      uint8_t sc0, m0, sc1, m1;
+      GetScaleMinK4(2 * c, wb[b].scales, &sc0, &m0);
+      GetScaleMinK4(2 * c + 1, wb[b].scales, &sc1, &m1);
+      int d0 = 0, d1 = 0;
+      for (int l = 0; l < 32; ++l) {
+        d0 += (wb[b].qs[32 * c + l] & 0xF) * q8[64 * c + l];
+        d1 += (wb[b].qs[32 * c + l] >> 4) * q8[64 * c + 32 + l];
+      }
+      isum += sc0 * d0 + sc1 * d1;
+      const int16_t* bs = bsums + 16 * b + 4 * c;
+      msum += m0 * (bs[0] + bs[1]) + m1 * (bs[2] + bs[3]);
+    }
+    sum += Fp16ToFp32(wb[b].d) * ad[b] * static_cast<float>(isum) -
+           Fp16ToFp32(wb[b].dmin) * ad[b] * static_cast<float>(msum);
+  }
+  return sum;
+}
+
+float DotQ6_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w);
+  const int64_t nb = cols / kQkK;
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    int q[256];
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = wb[b].ql + 64 * h;
+      const uint8_t* qh = wb[b].qh + 32 * h;
+      int* qq = q + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        qq[l] = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        qq[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        qq[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        qq[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      }
+    }
+    const int8_t* q8 = aq + kQkK * b;
+    int isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += q[16 * g + i] * q8[16 * g + i];
+      isum += wb[b].scales[g] * s;
+    }
+    sum += Fp16ToFp32(wb[b].d) * ad[b] * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float DotF16(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
+  const float* x = reinterpret_cast<const float*>(a);
+  float sum = 0;
+  for (int64_t c = 0; c < cols; ++c) sum += Fp16ToFp32(wh[c]) * x[c];
+  return sum;
+}
+
+float DotBF16(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(a);
+  float sum = 0;
+  for (int64_t c = 0; c < cols; ++c) sum += Bf16ToFp32(wh[c]) * Bf16ToFp32(x[c]);
+  return sum;
+}
+
+float DotF32(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const float* wf = reinterpret_cast<const float*>(w);
+  const float* x = reinterpret_cast<const float*>(a);
+  float sum = 0;
+  for (int64_t c = 0; c < cols; ++c) sum += wf[c] * x[c];
+  return sum;
+}
+
+using DotFn = float (*)(const uint8_t*, const uint8_t*, int64_t);
+
+DotFn GetDotScalar(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return DotQ4_0;
+    case GgmlType::kQ8_0: return DotQ8_0;
+    case GgmlType::kQ4_K: return DotQ4_K;
+    case GgmlType::kQ6_K: return DotQ6_K;
+    case GgmlType::kF16: return DotF16;
+    case GgmlType::kBF16: return DotBF16;
+    case GgmlType::kF32: return DotF32;
+    default: return nullptr;
+  }
+}
+
+template <DotFn kDot>
+void ScalarTile(const TileArgs& p) {
+  for (int t = 0; t < p.nt; ++t) {
+    for (int r = 0; r < p.nr; ++r) {
+      p.y[t * p.y_stride + r] = kDot(p.w + r * p.w_stride, p.a + t * p.a_stride, p.cols);
+    }
+  }
+}
+
+}  // namespace
+
+size_t ActRowBytes(GgmlType type, int64_t cols) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0: return RoundUp(cols + 4 * (cols / 32), 64);
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16), 64);
+    case GgmlType::kF16: return RoundUp(4 * cols, 64);
+    case GgmlType::kBF16: return RoundUp(2 * cols, 64);
+    default: return 0;
+  }
+}
+
+void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0: {
+      float* d = reinterpret_cast<float*>(dst + cols);
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        BlockQ8_0 blk;
+        QuantizeRowQ8_0(x + 32 * b, &blk, 32);
+        std::memcpy(dst + 32 * b, blk.qs, 32);
+        d[b] = Fp16ToFp32(blk.d);
+      }
+      break;
+    }
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: {
+      const int64_t nb = cols / kQkK;
+      float* d = reinterpret_cast<float*>(dst + cols);
+      int16_t* bsums = reinterpret_cast<int16_t*>(dst + cols + 4 * nb);
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockQ8_K blk;
+        QuantizeRowQ8_K(x + kQkK * b, &blk, kQkK);
+        std::memcpy(dst + kQkK * b, blk.qs, kQkK);
+        d[b] = blk.d;
+        std::memcpy(bsums + 16 * b, blk.bsums, sizeof(blk.bsums));
+      }
+      break;
+    }
+    case GgmlType::kF16: {
+      float* o = reinterpret_cast<float*>(dst);
+      for (int64_t c = 0; c < cols; ++c) o[c] = Fp16ToFp32(Fp32ToFp16(x[c]));
+      break;
+    }
+    case GgmlType::kBF16: {
+      uint16_t* o = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t c = 0; c < cols; ++c) o[c] = Fp32ToBf16(x[c]);
+      break;
+    }
+    default: break;
+  }
+}
+
+TileKernel GetTileKernelScalar(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return {ScalarTile<DotQ4_0>, 4, 4};
+    case GgmlType::kQ8_0: return {ScalarTile<DotQ8_0>, 4, 4};
+    case GgmlType::kQ4_K: return {ScalarTile<DotQ4_K>, 4, 4};
+    case GgmlType::kQ6_K: return {ScalarTile<DotQ6_K>, 4, 4};
+    case GgmlType::kF16: return {ScalarTile<DotF16>, 4, 4};
+    case GgmlType::kBF16: return {ScalarTile<DotBF16>, 4, 4};
+    case GgmlType::kF32: return {ScalarTile<DotF32>, 4, 4};
+    default: return {};
+  }
+}
+
+void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
+                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
+  TRELLIS_CHECK(IsaSupported(isa));
+  TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
+  TileKernel k;
+  if (isa == KernelIsa::kAvx512) k = GetTileKernelAvx512(w.type);
+  if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
+  if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
+  TRELLIS_CHECK(k.fn != nullptr);
+  if (n_tokens <= 0 || w.rows <= 0) return;
+
+  // 1. Activations -> scratch (one row per token).
+  const int64_t cols = w.cols;
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
+  int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
+  if (w.type != GgmlType::kF32) {
+    TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
+    a_stride = static_cast<int64_t>(ActRowBytes(w.type, cols));
+    uint8_t* s = static_cast<uint8_t*>(scratch);
+    pool.ParallelFor(n_tokens, [&](int64_t begin, int64_t end, int) {
+      for (int64_t t = begin; t < end; ++t) QuantizeActRow(w.type, x + t * x_stride, cols, s + t * a_stride);
+    });
+    a = s;
+  }
+
+  // 2. Rows split across threads in contiguous chunks of 16; each thread walks token chunks
+  // that stay in L2, and inside them row tiles x token tiles.
+  constexpr int64_t kRowUnit = 16;
+  const int64_t n_units = (w.rows + kRowUnit - 1) / kRowUnit;
+  const int64_t chunk_bytes = 192 * 1024;
+  int64_t tc = std::max<int64_t>(k.nt, chunk_bytes / std::max<int64_t>(a_stride, 1) / k.nt * k.nt);
+  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
+  pool.Run([&](int ith, int nth) {
+    const int64_t r_begin = n_units * ith / nth * kRowUnit;
+    const int64_t r_end = std::min(w.rows, n_units * (ith + 1) / nth * kRowUnit);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
+      const int64_t t1 = std::min(n_tokens, t0 + tc);
+      for (int64_t r = r_begin; r < r_end; r += k.mr) {
+        TileArgs p;
+        p.w = wdata + r * w.row_bytes;
+        p.w_stride = w.row_bytes;
+        p.a_stride = a_stride;
+        p.cols = cols;
+        p.y_stride = y_stride;
+        p.nr = static_cast<int>(std::min<int64_t>(k.mr, r_end - r));
+        for (int64_t t = t0; t < t1; t += k.nt) {
+          p.a = a + t * a_stride;
+          p.y = y + t * y_stride + r;
+          p.nt = static_cast<int>(std::min<int64_t>(k.nt, t1 - t));
+          k.fn(p);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace matmul_internal
+
+size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
+  return matmul_internal::ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
+}
+
+void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
+            int64_t y_stride, ThreadPool& pool, void* scratch) {
+  matmul_internal::MatMulWithIsa(BestKernelIsa(), w, x, x_stride, n_tokens, y, y_stride, pool, scratch);
+}
+
+void MatMulRef(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
+               int64_t y_stride) {
+  using namespace matmul_internal;
+  const DotFn dot = GetDotScalar(w.type);
+  TRELLIS_CHECK(dot != nullptr);
+  const int64_t a_stride = static_cast<int64_t>(ActRowBytes(w.type, w.cols));
+  std::vector<uint8_t> act(static_cast<size_t>(a_stride * n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) QuantizeActRow(w.type, x + t * x_stride, w.cols, act.data() + t * a_stride);
+  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const uint8_t* a = w.type == GgmlType::kF32 ? reinterpret_cast<const uint8_t*>(x + t * x_stride)
+                                                : act.data() + t * a_stride;
+    for (int64_t r = 0; r < w.rows; ++r) y[t * y_stride + r] = dot(wdata + r * w.row_bytes, a, w.cols);
+  }
+}
+
+void GetRow(const WeightMatrix& w, int64_t r, float* dst) {
+  TRELLIS_CHECK(r >= 0 && r < w.rows);
+  const Status s = DequantizeRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, dst, w.cols);
+  TRELLIS_CHECK(s.ok());
+}
+
+}  // namespace trellis

@@ -1,0 +1,57 @@
+// Internals shared by the MatMul driver and its per-ISA tile kernels. Not a public API.
+//
+// Activation scratch layout, one row per token, each row padded to 64 bytes:
+//   Q4_0 / Q8_0 weights:  int8 qs[cols]; float d[cols / 32]        (Q8_0 values, d = f16(d))
+//   Q4_K / Q6_K weights:  int8 qs[cols]; float d[cols / 256]; int16 bsums[cols / 16]  (Q8_K)
+//   F16 weights:          float x[cols], each rounded through f16
+//   BF16 weights:         uint16 x[cols], bf16 bits
+//   F32 weights:          none; kernels read x directly.
+// A tile kernel computes y for rows [r0, r0+nr) x tokens [t0, t0+nt), nr <= mr, nt <= nt.
+//
+// Thread safety: kernels are pure functions on caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+
+namespace trellis::matmul_internal {
+
+struct TileArgs {
+  const uint8_t* w;  // weight row r0
+  int64_t w_stride;  // bytes between weight rows
+  const uint8_t* a;  // activation row t0 (layout above)
+  int64_t a_stride;  // bytes between activation rows
+  int64_t cols;
+  float* y;          // y of (t0, r0); element (t, r) at y[t * y_stride + r]
+  int64_t y_stride;
+  int nr;
+  int nt;
+};
+
+using TileFn = void (*)(const TileArgs&);
+
+struct TileKernel {
+  TileFn fn = nullptr;  // null: this ISA has no kernel for the type
+  int mr = 1;           // max rows per tile
+  int nt = 1;           // max tokens per tile
+};
+
+// Bytes of one activation row in scratch (0 for F32).
+size_t ActRowBytes(GgmlType type, int64_t cols);
+
+// Converts one activation row x[cols] into the scratch layout for `type`.
+void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst);
+
+TileKernel GetTileKernelScalar(GgmlType type);
+TileKernel GetTileKernelAvx2(GgmlType type);    // matmul_avx2.cc
+TileKernel GetTileKernelAvx512(GgmlType type);  // matmul_avx512.cc
+
+// MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
+// REQUIRES: IsaSupported(isa).
+void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
+                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch);
+
+}  // namespace trellis::matmul_internal

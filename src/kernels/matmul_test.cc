@@ -1,0 +1,175 @@
+#include "kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/matmul_internal.h"
+#include "kernels/quant.h"
+
+namespace trellis {
+namespace {
+
+using matmul_internal::MatMulWithIsa;
+
+std::vector<float> Gaussian(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// Quantized weights plus their exact f32 dequantization.
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> dequant;  // (rows, cols)
+  WeightMatrix w;
+};
+
+TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  TestMatrix m;
+  const std::vector<float> src = Gaussian(rows * cols, seed);
+  const int64_t rb = RowBytes(type, cols);
+  m.bytes.resize(rb * rows);
+  m.dequant.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, m.bytes.data() + r * rb, cols).ok());
+    EXPECT_TRUE(DequantizeRow(type, m.bytes.data() + r * rb, m.dequant.data() + r * cols, cols).ok());
+  }
+  m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};
+  return m;
+}
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) : storage(n + 64) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(storage.data());
+    ptr = storage.data() + ((64 - p % 64) % 64);
+  }
+  std::vector<uint8_t> storage;
+  uint8_t* ptr;
+};
+
+ThreadPool& Pool(int n) {
+  static ThreadPool p1(1), p2(2), p3(3);
+  return n == 1 ? p1 : n == 2 ? p2 : p3;
+}
+
+std::vector<KernelIsa> AvailableIsas() {
+  std::vector<KernelIsa> v;
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (IsaSupported(isa)) v.push_back(isa);
+  }
+  return v;
+}
+
+double Rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float f : v) s += static_cast<double>(f) * f;
+  return std::sqrt(s / std::max<size_t>(v.size(), 1));
+}
+
+// Expected relative rms error of the activation conversion against exact f32 math.
+double ActivationErrorBound(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32: return 1e-5;
+    case GgmlType::kF16: return 2e-3;
+    case GgmlType::kBF16: return 1e-2;
+    default: return 2e-2;  // 8-bit activations
+  }
+}
+
+struct Shape {
+  int64_t rows, cols, n_tokens;
+};
+
+class MatMulTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(MatMulTest, MatchesReferenceForEveryIsaAndThreadCount) {
+  const GgmlType type = GetParam();
+  const Shape shapes[] = {{37, 256, 1}, {37, 256, 70}, {260, 512, 3}, {260, 512, 33},
+                          {37, 2048, 8}, {260, 2048, 1}, {64, 256, 70}, {5, 512, 8}};
+  int case_index = 0;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << "rows=" << s.rows << " cols=" << s.cols << " n_tokens=" << s.n_tokens);
+    const TestMatrix m = MakeMatrix(type, s.rows, s.cols, 100 + case_index);
+    const int64_t x_stride = s.cols + 3, y_stride = s.rows + 5;
+    const std::vector<float> x = Gaussian(s.n_tokens * x_stride, 200 + case_index);
+
+    std::vector<float> y_ref(s.n_tokens * y_stride, -7.f);
+    MatMulRef(m.w, x.data(), x_stride, s.n_tokens, y_ref.data(), y_stride);
+
+    // Reference vs exact f32 math on the dequantized weights.
+    std::vector<float> err, exact;
+    for (int64_t t = 0; t < s.n_tokens; ++t) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double acc = 0;
+        for (int64_t c = 0; c < s.cols; ++c) acc += static_cast<double>(m.dequant[r * s.cols + c]) * x[t * x_stride + c];
+        exact.push_back(static_cast<float>(acc));
+        err.push_back(static_cast<float>(acc - y_ref[t * y_stride + r]));
+      }
+    }
+    EXPECT_LT(Rms(err) / Rms(exact), ActivationErrorBound(type));
+
+    AlignedBuffer scratch(MatMulScratchBytes(type, s.cols, s.n_tokens));
+    for (KernelIsa isa : AvailableIsas()) {
+      const int n_threads = 1 + (case_index++ % 3);
+      SCOPED_TRACE(testing::Message() << "isa=" << KernelIsaName(isa) << " threads=" << n_threads);
+      std::vector<float> y(s.n_tokens * y_stride, -7.f);
+      MatMulWithIsa(isa, m.w, x.data(), x_stride, s.n_tokens, y.data(), y_stride, Pool(n_threads), scratch.ptr);
+      const double tol = 1e-4 * Rms(exact);
+      int bad = 0;
+      for (int64_t t = 0; t < s.n_tokens; ++t) {
+        for (int64_t r = 0; r < y_stride; ++r) {
+          const float got = y[t * y_stride + r], want = y_ref[t * y_stride + r];
+          if (r >= s.rows) {
+            if (got != -7.f && bad++ < 5) ADD_FAILURE() << "wrote padding at t=" << t << " r=" << r;
+          } else if (!(std::fabs(got - want) <= tol) && bad++ < 5) {
+            ADD_FAILURE() << "t=" << t << " r=" << r << " got " << got << " want " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MatMulTypes, MatMulTest,
+                         ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K),
+                         [](const auto& info) { return std::string(GetGgmlTypeTraits(info.param).name); });
+
+TEST(MatMulTest, PublicEntryPointAndGetRow) {
+  const TestMatrix m = MakeMatrix(GgmlType::kQ4_K, 9, 512, 7);
+  const std::vector<float> x = Gaussian(2 * 512, 8);
+  AlignedBuffer scratch(MatMulScratchBytes(GgmlType::kQ4_K, 512, 2));
+  std::vector<float> y(2 * 9), y_ref(2 * 9);
+  MatMul(m.w, x.data(), 512, 2, y.data(), 9, Pool(2), scratch.ptr);
+  MatMulRef(m.w, x.data(), 512, 2, y_ref.data(), 9);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], y_ref[i], 1e-3);
+  std::vector<float> row(512);
+  GetRow(m.w, 4, row.data());
+  for (int c = 0; c < 512; ++c) EXPECT_EQ(row[c], m.dequant[4 * 512 + c]);
+}
+
+TEST(MatMulTest, ScratchBytesIsPureAndSized) {
+  EXPECT_EQ(MatMulScratchBytes(GgmlType::kF32, 2048, 8), 0u);
+  EXPECT_EQ(MatMulScratchBytes(GgmlType::kQ4_0, 2048, 8), MatMulScratchBytes(GgmlType::kQ4_0, 2048, 8));
+  EXPECT_GE(MatMulScratchBytes(GgmlType::kQ4_0, 2048, 1), 2048u + 64 * 4);
+  EXPECT_EQ(MatMulScratchBytes(GgmlType::kQ6_K, 2048, 4) % 64, 0u);
+}
+
+TEST(CpuFeaturesTest, BestIsaIsSupported) {
+  EXPECT_TRUE(IsaSupported(BestKernelIsa()));
+  EXPECT_TRUE(IsaSupported(KernelIsa::kScalar));
+  const CpuFeatures& f = GetCpuFeatures();
+  if (f.avx512vnni) {
+    EXPECT_TRUE(f.avx512f);
+  }
+}
+
+}  // namespace
+}  // namespace trellis

@@ -1,0 +1,98 @@
+// Quantized block formats (byte-exact with GGUF / ggml) and reference (de)quantizers.
+//
+// A row of n elements in a block type is n / kBlockElems consecutive blocks. All f16
+// scales are IEEE half bits (util/fp16.h). Layouts:
+//   Q4_0 (32 elems, 18 B): value = (q - 8) * d; qs[j] low nibble = elem j, high = elem j+16.
+//   Q8_0 (32 elems, 34 B): value = qs[j] * d.
+//   Q4_K (256 elems, 144 B): 8 sub-blocks of 32; sub-block j has 6-bit scale sc_j and min
+//     m_j packed in scales[12] (see GetScaleMinK4); value = d*sc_j*q - dmin*m_j, q in 0..15.
+//     qs[32c + l]: low nibble = elem 64c + l, high nibble = elem 64c + 32 + l.
+//   Q6_K (256 elems, 210 B): 16 sub-blocks of 16 with int8 scales; value = d*sc*(q - 32),
+//     q in 0..63 = 4 low bits in ql, 2 high bits in qh (see DequantizeRow for the order).
+//   Q8_K (256 elems, 292 B): activation format, value = qs[j] * d (f32 d), bsums[g] =
+//     sum of qs[16g .. 16g+15].
+//
+// Thread safety: pure functions on caller-owned buffers.
+#pragma once
+
+#include <cstdint>
+
+#include "model/ggml_type.h"
+#include "util/status.h"
+
+namespace trellis {
+
+inline constexpr int kQk4_0 = 32;
+inline constexpr int kQk8_0 = 32;
+inline constexpr int kQkK = 256;
+
+struct BlockQ4_0 {
+  uint16_t d;       // f16 scale
+  uint8_t qs[16];   // (32) nibbles
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+struct BlockQ8_0 {
+  uint16_t d;       // f16 scale
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+struct BlockQ4_K {
+  uint16_t d;           // f16 super-block scale for the 6-bit scales
+  uint16_t dmin;        // f16 super-block scale for the 6-bit mins
+  uint8_t scales[12];   // 8 scales + 8 mins, 6 bits each
+  uint8_t qs[128];      // (256) nibbles
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+struct BlockQ6_K {
+  uint8_t ql[128];    // low 4 bits
+  uint8_t qh[64];     // high 2 bits
+  int8_t scales[16];  // per 16 elements
+  uint16_t d;         // f16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+struct BlockQ8_K {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
+static_assert(sizeof(BlockQ8_K) == 292);
+
+// Scale and min (6 bits each) of sub-block j (0..7) of a Q4_K block's scales[12].
+inline void GetScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// Reference dequantization of n elements (n a multiple of the type's block size).
+// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K.
+Status DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
+
+// Quantizes n elements (multiple of the block size) into dst (RowBytes(type, n) bytes).
+// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K.
+Status QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
+
+// Activation quantizers, numerically as llama.cpp's reference ones.
+// Q8_0: d = amax / 127 (stored f16), q = round(x / d) (ties away from zero).
+void QuantizeRowQ8_0(const float* x, BlockQ8_0* y, int64_t n);
+// Q8_K: scale from the signed value of largest magnitude, q = nearest-even(-127/max * x)
+// capped at 127, d = 1 / iscale, plus bsums.
+void QuantizeRowQ8_K(const float* x, BlockQ8_K* y, int64_t n);
+
+// Round to nearest, ties to even (ggml's nearest_int), for |x| < 2^22.
+inline int NearestInt(float x) {
+  const float v = x + 12582912.f;
+  int32_t i;
+  __builtin_memcpy(&i, &v, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+}  // namespace trellis

@@ -1,0 +1,199 @@
+#include "kernels/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "util/fp16.h"
+
+namespace trellis {
+namespace {
+
+std::vector<float> Gaussian(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+TEST(QuantTest, BlockSizesMatchGgml) {
+  EXPECT_EQ(sizeof(BlockQ4_0), 18u);
+  EXPECT_EQ(sizeof(BlockQ8_0), 34u);
+  EXPECT_EQ(sizeof(BlockQ4_K), 144u);
+  EXPECT_EQ(sizeof(BlockQ6_K), 210u);
+  EXPECT_EQ(sizeof(BlockQ8_K), 292u);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    EXPECT_TRUE(GetGgmlTypeTraits(t).computable);
+  }
+  EXPECT_EQ(RowBytes(GgmlType::kQ4_K, 512), 2 * 144);
+}
+
+TEST(QuantTest, DequantizeQ4_0KnownValues) {
+  BlockQ4_0 b;
+  b.d = 0x3800;  // 0.5
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  float y[32];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ4_0, &b, y, 32).ok());
+  EXPECT_EQ(y[0], -4.f);   // (0 - 8) * 0.5
+  EXPECT_EQ(y[8], 0.f);
+  EXPECT_EQ(y[15], 3.5f);  // (15 - 8) * 0.5
+  EXPECT_EQ(y[16], 3.5f);  // high nibble 15
+  EXPECT_EQ(y[31], -4.f);  // high nibble 0
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], (j - 8) * 0.5f);
+    EXPECT_EQ(y[j + 16], (7 - j) * 0.5f);
+  }
+}
+
+TEST(QuantTest, DequantizeQ8_0KnownValues) {
+  BlockQ8_0 b;
+  b.d = 0x3400;  // 0.25
+  for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<int8_t>(j - 16);
+  float y[32];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ8_0, &b, y, 32).ok());
+  EXPECT_EQ(y[0], -4.f);
+  EXPECT_EQ(y[31], 3.75f);
+}
+
+TEST(QuantTest, DequantizeQ4_KKnownValues) {
+  // Scales and mins by sub-block, and the 12 bytes they pack into (worked by hand).
+  const int sc[8] = {1, 2, 3, 4, 17, 18, 33, 63};
+  const int mn[8] = {5, 6, 7, 8, 20, 36, 9, 48};
+  BlockQ4_K b;
+  b.d = 0x3C00;     // 1.0
+  b.dmin = 0x3800;  // 0.5
+  const uint8_t packed[12] = {65, 66, 131, 196, 69, 134, 7, 200, 65, 66, 145, 15};
+  std::memcpy(b.scales, packed, 12);
+  for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<uint8_t>(i);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t s, m;
+    GetScaleMinK4(j, b.scales, &s, &m);
+    EXPECT_EQ(s, sc[j]) << j;
+    EXPECT_EQ(m, mn[j]) << j;
+  }
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ4_K, &b, y, 256).ok());
+  EXPECT_EQ(y[0], -2.5f);     // 1*1*0 - 0.5*5
+  EXPECT_EQ(y[33], -3.f);     // byte 1 high nibble 0: 0 - 0.5*6
+  EXPECT_EQ(y[255], 417.f);   // byte 127 high nibble 7: 63*7 - 0.5*48
+  EXPECT_EQ(y[64 + 5], 3.f * 5 - 3.5f);  // byte 37 low nibble 5, sub-block 2
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      const int byte = 32 * c + l;
+      EXPECT_EQ(y[64 * c + l], sc[2 * c] * (byte & 15) - 0.5f * mn[2 * c]);
+      EXPECT_EQ(y[64 * c + 32 + l], sc[2 * c + 1] * (byte >> 4) - 0.5f * mn[2 * c + 1]);
+    }
+  }
+}
+
+TEST(QuantTest, DequantizeQ6_KKnownValues) {
+  BlockQ6_K b;
+  b.d = 0x3800;  // 0.5
+  std::memset(b.ql, 0x21, sizeof(b.ql));  // low nibble 1, high nibble 2
+  std::memset(b.qh, 0xE4, sizeof(b.qh));  // 2-bit fields 0, 1, 2, 3
+  for (int g = 0; g < 16; ++g) b.scales[g] = static_cast<int8_t>(g + 1);
+  // Within each half: elements 0..31 -> q = 1|0<<4 = 1; 32..63 -> 1|1<<4 = 17;
+  // 64..95 -> 2|2<<4 = 34; 96..127 -> 2|3<<4 = 50. Value = d * sc * (q - 32).
+  const int qv[4] = {1 - 32, 17 - 32, 34 - 32, 50 - 32};
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ6_K, &b, y, 256).ok());
+  EXPECT_EQ(y[0], 0.5f * 1 * -31);
+  EXPECT_EQ(y[255], 0.5f * 16 * 18);
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], 0.5f * (e / 16 + 1) * qv[(e % 128) / 32]) << e;
+}
+
+TEST(QuantTest, DequantizeF16Bf16) {
+  const uint16_t h[2] = {0x3C00, 0xC000};  // 1, -2
+  const uint16_t bf[2] = {0x3F80, 0x4040};  // 1, 3
+  float y[2];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kF16, h, y, 2).ok());
+  EXPECT_EQ(y[0], 1.f);
+  EXPECT_EQ(y[1], -2.f);
+  ASSERT_TRUE(DequantizeRow(GgmlType::kBF16, bf, y, 2).ok());
+  EXPECT_EQ(y[1], 3.f);
+}
+
+TEST(QuantTest, RejectsBadArguments) {
+  float x[64] = {};
+  uint8_t buf[256];
+  EXPECT_EQ(QuantizeRow(GgmlType::kQ4_0, x, buf, 33).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DequantizeRow(GgmlType::kQ4_K, buf, x, 32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeRow(GgmlType::kQ5_0, x, buf, 32).code(), StatusCode::kUnsupported);
+}
+
+double RelRmsError(GgmlType type, const std::vector<float>& x) {
+  std::vector<uint8_t> q(RowBytes(type, x.size()));
+  std::vector<float> y(x.size());
+  EXPECT_TRUE(QuantizeRow(type, x.data(), q.data(), x.size()).ok());
+  EXPECT_TRUE(DequantizeRow(type, q.data(), y.data(), x.size()).ok());
+  double e2 = 0, x2 = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    e2 += (y[i] - x[i]) * (y[i] - x[i]);
+    x2 += x[i] * x[i];
+  }
+  return std::sqrt(e2 / x2);
+}
+
+TEST(QuantTest, RoundTripErrorBounds) {
+  const std::vector<float> x = Gaussian(8192, 1, 0.7f);
+  // llama.cpp's quantizers reach about: q4_0 0.11, q4_K 0.09, q6_K 0.02, q8_0 0.004.
+  EXPECT_LT(RelRmsError(GgmlType::kQ4_0, x), 0.15);
+  EXPECT_LT(RelRmsError(GgmlType::kQ4_K, x), 0.12);
+  EXPECT_LT(RelRmsError(GgmlType::kQ6_K, x), 0.03);
+  EXPECT_LT(RelRmsError(GgmlType::kQ8_0, x), 0.01);
+  EXPECT_LT(RelRmsError(GgmlType::kF16, x), 1e-3);
+  EXPECT_LT(RelRmsError(GgmlType::kBF16, x), 5e-3);
+  EXPECT_EQ(RelRmsError(GgmlType::kF32, x), 0.0);
+  // Offset data exercises Q4_K's mins.
+  std::vector<float> shifted = Gaussian(4096, 2, 0.5f);
+  for (float& f : shifted) f += 1.5f;
+  EXPECT_LT(RelRmsError(GgmlType::kQ4_K, shifted), 0.05);
+}
+
+TEST(QuantTest, ZeroBlocksQuantizeToZero) {
+  std::vector<float> x(256, 0.f), y(256, 1.f);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    std::vector<uint8_t> q(RowBytes(t, 256));
+    ASSERT_TRUE(QuantizeRow(t, x.data(), q.data(), 256).ok());
+    ASSERT_TRUE(DequantizeRow(t, q.data(), y.data(), 256).ok());
+    for (float v : y) EXPECT_EQ(v, 0.f);
+  }
+}
+
+TEST(QuantTest, QuantizeRowQ8_0MatchesDefinition) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);  // amax 16
+  BlockQ8_0 b;
+  QuantizeRowQ8_0(x, &b, 32);
+  EXPECT_EQ(b.d, Fp32ToFp16(16.f / 127.f));
+  EXPECT_EQ(b.qs[0], -127);
+  EXPECT_EQ(b.qs[16], 0);
+  EXPECT_EQ(b.qs[24], static_cast<int8_t>(std::round(8.f * 127.f / 16.f)));  // 63.5 -> 64
+}
+
+TEST(QuantTest, QuantizeRowQ8_KBsumsAndScale) {
+  const std::vector<float> x = Gaussian(512, 3);
+  BlockQ8_K b[2];
+  QuantizeRowQ8_K(x.data(), b, 512);
+  for (int blk = 0; blk < 2; ++blk) {
+    int imax = 0;
+    for (int j = 0; j < 256; ++j) {
+      if (std::fabs(x[256 * blk + j]) > std::fabs(x[256 * blk + imax])) imax = j;
+    }
+    EXPECT_EQ(b[blk].qs[imax], -127);  // the largest magnitude maps to -127
+    EXPECT_FLOAT_EQ(b[blk].d, x[256 * blk + imax] / -127.f);
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += b[blk].qs[16 * g + i];
+      EXPECT_EQ(b[blk].bsums[g], sum);
+    }
+    for (int j = 0; j < 256; ++j) EXPECT_NEAR(b[blk].qs[j] * b[blk].d, x[256 * blk + j], std::fabs(b[blk].d) * 0.5001);
+  }
+}
+
+}  // namespace
+}  // namespace trellis
