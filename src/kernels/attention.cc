@@ -1,0 +1,269 @@
+// KV layout, KvWrite, the PagedAttention driver (work split + dispatch), the scalar tile
+// kernel and the dense reference.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_internal.h"
+#include "util/fp16.h"
+#include "util/status.h"
+
+namespace trellis {
+
+size_t KvLayout::BlockBytes() const {
+  return static_cast<size_t>(n_layer) * 2 * n_head_kv * block_size * head_dim * 2;
+}
+
+size_t KvLayout::ElementOffset(int layer, int kv, int head, int slot) const {
+  return ((static_cast<size_t>(layer * 2 + kv) * n_head_kv + head) * block_size + slot) *
+         head_dim;
+}
+
+namespace {
+
+uint16_t* BlockPtr(const PagedKv& kv, int32_t block) {
+  return reinterpret_cast<uint16_t*>(kv.base + static_cast<size_t>(block) *
+                                                   kv.layout.BlockBytes());
+}
+
+void F32ToF16Scalar(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+}
+
+template <typename Convert>
+void KvWriteWith(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, const float* k,
+                 int64_t k_stride, const float* v, int64_t v_stride, Convert convert) {
+  const KvLayout& L = kv.layout;
+  for (const AttnSeq& s : seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) {
+      const int32_t p = s.pos0 + i;
+      uint16_t* blk = BlockPtr(kv, s.block_table[p / L.block_size]);
+      const int slot = p % L.block_size;
+      const int64_t row = s.q_row0 + i;
+      for (int h = 0; h < L.n_head_kv; ++h) {
+        const int64_t col = static_cast<int64_t>(h) * L.head_dim;
+        convert(k + row * k_stride + col, blk + L.ElementOffset(layer, 0, h, slot), L.head_dim);
+        convert(v + row * v_stride + col, blk + L.ElementOffset(layer, 1, h, slot), L.head_dim);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void KvWriteRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride) {
+  KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, F32ToF16Scalar);
+}
+
+void KvWrite(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, const float* k,
+             int64_t k_stride, const float* v, int64_t v_stride) {
+  if (internal::BestSimdLevel() != internal::SimdLevel::kScalar) {
+    KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, internal::F32ToF16Avx2);
+  } else {
+    KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, F32ToF16Scalar);
+  }
+}
+
+size_t AttentionScratchFloats(int n_threads, int head_dim, int block_size) {
+  return static_cast<size_t>(n_threads) *
+         internal::AttentionScratchFloatsPerThread(head_dim, block_size);
+}
+
+namespace internal {
+
+void AttnTileScalar(const AttnTile& t) {
+  const int hd = t.head_dim, bs = t.block_size;
+  const int nq = t.n_rows * t.n_heads;
+  float* kt = t.scratch;                 // [bs][hd]
+  float* vt = kt + bs * hd;              // [bs][hd]
+  float* qs = vt + bs * hd;              // [kAttnMaxQueries][hd]
+  float* s = qs + kAttnMaxQueries * hd;  // [kAttnMaxQueries][bs]
+  float* acc = s + kAttnMaxQueries * bs;       // [kAttnMaxQueries][hd]
+  float* m = acc + kAttnMaxQueries * hd;       // [kAttnMaxQueries]
+  float* l = m + kAttnMaxQueries;              // [kAttnMaxQueries]
+  for (int qi = 0; qi < nq; ++qi) {
+    const float* src = t.q + (qi / t.n_heads) * t.q_stride + (qi % t.n_heads) * hd;
+    for (int d = 0; d < hd; ++d) {
+      qs[qi * hd + d] = src[d] * t.scale;
+      acc[qi * hd + d] = 0.0f;
+    }
+    m[qi] = -std::numeric_limits<float>::infinity();
+    l[qi] = 0.0f;
+  }
+  const int32_t kv_end = t.pos_first + t.n_rows;  // exclusive, of the last row
+  for (int32_t p0 = 0; p0 < kv_end; p0 += bs) {
+    const uint16_t* blk = reinterpret_cast<const uint16_t*>(
+        t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
+    const int nvalid = std::min(bs, kv_end - p0);
+    for (int i = 0; i < nvalid * hd; ++i) {
+      kt[i] = Fp16ToFp32(blk[t.k_off + i]);
+      vt[i] = Fp16ToFp32(blk[t.v_off + i]);
+    }
+    for (int qi = 0; qi < nq; ++qi) {
+      const int n = std::min(bs, t.pos_first + qi / t.n_heads + 1 - p0);
+      if (n <= 0) continue;
+      float* sq = s + qi * bs;
+      float mb = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < n; ++j) {
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += qs[qi * hd + d] * kt[j * hd + d];
+        sq[j] = dot;
+        mb = std::max(mb, dot);
+      }
+      const float m_new = std::max(m[qi], mb);
+      const float corr = std::exp(m[qi] - m_new);
+      float sum = 0.0f;
+      for (int j = 0; j < n; ++j) {
+        sq[j] = std::exp(sq[j] - m_new);
+        sum += sq[j];
+      }
+      l[qi] = l[qi] * corr + sum;
+      m[qi] = m_new;
+      float* a = acc + qi * hd;
+      for (int d = 0; d < hd; ++d) a[d] *= corr;
+      for (int j = 0; j < n; ++j) {
+        for (int d = 0; d < hd; ++d) a[d] += sq[j] * vt[j * hd + d];
+      }
+    }
+  }
+  for (int qi = 0; qi < nq; ++qi) {
+    float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
+    const float inv = 1.0f / l[qi];
+    for (int d = 0; d < hd; ++d) dst[d] = acc[qi * hd + d] * inv;
+  }
+}
+
+void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
+                      std::span<const AttnSeq> seqs, const float* q, int64_t q_stride,
+                      int n_head, float scale, float* out, int64_t out_stride,
+                      ThreadPool& pool, float* scratch) {
+  const KvLayout& L = kv.layout;
+  TRELLIS_CHECK(L.n_head_kv > 0 && n_head % L.n_head_kv == 0);
+  const int hd = L.head_dim, bs = L.block_size;
+  const bool simd_shape = hd % 8 == 0 && bs % 8 == 0;
+  void (*kernel)(const AttnTile&) = AttnTileScalar;
+  if (simd_shape && level == SimdLevel::kAvx512) kernel = AttnTileAvx512;
+  if (simd_shape && level == SimdLevel::kAvx2) kernel = AttnTileAvx2;
+
+  // Item = (sequence, row tile, KV head, chunk of the group's query heads).
+  const int n_rep = n_head / L.n_head_kv;
+  const int heads_per_item = std::min(n_rep, kAttnMaxQueries);
+  const int n_chunks = (n_rep + heads_per_item - 1) / heads_per_item;
+  const int rows_per_tile = kAttnMaxQueries / heads_per_item;
+  const int64_t items_per_tile = static_cast<int64_t>(L.n_head_kv) * n_chunks;
+  int64_t n_items = 0;
+  for (const AttnSeq& s : seqs) {
+    n_items += (s.n_tokens + rows_per_tile - 1) / rows_per_tile * items_per_tile;
+  }
+  const size_t scratch_per_thread = AttentionScratchFloatsPerThread(hd, bs);
+  const size_t block_bytes = L.BlockBytes();
+
+  std::atomic<int64_t> next{0};
+  pool.Run([&](int ith, int /*nth*/) {
+    float* my_scratch = scratch + static_cast<size_t>(ith) * scratch_per_thread;
+    size_t si = 0;         // sequence of the last item (items are taken in increasing order)
+    int64_t seq_first = 0;  // index of that sequence's first item
+    for (;;) {
+      const int64_t item = next.fetch_add(1, std::memory_order_relaxed);
+      if (item >= n_items) break;
+      int64_t n_tiles = 0;
+      for (;; ++si) {
+        n_tiles = (seqs[si].n_tokens + rows_per_tile - 1) / rows_per_tile;
+        if (item < seq_first + n_tiles * items_per_tile) break;
+        seq_first += n_tiles * items_per_tile;
+      }
+      const AttnSeq& s = seqs[si];
+      const int64_t local = item - seq_first;
+      // Later (heavier) row tiles first.
+      const int64_t tile = n_tiles - 1 - local / items_per_tile;
+      const int kv_head = static_cast<int>(local % items_per_tile) / n_chunks;
+      const int chunk = static_cast<int>(local % items_per_tile) % n_chunks;
+      const int32_t r0 = static_cast<int32_t>(tile) * rows_per_tile;
+      const int head0 = kv_head * n_rep + chunk * heads_per_item;
+      AttnTile t;
+      t.base = kv.base;
+      t.block_bytes = block_bytes;
+      t.k_off = L.ElementOffset(layer, 0, kv_head, 0);
+      t.v_off = L.ElementOffset(layer, 1, kv_head, 0);
+      t.head_dim = hd;
+      t.block_size = bs;
+      t.block_table = s.block_table;
+      t.pos_first = s.pos0 + r0;
+      t.n_rows = std::min(rows_per_tile, s.n_tokens - r0);
+      t.n_heads = std::min(heads_per_item, n_rep - chunk * heads_per_item);
+      t.q = q + (s.q_row0 + r0) * q_stride + static_cast<int64_t>(head0) * hd;
+      t.q_stride = q_stride;
+      t.out = out + (s.q_row0 + r0) * out_stride + static_cast<int64_t>(head0) * hd;
+      t.out_stride = out_stride;
+      t.scale = scale;
+      t.scratch = my_scratch;
+      kernel(t);
+    }
+  });
+}
+
+}  // namespace internal
+
+void PagedAttention(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
+                    const float* q, int64_t q_stride, int n_head, float scale, float* out,
+                    int64_t out_stride, ThreadPool& pool, float* scratch) {
+  internal::PagedAttentionAt(internal::BestSimdLevel(), kv, layer, seqs, q, q_stride, n_head,
+                             scale, out, out_stride, pool, scratch);
+}
+
+void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
+                       const float* q, int64_t q_stride, int n_head, float scale, float* out,
+                       int64_t out_stride) {
+  const KvLayout& L = kv.layout;
+  TRELLIS_CHECK(L.n_head_kv > 0 && n_head % L.n_head_kv == 0);
+  const int hd = L.head_dim, n_rep = n_head / L.n_head_kv;
+  std::vector<float> kf, vf, p;  // [n_kv][hd], [n_kv][hd], [n_kv]
+  for (const AttnSeq& s : seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) {
+      const int32_t n_kv = s.pos0 + i + 1;
+      const int64_t row = s.q_row0 + i;
+      for (int h = 0; h < n_head; ++h) {
+        const int kvh = h / n_rep;
+        kf.resize(static_cast<size_t>(n_kv) * hd);
+        vf.resize(static_cast<size_t>(n_kv) * hd);
+        p.resize(n_kv);
+        for (int32_t pos = 0; pos < n_kv; ++pos) {
+          const uint16_t* blk = BlockPtr(kv, s.block_table[pos / L.block_size]);
+          const int slot = pos % L.block_size;
+          const uint16_t* kp = blk + L.ElementOffset(layer, 0, kvh, slot);
+          const uint16_t* vp = blk + L.ElementOffset(layer, 1, kvh, slot);
+          for (int d = 0; d < hd; ++d) {
+            kf[static_cast<size_t>(pos) * hd + d] = Fp16ToFp32(kp[d]);
+            vf[static_cast<size_t>(pos) * hd + d] = Fp16ToFp32(vp[d]);
+          }
+        }
+        const float* qh = q + row * q_stride + static_cast<int64_t>(h) * hd;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int32_t pos = 0; pos < n_kv; ++pos) {
+          double dot = 0.0;
+          for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kf[pos * hd + d];
+          p[pos] = static_cast<float>(dot * scale);
+          mx = std::max(mx, static_cast<double>(p[pos]));
+        }
+        double sum = 0.0;
+        for (int32_t pos = 0; pos < n_kv; ++pos) {
+          p[pos] = static_cast<float>(std::exp(p[pos] - mx));
+          sum += p[pos];
+        }
+        float* oh = out + row * out_stride + static_cast<int64_t>(h) * hd;
+        for (int d = 0; d < hd; ++d) {
+          double a = 0.0;
+          for (int32_t pos = 0; pos < n_kv; ++pos) a += p[pos] * vf[pos * hd + d];
+          oh[d] = static_cast<float>(a / sum);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace trellis

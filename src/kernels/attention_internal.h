@@ -1,0 +1,70 @@
+// Internals of attention.cc shared with its ISA-specific files and tests: the unit of
+// work of PagedAttention (one tile of query rows x query heads against one KV head) and
+// the per-ISA kernels that process it. Not part of the public API.
+//
+// Thread safety: a tile kernel touches only its tile's output rows and its own scratch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+
+namespace trellis::internal {
+
+// Max queries (rows x heads) one work item processes together; bounds per-thread scratch
+// independently of the model's GQA ratio.
+inline constexpr int kAttnMaxQueries = 16;
+
+// Floats of scratch one thread needs (see AttnTile::scratch), a multiple of 16.
+inline size_t AttentionScratchFloatsPerThread(int head_dim, int block_size) {
+  const size_t hd = static_cast<size_t>(head_dim), bs = static_cast<size_t>(block_size);
+  const size_t q = kAttnMaxQueries;
+  const size_t n = 2 * bs * hd + 2 * q * hd + q * bs + 2 * q;
+  return (n + 15) / 16 * 16;
+}
+
+// One work item: query rows [0, n_rows) (row r at position pos_first + r, attending to KV
+// positions [0, pos_first + r]) x query heads [0, n_heads) of one KV head.
+// REQUIRES: n_rows * n_heads <= kAttnMaxQueries.
+struct AttnTile {
+  const uint8_t* base;      // pool base
+  size_t block_bytes;       // bytes per block
+  size_t k_off, v_off;      // f16 element offset in a block of (layer, K|V, kv head, slot 0)
+  int head_dim, block_size;
+  const int32_t* block_table;  // the sequence's block table
+  int32_t pos_first;           // position of row 0
+  int n_rows, n_heads;
+  const float* q;  // element (row r, head j, d) at q[r * q_stride + j * head_dim + d]
+  int64_t q_stride;
+  float* out;  // same indexing as q with out_stride
+  int64_t out_stride;
+  float scale;
+  // Per-thread scratch, AttentionScratchFloatsPerThread floats, laid out as:
+  //   kt  [head_dim][block_size]   K tile, f32 (SIMD: transposed; scalar: [block_size][head_dim])
+  //   vt  [block_size][head_dim]   V tile, f32
+  //   qs  [kAttnMaxQueries][head_dim]   scale * q
+  //   s   [kAttnMaxQueries][block_size] scores / probabilities of the current block
+  //   acc [kAttnMaxQueries][head_dim]   unnormalised output
+  //   m   [kAttnMaxQueries], l [kAttnMaxQueries]  running max and sum
+  float* scratch;
+};
+
+void AttnTileScalar(const AttnTile& t);
+// REQUIRES: head_dim % 8 == 0 and block_size % 8 == 0.
+void AttnTileAvx2(const AttnTile& t);
+// REQUIRES: head_dim % 8 == 0 and block_size % 8 == 0.
+void AttnTileAvx512(const AttnTile& t);
+
+// x: [n] f32 -> y: [n] f16 with F16C (round to nearest even).
+void F32ToF16Avx2(const float* x, uint16_t* y, int64_t n);
+
+// PagedAttention with the tile kernel of a given level (tests compare every level).
+void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
+                      std::span<const AttnSeq> seqs, const float* q, int64_t q_stride,
+                      int n_head, float scale, float* out, int64_t out_stride,
+                      ThreadPool& pool, float* scratch);
+
+}  // namespace trellis::internal

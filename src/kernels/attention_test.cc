@@ -1,0 +1,285 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_internal.h"
+#include "util/fp16.h"
+
+namespace trellis {
+namespace {
+
+using internal::SimdLevel;
+
+std::vector<SimdLevel> SupportedLevels() {
+  std::vector<SimdLevel> levels;
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (internal::CpuSupports(l)) levels.push_back(l);
+  }
+  return levels;
+}
+
+TEST(KvTest, LayoutMatchesDocumentedFormula) {
+  const KvLayout tiny{22, 4, 64, 32};
+  EXPECT_EQ(tiny.BlockBytes(), 720896u);
+  const KvLayout L{3, 2, 16, 8};
+  EXPECT_EQ(L.BlockBytes(), 3u * 2 * 2 * 8 * 16 * 2);
+  for (int l = 0; l < 3; ++l)
+    for (int c = 0; c < 2; ++c)
+      for (int h = 0; h < 2; ++h)
+        for (int t = 0; t < 8; ++t) {
+          EXPECT_EQ(L.ElementOffset(l, c, h, t),
+                    static_cast<size_t>((((l * 2 + c) * 2 + h) * 8 + t) * 16));
+        }
+  // The last element of the block is the block's last f16.
+  EXPECT_EQ(L.ElementOffset(2, 1, 1, 7) + 16, L.BlockBytes() / 2);
+}
+
+// A KV pool plus a batch of sequences with random K/V and queries, kept in f32 as well
+// so tests can build a dense reference.
+struct Scenario {
+  int n_head, n_head_kv, head_dim, block_size;
+  std::vector<std::pair<int, int>> seq_shapes;  // (pos0, n_tokens)
+  int layer = 1;
+  KvLayout layout{};
+  std::vector<uint16_t> pool;                    // [n_blocks][block_bytes / 2]
+  std::vector<std::vector<int32_t>> tables;      // per sequence
+  std::vector<std::vector<float>> k_all, v_all;  // per sequence [pos][n_head_kv*head_dim]
+  std::vector<AttnSeq> seqs;
+  std::vector<float> q;  // [n_rows][q_stride]
+  int64_t q_stride = 0, n_rows = 0;
+
+  PagedKv Kv() { return PagedKv{reinterpret_cast<uint8_t*>(pool.data()), layout}; }
+  int64_t KvWidth() const { return static_cast<int64_t>(n_head_kv) * head_dim; }
+};
+
+Scenario MakeScenario(int n_head, int n_head_kv, int head_dim, int block_size,
+                      std::vector<std::pair<int, int>> shapes, uint32_t seed) {
+  Scenario sc;
+  sc.n_head = n_head;
+  sc.n_head_kv = n_head_kv;
+  sc.head_dim = head_dim;
+  sc.block_size = block_size;
+  sc.seq_shapes = std::move(shapes);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  sc.layout = KvLayout{2, n_head_kv, head_dim, block_size};
+  int n_blocks = 3;
+  for (auto [pos0, n] : sc.seq_shapes) n_blocks += (pos0 + n + block_size - 1) / block_size;
+  // NaN bits everywhere: slots that were never written must not leak into results.
+  sc.pool.assign(static_cast<size_t>(n_blocks) * sc.layout.BlockBytes() / 2, 0xFFFF);
+  std::vector<int32_t> ids(n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next_id = 0;
+  const int64_t w = sc.KvWidth();
+  for (auto [pos0, n] : sc.seq_shapes) {
+    const int nb = (pos0 + n + block_size - 1) / block_size;
+    sc.tables.emplace_back(ids.begin() + next_id, ids.begin() + next_id + nb);
+    next_id += nb;
+    std::vector<float> k((pos0 + n) * w), v((pos0 + n) * w);
+    for (float& x : k) x = 2.0f * dist(rng);
+    for (float& x : v) x = dist(rng);
+    sc.k_all.push_back(std::move(k));
+    sc.v_all.push_back(std::move(v));
+  }
+  // Existing prefixes, one KvWrite per sequence.
+  for (size_t i = 0; i < sc.seq_shapes.size(); ++i) {
+    const int pos0 = sc.seq_shapes[i].first;
+    if (pos0 == 0) continue;
+    const AttnSeq s{sc.tables[i].data(), 0, pos0, 0};
+    KvWrite(sc.Kv(), sc.layer, std::span(&s, 1), sc.k_all[i].data(), w, sc.v_all[i].data(), w);
+  }
+  // The batch: new tokens of every sequence, written in one call with padded strides.
+  const int64_t kv_stride = w + 5;
+  for (size_t i = 0; i < sc.seq_shapes.size(); ++i) {
+    auto [pos0, n] = sc.seq_shapes[i];
+    sc.seqs.push_back(AttnSeq{sc.tables[i].data(), pos0, n, static_cast<int32_t>(sc.n_rows)});
+    sc.n_rows += n;
+  }
+  std::vector<float> kb(sc.n_rows * kv_stride), vb(sc.n_rows * kv_stride);
+  for (size_t i = 0; i < sc.seqs.size(); ++i) {
+    const AttnSeq& s = sc.seqs[i];
+    for (int t = 0; t < s.n_tokens; ++t) {
+      for (int64_t e = 0; e < w; ++e) {
+        kb[(s.q_row0 + t) * kv_stride + e] = sc.k_all[i][(s.pos0 + t) * w + e];
+        vb[(s.q_row0 + t) * kv_stride + e] = sc.v_all[i][(s.pos0 + t) * w + e];
+      }
+    }
+  }
+  KvWrite(sc.Kv(), sc.layer, sc.seqs, kb.data(), kv_stride, vb.data(), kv_stride);
+  sc.q_stride = static_cast<int64_t>(n_head) * head_dim + 3;
+  sc.q.resize(sc.n_rows * sc.q_stride);
+  for (float& x : sc.q) x = 3.0f * dist(rng);
+  return sc;
+}
+
+// Dense f32 causal attention on the unrounded K/V of sequence i, row t, head h.
+std::vector<float> NaiveDense(const Scenario& sc, size_t i, int t, int h, float scale) {
+  const int hd = sc.head_dim, kvh = h / (sc.n_head / sc.n_head_kv);
+  const int n_kv = sc.seqs[i].pos0 + t + 1;
+  const float* qh = sc.q.data() + (sc.seqs[i].q_row0 + t) * sc.q_stride + h * hd;
+  std::vector<float> p(n_kv), o(hd, 0.0f);
+  for (int j = 0; j < n_kv; ++j) {
+    float dot = 0.0f;
+    for (int d = 0; d < hd; ++d) dot += qh[d] * sc.k_all[i][j * sc.KvWidth() + kvh * hd + d];
+    p[j] = dot * scale;
+  }
+  const float mx = *std::max_element(p.begin(), p.end());
+  float sum = 0.0f;
+  for (float& x : p) sum += (x = std::exp(x - mx));
+  for (int j = 0; j < n_kv; ++j)
+    for (int d = 0; d < hd; ++d) o[d] += p[j] / sum * sc.v_all[i][j * sc.KvWidth() + kvh * hd + d];
+  return o;
+}
+
+void CheckScenario(Scenario& sc) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sc.head_dim));
+  const int64_t width = static_cast<int64_t>(sc.n_head) * sc.head_dim;
+  const int64_t out_stride = width + 7;
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> ref(sc.n_rows * out_stride, kNan);
+  PagedAttentionRef(sc.Kv(), sc.layer, sc.seqs, sc.q.data(), sc.q_stride, sc.n_head, scale,
+                    ref.data(), out_stride);
+  // Reference vs the dense f32 attention (K/V rounding to f16 is the only difference).
+  for (size_t i = 0; i < sc.seqs.size(); ++i) {
+    for (int t = 0; t < sc.seqs[i].n_tokens; ++t) {
+      for (int h = 0; h < sc.n_head; ++h) {
+        const auto o = NaiveDense(sc, i, t, h, scale);
+        for (int d = 0; d < sc.head_dim; ++d) {
+          ASSERT_NEAR(ref[(sc.seqs[i].q_row0 + t) * out_stride + h * sc.head_dim + d], o[d], 5e-3f)
+              << "seq " << i << " row " << t << " head " << h;
+        }
+      }
+    }
+  }
+  for (SimdLevel level : SupportedLevels()) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("level " + std::to_string(static_cast<int>(level)) + " threads " +
+                   std::to_string(threads));
+      ThreadPool pool(threads);
+      std::vector<float> scratch(
+          AttentionScratchFloats(threads, sc.head_dim, sc.block_size), kNan);
+      std::vector<float> out(sc.n_rows * out_stride, kNan);
+      internal::PagedAttentionAt(level, sc.Kv(), sc.layer, sc.seqs, sc.q.data(), sc.q_stride,
+                                 sc.n_head, scale, out.data(), out_stride, pool, scratch.data());
+      for (int64_t r = 0; r < sc.n_rows; ++r) {
+        for (int64_t e = 0; e < width; ++e) {
+          ASSERT_NEAR(out[r * out_stride + e], ref[r * out_stride + e], 2e-5f)
+              << "row " << r << " elem " << e;
+        }
+        for (int64_t e = width; e < out_stride; ++e) ASSERT_TRUE(std::isnan(out[r * out_stride + e]));
+      }
+    }
+  }
+}
+
+TEST(KvTest, WriteThenReadBack) {
+  Scenario sc = MakeScenario(4, 2, 32, 8, {{0, 5}, {11, 6}, {3, 1}}, 7);
+  const int64_t w = sc.KvWidth();
+  for (size_t i = 0; i < sc.seqs.size(); ++i) {
+    const int n_pos = sc.seqs[i].pos0 + sc.seqs[i].n_tokens;
+    for (int p = 0; p < n_pos; ++p) {
+      const uint16_t* blk = sc.pool.data() + static_cast<size_t>(sc.tables[i][p / 8]) *
+                                                 sc.layout.BlockBytes() / 2;
+      for (int h = 0; h < 2; ++h) {
+        for (int d = 0; d < 32; ++d) {
+          ASSERT_EQ(blk[sc.layout.ElementOffset(sc.layer, 0, h, p % 8) + d],
+                    Fp32ToFp16(sc.k_all[i][p * w + h * 32 + d]));
+          ASSERT_EQ(blk[sc.layout.ElementOffset(sc.layer, 1, h, p % 8) + d],
+                    Fp32ToFp16(sc.v_all[i][p * w + h * 32 + d]));
+        }
+      }
+    }
+  }
+  // Layer 0 untouched.
+  const uint16_t* blk0 = sc.pool.data() + static_cast<size_t>(sc.tables[0][0]) *
+                                              sc.layout.BlockBytes() / 2;
+  EXPECT_EQ(blk0[sc.layout.ElementOffset(0, 0, 0, 0)], 0xFFFF);
+  // The SIMD write equals the scalar reference bit for bit (incl. odd sizes, subnormals).
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
+  KvLayout L{1, 1, 12, 8};
+  std::vector<uint16_t> a(L.BlockBytes() / 2), b(L.BlockBytes() / 2);
+  std::vector<float> kv(8 * 12);
+  for (size_t j = 0; j < kv.size(); ++j) kv[j] = dist(rng) * (j % 3 == 0 ? 1e-9f : 1.0f);
+  const int32_t table[1] = {0};
+  const AttnSeq s{table, 0, 8, 0};
+  KvWrite(PagedKv{reinterpret_cast<uint8_t*>(a.data()), L}, 0, std::span(&s, 1), kv.data(), 12,
+          kv.data(), 12);
+  KvWriteRef(PagedKv{reinterpret_cast<uint8_t*>(b.data()), L}, 0, std::span(&s, 1), kv.data(),
+             12, kv.data(), 12);
+  EXPECT_EQ(a, b);
+}
+
+TEST(AttentionTest, MatchesRefGqa4x2) {
+  for (int bs : {8, 16, 32}) {
+    SCOPED_TRACE(bs);
+    Scenario sc = MakeScenario(4, 2, 64, bs, {{0, 13}, {5, 1}, {17, 9}, {40, 1}}, 11);
+    CheckScenario(sc);
+  }
+}
+
+TEST(AttentionTest, MatchesRefGqa8x2Dim32) {
+  for (int bs : {8, 16, 32}) {
+    SCOPED_TRACE(bs);
+    Scenario sc = MakeScenario(8, 2, 32, bs, {{0, 37}, {33, 1}, {3, 20}}, 12);
+    CheckScenario(sc);
+  }
+}
+
+TEST(AttentionTest, MatchesRefMha4x4) {
+  for (int bs : {8, 16, 32}) {
+    SCOPED_TRACE(bs);
+    Scenario sc = MakeScenario(4, 4, 64, bs, {{70, 25}, {0, 1}, {31, 2}, {64, 1}}, 13);
+    CheckScenario(sc);
+  }
+}
+
+TEST(AttentionTest, MatchesRefGqa32x4) {
+  for (int hd : {64, 32}) {
+    for (int bs : {8, 16, 32}) {
+      SCOPED_TRACE(std::to_string(hd) + "/" + std::to_string(bs));
+      Scenario sc = MakeScenario(32, 4, hd, bs, {{0, 40}, {100, 7}, {9, 1}}, 14);
+      CheckScenario(sc);
+    }
+  }
+}
+
+TEST(AttentionTest, MatchesRefOddShapes) {
+  // head_dim 128 (wide accumulators), n_rep 20 > kAttnMaxQueries (head chunks), head_dim 72
+  // (8- but not 16-lane), and a shape no SIMD path takes (head_dim 20, block_size 5).
+  Scenario a = MakeScenario(8, 1, 128, 16, {{20, 18}, {0, 1}}, 15);
+  CheckScenario(a);
+  Scenario b = MakeScenario(40, 2, 32, 16, {{7, 5}, {30, 1}}, 16);
+  CheckScenario(b);
+  Scenario c = MakeScenario(6, 3, 72, 16, {{0, 19}, {12, 3}}, 17);
+  CheckScenario(c);
+  Scenario d = MakeScenario(4, 2, 20, 5, {{0, 12}, {9, 4}}, 18);
+  CheckScenario(d);
+}
+
+TEST(AttentionTest, SingleTokenEqualsItsValue) {
+  Scenario sc = MakeScenario(8, 2, 64, 16, {{0, 1}}, 19);
+  ThreadPool pool(2);
+  std::vector<float> scratch(AttentionScratchFloats(2, 64, 16));
+  std::vector<float> out(8 * 64);
+  PagedAttention(sc.Kv(), sc.layer, sc.seqs, sc.q.data(), sc.q_stride, 8, 0.125f, out.data(),
+                 8 * 64, pool, scratch.data());
+  for (int h = 0; h < 8; ++h) {
+    for (int d = 0; d < 64; ++d) {
+      const float v = Fp16ToFp32(Fp32ToFp16(sc.v_all[0][(h / 4) * 64 + d]));
+      ASSERT_NEAR(out[h * 64 + d], v, 1e-6f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trellis

@@ -1,0 +1,159 @@
+// Scalar references, RoPE and run-time dispatch for the kernels in ops.h.
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu_features.h"
+#include "util/status.h"
+
+namespace trellis {
+namespace internal {
+namespace {
+
+KernelIsa ToIsa(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return KernelIsa::kScalar;
+    case SimdLevel::kAvx2: return KernelIsa::kAvx2;
+    case SimdLevel::kAvx512: return KernelIsa::kAvx512;
+  }
+  return KernelIsa::kScalar;
+}
+
+}  // namespace
+
+SimdLevel BestSimdLevel() {
+  switch (BestKernelIsa()) {
+    case KernelIsa::kAvx512: return SimdLevel::kAvx512;
+    case KernelIsa::kAvx2: return SimdLevel::kAvx2;
+    case KernelIsa::kScalar: return SimdLevel::kScalar;
+  }
+  return SimdLevel::kScalar;
+}
+
+bool CpuSupports(SimdLevel level) { return IsaSupported(ToIsa(level)); }
+
+void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, float eps,
+               float* out) {
+  switch (level) {
+    case SimdLevel::kAvx512: return RmsNormAvx512(x, weight, n, eps, out);
+    case SimdLevel::kAvx2: return RmsNormAvx2(x, weight, n, eps, out);
+    case SimdLevel::kScalar: return RmsNormRef(x, weight, n, eps, out);
+  }
+}
+
+void SoftmaxAt(SimdLevel level, float* x, int64_t n) {
+  switch (level) {
+    case SimdLevel::kAvx512: return SoftmaxAvx512(x, n);
+    case SimdLevel::kAvx2: return SoftmaxAvx2(x, n);
+    case SimdLevel::kScalar: return SoftmaxRef(x, n);
+  }
+}
+
+void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n) {
+  switch (level) {
+    case SimdLevel::kAvx512: return SwiGluAvx512(gate, up, out, n);
+    case SimdLevel::kAvx2: return SwiGluAvx2(gate, up, out, n);
+    case SimdLevel::kScalar: return SwiGluRef(gate, up, out, n);
+  }
+}
+
+}  // namespace internal
+
+// ---- RMSNorm ----
+
+void RmsNormRef(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float s = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s * weight[i];
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  internal::RmsNormAt(internal::BestSimdLevel(), x, weight, n, eps, out);
+}
+
+// ---- RoPE ----
+
+void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
+             int head_dim, const RopeParams& p) {
+  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int h = 0; h < n_head; ++h) {
+      float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
+      for (int i = 0; i < p.n_dims / 2; ++i) {
+        double theta = static_cast<double>(pos[t]) * p.freq_scale *
+                       std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
+        if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
+        const double c = std::cos(theta), s = std::sin(theta);
+        const double x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = static_cast<float>(x0 * c - x1 * s);
+        v[2 * i + 1] = static_cast<float>(x0 * s + x1 * c);
+      }
+    }
+  }
+}
+
+void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
+          int head_dim, const RopeParams& p) {
+  constexpr int kMaxPairs = 512;
+  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim && p.n_dims / 2 <= kMaxPairs);
+  const int n_pairs = p.n_dims / 2;
+  // Per-call tables on the stack (no heap): inv_freq[i] = freq_scale * base^(-2i/n) / ff[i].
+  float inv_freq[kMaxPairs];  // [n_pairs]
+  float cos_t[kMaxPairs];     // [n_pairs] for the current token
+  float sin_t[kMaxPairs];     // [n_pairs]
+  for (int i = 0; i < n_pairs; ++i) {
+    float f = p.freq_scale * std::pow(p.freq_base, -2.0f * static_cast<float>(i) /
+                                                       static_cast<float>(p.n_dims));
+    if (p.freq_factors != nullptr) f /= p.freq_factors[i];
+    inv_freq[i] = f;
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float position = static_cast<float>(pos[t]);
+    for (int i = 0; i < n_pairs; ++i) {
+      const float theta = position * inv_freq[i];
+      cos_t[i] = std::cos(theta);
+      sin_t[i] = std::sin(theta);
+    }
+    for (int h = 0; h < n_head; ++h) {
+      float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
+      for (int i = 0; i < n_pairs; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+        v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+      }
+    }
+  }
+}
+
+// ---- Softmax ----
+
+void SoftmaxRef(float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void Softmax(float* x, int64_t n) { internal::SoftmaxAt(internal::BestSimdLevel(), x, n); }
+
+// ---- SwiGLU ----
+
+void SwiGluRef(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
+  internal::SwiGluAt(internal::BestSimdLevel(), gate, up, out, n);
+}
+
+}  // namespace trellis

@@ -1,0 +1,75 @@
+// Element-wise and row-wise kernels of the Llama forward pass other than matmul and
+// attention: RMSNorm, rotary position embedding (RoPE), softmax and the SwiGLU gate.
+//
+// Each fast kernel picks the best SIMD path for this CPU at run time (AVX-512, AVX2 or
+// scalar) and has a plain scalar *Ref the fast path is tested against.
+//
+// Thread safety: all functions are pure functions of their arguments (no shared state
+// apart from the once-initialised CPU feature probe); concurrent calls on disjoint
+// outputs are safe. None of them allocates.
+#pragma once
+
+#include <cstdint>
+
+namespace trellis {
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i], i < n. out may alias x.
+// x, weight, out: [n]. REQUIRES: n >= 1.
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out);
+void RmsNormRef(const float* x, const float* weight, int64_t n, float eps, float* out);
+
+// RoPE parameters from model metadata (llama.cpp "normal" mode as used by
+// LLM_ARCH_LLAMA: rotate ADJACENT pairs (x[2i], x[2i+1])).
+struct RopeParams {
+  int n_dims;                    // rotated dims per head (= head_dim for llama)
+  float freq_base;               // rope theta, e.g. 10000 or 500000
+  float freq_scale = 1.0f;       // 1 / linear scaling factor
+  const float* freq_factors = nullptr;  // optional [n_dims/2] (Llama 3.1 rope_freqs
+                                        // tensor): theta_i is divided by freq_factors[i]
+};
+
+// Rotates x in place: x is [n_tokens] rows (row stride `stride` floats), each
+// [n_head][head_dim]; token t is at position pos[t] (pos: [n_tokens]).
+// theta_i = pos * freq_scale * freq_base^(-2i/n_dims) / ff[i];
+// (x0,x1) -> (x0 cos - x1 sin, x0 sin + x1 cos). Dims >= n_dims are left unchanged.
+// REQUIRES: n_dims even, n_dims <= head_dim.
+void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
+          int head_dim, const RopeParams& p);
+void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
+             int head_dim, const RopeParams& p);
+
+// In place, numerically stable (max-subtracted). x: [n], REQUIRES: n >= 1.
+void Softmax(float* x, int64_t n);
+void SoftmaxRef(float* x, int64_t n);
+
+// out[i] = silu(gate[i]) * up[i]; silu(g) = g / (1 + exp(-g)). out may alias gate.
+// gate, up, out: [n].
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
+void SwiGluRef(const float* gate, const float* up, float* out, int64_t n);
+
+namespace internal {
+
+// SIMD level a kernel runs at. Tests force each level the CPU supports.
+enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Best level for this CPU (honours env TRELLIS_ISA through the CPU feature probe).
+SimdLevel BestSimdLevel();
+// True if this CPU can run kernels of `level`.
+bool CpuSupports(SimdLevel level);
+
+// Per-level entry points (what the public functions dispatch to).
+void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, float eps,
+               float* out);
+void SoftmaxAt(SimdLevel level, float* x, int64_t n);
+void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n);
+
+// ISA-specific kernels (ops_avx2.cc, ops_avx512.cc). Call only if CpuSupports().
+void RmsNormAvx2(const float* x, const float* weight, int64_t n, float eps, float* out);
+void SoftmaxAvx2(float* x, int64_t n);
+void SwiGluAvx2(const float* gate, const float* up, float* out, int64_t n);
+void RmsNormAvx512(const float* x, const float* weight, int64_t n, float eps, float* out);
+void SoftmaxAvx512(float* x, int64_t n);
+void SwiGluAvx512(const float* gate, const float* up, float* out, int64_t n);
+
+}  // namespace internal
+}  // namespace trellis
