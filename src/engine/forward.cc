@@ -1,0 +1,164 @@
+#include "engine/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/core.h>
+
+#include "kernels/matmul.h"
+
+namespace trellis {
+
+Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows,
+                 ThreadPool& pool)
+    : model_(model), kv_(kv), pool_(pool), max_tokens_(std::max(1, max_batch_tokens)),
+      max_logit_rows_(std::max(1, max_logit_rows)),
+      n_vocab_(static_cast<size_t>(model.config().n_vocab)) {
+  const ModelConfig& c = model.config();
+  const size_t T = static_cast<size_t>(max_tokens_);
+  const size_t L = static_cast<size_t>(max_logit_rows_);
+  const size_t q_dim = static_cast<size_t>(c.n_head * c.head_dim);
+  x_.resize(T * c.n_embd);
+  xn_.resize(T * c.n_embd);
+  q_.resize(T * q_dim);
+  k_.resize(T * c.kv_dim());
+  v_.resize(T * c.kv_dim());
+  attn_.resize(T * q_dim);
+  tmp_.resize(T * c.n_embd);
+  gate_.resize(T * c.n_ff);
+  up_.resize(T * c.n_ff);
+  pos_.resize(T);
+  out_in_.resize(L * c.n_embd);
+  logits_.resize(L * n_vocab_);
+  attn_seqs_.reserve(T);
+
+  size_t scratch = 0;
+  auto need = [&](const WeightMatrix& w, int64_t rows) {
+    scratch = std::max(scratch, MatMulScratchBytes(w.type, w.cols, rows));
+  };
+  need(model.output(), static_cast<int64_t>(L));
+  for (int i = 0; i < c.n_layer; ++i) {
+    const LayerWeights& l = model.layer(i);
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) need(*w, max_tokens_);
+  }
+  scratch_raw_.resize(scratch + 64);
+  scratch_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch_raw_.data()) + 63) & ~uintptr_t{63});
+  attn_scratch_.resize(AttentionScratchFloats(pool.size(), c.head_dim, kv.layout.block_size));
+
+  rope_.n_dims = c.n_rot;
+  rope_.freq_base = c.rope_freq_base;
+  rope_.freq_scale = c.rope_freq_scale;
+  rope_.freq_factors = model.rope_freqs().empty() ? nullptr : model.rope_freqs().data();
+}
+
+void Forward::RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows) {
+  const int64_t n = model_.config().n_embd;
+  const float eps = model_.config().rms_eps;
+  pool_.ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) RmsNorm(in + r * n, w.data(), n, eps, out + r * n);
+  });
+}
+
+void Forward::AddInPlace(float* x, const float* y, int64_t n) {
+  pool_.ParallelFor(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) x[i] += y[i];
+  });
+}
+
+Status Forward::Run(std::span<const SeqBatch> seqs) {
+  const ModelConfig& c = model_.config();
+  const int bs = kv_.layout.block_size;
+
+  // Plan: validate everything before touching the KV cache.
+  int n_rows = 0;
+  int n_logits = 0;
+  attn_seqs_.clear();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SeqBatch& sb = seqs[s];
+    const int n = static_cast<int>(sb.tokens.size());
+    if (n == 0) continue;
+    if (sb.pos0 < 0) return InvalidArgument(fmt::format("sequence {}: negative position {}", s, sb.pos0));
+    if (n_rows + n > max_tokens_) {
+      return InvalidArgument(fmt::format("batch of {}+ tokens exceeds the maximum of {}", n_rows + n, max_tokens_));
+    }
+    const int64_t end = static_cast<int64_t>(sb.pos0) + n;
+    if (static_cast<int64_t>(sb.block_table.size()) * bs < end) {
+      return InvalidArgument(fmt::format("sequence {}: block table covers {} positions, {} needed", s,
+                                         sb.block_table.size() * static_cast<size_t>(bs), end));
+    }
+    for (int32_t t : sb.tokens) {
+      if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+    }
+    if (sb.n_logits < 0 || sb.n_logits > n) return InvalidArgument(fmt::format("sequence {}: n_logits {} of {} tokens", s, sb.n_logits, n));
+    n_logits += sb.n_logits;
+    if (n_logits > max_logit_rows_) {
+      return InvalidArgument(fmt::format("{} logit rows requested, at most {}", n_logits, max_logit_rows_));
+    }
+    attn_seqs_.push_back(AttnSeq{sb.block_table.data(), sb.pos0, n, n_rows});
+    for (int i = 0; i < n; ++i) pos_[static_cast<size_t>(n_rows + i)] = sb.pos0 + i;
+    n_rows += n;
+  }
+  n_logit_rows_ = n_logits;
+  if (n_rows == 0) return Status::Ok();
+
+  const int64_t E = c.n_embd;
+  const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t KD = c.kv_dim();
+  const int64_t F = c.n_ff;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  // x = embd[token]
+  {
+    int r = 0;
+    for (const SeqBatch& sb : seqs) {
+      for (int32_t t : sb.tokens) GetRow(model_.token_embd(), t, x_.data() + static_cast<int64_t>(r++) * E);
+    }
+  }
+
+  for (int li = 0; li < c.n_layer; ++li) {
+    const LayerWeights& l = model_.layer(li);
+    // Attention block.
+    RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
+    MatMul(l.wq, xn_.data(), E, n_rows, q_.data(), QD, pool_, scratch_);
+    MatMul(l.wk, xn_.data(), E, n_rows, k_.data(), KD, pool_, scratch_);
+    MatMul(l.wv, xn_.data(), E, n_rows, v_.data(), KD, pool_, scratch_);
+    Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope_);
+    Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope_);
+    KvWrite(kv_, li, attn_seqs_, k_.data(), KD, v_.data(), KD);
+    PagedAttention(kv_, li, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
+                   attn_scratch_.data());
+    MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
+    AddInPlace(x_.data(), tmp_.data(), n_rows * E);
+
+    // Feed-forward block (SwiGLU).
+    RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
+    MatMul(l.w_gate, xn_.data(), E, n_rows, gate_.data(), F, pool_, scratch_);
+    MatMul(l.w_up, xn_.data(), E, n_rows, up_.data(), F, pool_, scratch_);
+    pool_.ParallelFor(static_cast<int64_t>(n_rows) * F, [&](int64_t b, int64_t e, int) {
+      SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    });
+    MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
+    AddInPlace(x_.data(), tmp_.data(), n_rows * E);
+  }
+
+  if (n_logits == 0) return Status::Ok();
+  // Gather the rows that want logits, norm them, project to the vocabulary.
+  {
+    // attn_seqs_ holds the non-empty sequences in batch order; tmp_ has room for
+    // n_logits <= n_rows rows.
+    int out_row = 0;
+    size_t si = 0;
+    for (const SeqBatch& sb : seqs) {
+      if (sb.tokens.empty()) continue;
+      const AttnSeq& a = attn_seqs_[si++];
+      for (int i = a.n_tokens - sb.n_logits; i < a.n_tokens; ++i) {
+        std::copy_n(x_.data() + static_cast<int64_t>(a.q_row0 + i) * E, E, tmp_.data() + static_cast<int64_t>(out_row++) * E);
+      }
+    }
+  }
+  RowsRmsNorm(tmp_.data(), model_.output_norm(), out_in_.data(), n_logits);
+  MatMul(model_.output(), out_in_.data(), E, n_logits, logits_.data(), static_cast<int64_t>(n_vocab_), pool_, scratch_);
+  return Status::Ok();
+}
+
+}  // namespace trellis

@@ -1,0 +1,91 @@
+// Forward: one llama forward pass over a batch of token runs from any number of
+// sequences, reading and writing K/V through each sequence's block table.
+//
+// A batch mixes prefill chunks and decode tokens freely: every weight matrix is
+// applied once to all rows of the batch (prefill is matrix x matrix; concurrent decode
+// streams the weights once per step). All activation buffers are sized at construction
+// for max_batch_tokens rows; Run() performs no heap allocation.
+//
+// The pass reads top to bottom like the model (see Run in forward.cc):
+//   x = embd[token]
+//   per layer: x += Wo . attn(rope(Wq . norm(x)), rope(Wk . norm(x)), Wv . norm(x))
+//              x += Wdown . (silu(Wgate . norm(x)) * (Wup . norm(x)))
+//   logits = Wout . norm(x)   (only for the rows a sequence asks for)
+//
+// Thread safety: not thread-safe; one engine thread calls Run. Kernels fan out on the
+// ThreadPool given at construction. The Model and KV memory are borrowed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/model.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace trellis {
+
+// One sequence's part of a batch.
+struct SeqBatch {
+  std::span<const int32_t> tokens;       // tokens to run, at positions pos0 ..
+  int32_t pos0 = 0;                      // number of tokens already in this sequence's KV
+  std::span<const int32_t> block_table;  // must cover positions [0, pos0 + tokens.size())
+  int32_t n_logits = 1;                  // logits for this many trailing tokens (0..tokens.size())
+};
+
+class Forward {
+ public:
+  // max_logit_rows bounds the sum of n_logits over a batch.
+  Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows,
+          ThreadPool& pool);
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  // Runs the batch. On success logits() holds, for each sequence in order, its
+  // n_logits rows of n_vocab floats. Errors (bad token id, block table too short,
+  // batch too large) are detected before any KV is written.
+  Status Run(std::span<const SeqBatch> seqs);
+
+  // [sum of n_logits][n_vocab], valid until the next Run.
+  std::span<const float> logits() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_) * n_vocab_}; }
+  const float* logits_row(int i) const { return logits_.data() + static_cast<size_t>(i) * n_vocab_; }
+  int max_batch_tokens() const { return max_tokens_; }
+  int max_logit_rows() const { return max_logit_rows_; }
+  const Model& model() const { return model_; }
+
+ private:
+  void RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows);
+  void AddInPlace(float* x, const float* y, int64_t n);
+
+  const Model& model_;
+  PagedKv kv_;
+  ThreadPool& pool_;
+  const int max_tokens_;
+  const int max_logit_rows_;
+  const size_t n_vocab_;
+  int n_logit_rows_ = 0;
+  RopeParams rope_{};
+
+  // Activations, T = max_batch_tokens rows each.
+  std::vector<float> x_;     // (T, n_embd) residual stream
+  std::vector<float> xn_;    // (T, n_embd) normed input of the current sublayer
+  std::vector<float> q_;     // (T, n_head * head_dim)
+  std::vector<float> k_;     // (T, kv_dim)
+  std::vector<float> v_;     // (T, kv_dim)
+  std::vector<float> attn_;  // (T, n_head * head_dim) attention output
+  std::vector<float> tmp_;   // (T, n_embd) sublayer output before the residual add
+  std::vector<float> gate_;  // (T, n_ff)
+  std::vector<float> up_;    // (T, n_ff)
+  std::vector<int32_t> pos_;  // (T) position of each row
+  std::vector<float> out_in_;  // (L, n_embd) normed rows that want logits
+  std::vector<float> logits_;  // (L, n_vocab)
+  std::vector<AttnSeq> attn_seqs_;  // per sequence, capacity T
+  std::vector<uint8_t, std::allocator<uint8_t>> scratch_raw_;  // matmul scratch (+64 for alignment)
+  void* scratch_ = nullptr;
+  std::vector<float> attn_scratch_;
+};
+
+}  // namespace trellis

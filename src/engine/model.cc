@@ -1,0 +1,139 @@
+#include "engine/model.h"
+
+#include <map>
+
+#include <fmt/core.h>
+
+#include "kernels/quant.h"
+
+namespace trellis {
+namespace {
+
+// FNV-1a, enough to tell models apart in cache keys.
+uint64_t Fnv1a(uint64_t h, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string Shape(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+Result<WeightMatrix> GetMatrix(const GgufFile& g, const std::string& name, int64_t cols, int64_t rows) {
+  const GgufTensorInfo* t = g.FindTensor(name);
+  if (!t) return NotFound(fmt::format("tensor '{}' is missing", name));
+  if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
+    return InvalidArgument(fmt::format("tensor '{}' has shape {}, expected [{}, {}]", name, Shape(t->dims), cols, rows));
+  }
+  const GgmlTypeTraits tr = GetGgmlTypeTraits(t->type);
+  if (!tr.computable) {
+    return Unsupported(fmt::format("tensor '{}' has type {}, which Trellis does not support "
+                                   "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)", name, tr.name));
+  }
+  return WeightMatrix{t->type, t->data, rows, cols, RowBytes(t->type, cols)};
+}
+
+Result<std::vector<float>> GetVector(const GgufFile& g, const std::string& name, int64_t n) {
+  const GgufTensorInfo* t = g.FindTensor(name);
+  if (!t) return NotFound(fmt::format("tensor '{}' is missing", name));
+  if (t->n_elements != n || t->dims[0] != n) {
+    return InvalidArgument(fmt::format("tensor '{}' has shape {}, expected [{}]", name, Shape(t->dims), n));
+  }
+  if (!GetGgmlTypeTraits(t->type).computable) {
+    return Unsupported(fmt::format("tensor '{}' has unsupported type {}", name, GetGgmlTypeTraits(t->type).name));
+  }
+  std::vector<float> out(static_cast<size_t>(n));
+  TRELLIS_RETURN_IF_ERROR(DequantizeRow(t->type, t->data, out.data(), n));
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path));
+  auto m = FromGguf(std::move(g));
+  if (!m.ok()) return m.status().WithContext(path);
+  return m;
+}
+
+Result<std::unique_ptr<Model>> Model::FromGguf(GgufFile gguf) {
+  std::unique_ptr<Model> m(new Model(std::move(gguf)));
+  TRELLIS_RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+Status Model::Init() {
+  TRELLIS_ASSIGN_OR_RETURN(config_, ModelConfig::FromGguf(gguf_));
+  const ModelConfig& c = config_;
+  TRELLIS_ASSIGN_OR_RETURN(token_embd_, GetMatrix(gguf_, "token_embd.weight", c.n_embd, c.n_vocab));
+  TRELLIS_ASSIGN_OR_RETURN(output_norm_, GetVector(gguf_, "output_norm.weight", c.n_embd));
+  if (gguf_.FindTensor("output.weight")) {
+    TRELLIS_ASSIGN_OR_RETURN(output_, GetMatrix(gguf_, "output.weight", c.n_embd, c.n_vocab));
+  } else {
+    output_ = token_embd_;
+    tied_output_ = true;
+  }
+  if (gguf_.FindTensor("rope_freqs.weight")) {
+    TRELLIS_ASSIGN_OR_RETURN(rope_freqs_, GetVector(gguf_, "rope_freqs.weight", c.head_dim / 2));
+  }
+  layers_.resize(static_cast<size_t>(c.n_layer));
+  for (int i = 0; i < c.n_layer; ++i) {
+    LayerWeights& l = layers_[static_cast<size_t>(i)];
+    const std::string p = fmt::format("blk.{}.", i);
+    TRELLIS_ASSIGN_OR_RETURN(l.attn_norm, GetVector(gguf_, p + "attn_norm.weight", c.n_embd));
+    TRELLIS_ASSIGN_OR_RETURN(l.wq, GetMatrix(gguf_, p + "attn_q.weight", c.n_embd, c.n_head * c.head_dim));
+    TRELLIS_ASSIGN_OR_RETURN(l.wk, GetMatrix(gguf_, p + "attn_k.weight", c.n_embd, c.kv_dim()));
+    TRELLIS_ASSIGN_OR_RETURN(l.wv, GetMatrix(gguf_, p + "attn_v.weight", c.n_embd, c.kv_dim()));
+    TRELLIS_ASSIGN_OR_RETURN(l.wo, GetMatrix(gguf_, p + "attn_output.weight", c.n_head * c.head_dim, c.n_embd));
+    TRELLIS_ASSIGN_OR_RETURN(l.ffn_norm, GetVector(gguf_, p + "ffn_norm.weight", c.n_embd));
+    TRELLIS_ASSIGN_OR_RETURN(l.w_gate, GetMatrix(gguf_, p + "ffn_gate.weight", c.n_embd, c.n_ff));
+    TRELLIS_ASSIGN_OR_RETURN(l.w_up, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, c.n_ff));
+    TRELLIS_ASSIGN_OR_RETURN(l.w_down, GetMatrix(gguf_, p + "ffn_down.weight", c.n_ff, c.n_embd));
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv};
+  h = Fnv1a(h, cfg, sizeof(cfg));
+  for (const GgufTensorInfo& t : gguf_.tensors()) {
+    h = Fnv1a(h, t.name.data(), t.name.size());
+    h = Fnv1a(h, &t.type, sizeof(t.type));
+    // A sample of the data, so two random models of the same shape differ.
+    h = Fnv1a(h, t.data, std::min<uint64_t>(t.size_bytes, 64));
+  }
+  fingerprint_ = h;
+  return Status::Ok();
+}
+
+std::string Model::TypeSummary() const {
+  std::map<std::string, int64_t> bytes;
+  for (const LayerWeights& l : layers_) {
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      bytes[std::string(GetGgmlTypeTraits(w->type).name)] += w->rows * w->row_bytes;
+    }
+  }
+  std::string main;
+  int64_t best = -1;
+  for (const auto& [name, b] : bytes) {
+    if (b > best) {
+      best = b;
+      main = name;
+    }
+  }
+  std::string s = main;
+  if (bytes.size() > 1) s += " mix";
+  const std::string out_type(GetGgmlTypeTraits(output_.type).name);
+  if (out_type != main) s += fmt::format(" ({} output)", out_type);
+  return s;
+}
+
+int64_t Model::WeightBytes() const {
+  int64_t b = output_.rows * output_.row_bytes;
+  for (const LayerWeights& l : layers_) {
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += w->rows * w->row_bytes;
+  }
+  return b;
+}
+
+}  // namespace trellis

@@ -1,0 +1,74 @@
+// Model: a llama-family model's config and weights, loaded from a GGUF file.
+//
+// Weight matrices are borrowed views into the read-only mmapped file: loading copies
+// nothing but the small norm vectors (converted to f32). Every tensor the forward pass
+// uses is checked for presence, shape and a type Trellis can compute with, so a bad file
+// fails here with a message naming the tensor, not later inside a kernel.
+//
+// Thread safety: immutable after Load; shared read-only by all threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "util/status.h"
+
+namespace trellis {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [n_embd]
+  WeightMatrix wq;               // (n_embd rows, n_embd cols): q = wq . x
+  WeightMatrix wk;               // (kv_dim, n_embd)
+  WeightMatrix wv;               // (kv_dim, n_embd)
+  WeightMatrix wo;               // (n_embd, n_embd)
+  std::vector<float> ffn_norm;   // [n_embd]
+  WeightMatrix w_gate;           // (n_ff, n_embd)
+  WeightMatrix w_up;             // (n_ff, n_embd)
+  WeightMatrix w_down;           // (n_embd, n_ff)
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> Load(const std::string& path);
+  // Builds from an already-open GGUF (tests); takes ownership.
+  static Result<std::unique_ptr<Model>> FromGguf(GgufFile gguf);
+
+  const ModelConfig& config() const { return config_; }
+  const GgufFile& gguf() const { return gguf_; }
+
+  const WeightMatrix& token_embd() const { return token_embd_; }  // (n_vocab, n_embd)
+  const std::vector<float>& output_norm() const { return output_norm_; }  // [n_embd]
+  const WeightMatrix& output() const { return output_; }  // (n_vocab, n_embd); token_embd if tied
+  bool tied_output() const { return tied_output_; }
+  const LayerWeights& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
+  // Llama 3.1 style rope frequency factors [head_dim / 2], or empty.
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }
+
+  // "q4_0 (q6_K output)": the dominant weight type, for banners and benchmarks.
+  std::string TypeSummary() const;
+  // Bytes of weights a decode step streams (all matrices once).
+  int64_t WeightBytes() const;
+  // Identifies the weights for cache keys: hash of config and tensor table.
+  uint64_t fingerprint() const { return fingerprint_; }
+
+ private:
+  explicit Model(GgufFile gguf) : gguf_(std::move(gguf)) {}
+  Status Init();
+
+  GgufFile gguf_;
+  ModelConfig config_;
+  WeightMatrix token_embd_{};
+  std::vector<float> output_norm_;
+  WeightMatrix output_{};
+  bool tied_output_ = false;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> rope_freqs_;
+  uint64_t fingerprint_ = 0;
+};
+
+}  // namespace trellis

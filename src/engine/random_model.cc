@@ -1,0 +1,153 @@
+#include "engine/random_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "kernels/quant.h"
+#include "model/gguf_writer.h"
+
+namespace trellis {
+namespace {
+
+struct TypeChoice {
+  GgmlType main, output, more_bits;  // more_bits: attn_v / ffn_down in favoured layers
+};
+
+Result<TypeChoice> ParseType(const std::string& t, bool pure) {
+  if (t == "f32") return TypeChoice{GgmlType::kF32, GgmlType::kF32, GgmlType::kF32};
+  if (t == "f16") return TypeChoice{GgmlType::kF16, GgmlType::kF16, GgmlType::kF16};
+  if (t == "bf16") return TypeChoice{GgmlType::kBF16, GgmlType::kBF16, GgmlType::kBF16};
+  if (t == "q8_0") return TypeChoice{GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kQ8_0};
+  if (t == "q6_k") return TypeChoice{GgmlType::kQ6_K, GgmlType::kQ6_K, GgmlType::kQ6_K};
+  if (t == "q4_0") return TypeChoice{GgmlType::kQ4_0, pure ? GgmlType::kQ4_0 : GgmlType::kQ6_K, GgmlType::kQ4_0};
+  if (t == "q4_k_m") {
+    return TypeChoice{GgmlType::kQ4_K, pure ? GgmlType::kQ4_K : GgmlType::kQ6_K,
+                      pure ? GgmlType::kQ4_K : GgmlType::kQ6_K};
+  }
+  return InvalidArgument(fmt::format("unknown model type '{}' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q6_k)", t));
+}
+
+// llama.cpp's Q4_K_M rule for which layers' attn_v / ffn_down get more bits.
+bool UseMoreBits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// SplitMix64: a fast, well-mixed stream per (seed, tensor, row).
+uint64_t SplitMix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills rows x cols of uniform values with standard deviation `stddev`, quantized to
+// `type`, in parallel over rows.
+Status FillRandom(std::span<uint8_t> dst, GgmlType type, int64_t rows, int64_t cols, float stddev,
+                  uint64_t seed, int n_threads) {
+  const int64_t row_bytes = RowBytes(type, cols);
+  if (static_cast<int64_t>(dst.size()) != rows * row_bytes) return Internal("random tensor size mismatch");
+  const float a = stddev * std::sqrt(3.0f);
+  std::vector<Status> errs(static_cast<size_t>(n_threads));
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n_threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = rows * t / n_threads; r < rows * (t + 1) / n_threads; ++r) {
+        uint64_t s = seed * 0x100000001b3ull + static_cast<uint64_t>(r);
+        for (int64_t c = 0; c < cols; ++c) {
+          const double u = static_cast<double>(SplitMix(s) >> 11) * (1.0 / 9007199254740992.0);
+          row[static_cast<size_t>(c)] = static_cast<float>((2.0 * u - 1.0) * a);
+        }
+        Status st = QuantizeRow(type, row.data(), dst.data() + r * row_bytes, cols);
+        if (!st.ok()) {
+          errs[static_cast<size_t>(t)] = st;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  for (Status& s : errs) TRELLIS_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelShape> ModelShapeByName(const std::string& name) {
+  if (name == "tinyllama") return ModelShape{"tinyllama", 22, 2048, 32, 4, 5632, 2048, 10000.0f, 1e-5f};
+  if (name == "tiny") return ModelShape{"tiny", 4, 256, 4, 2, 768, 2048, 10000.0f, 1e-5f};
+  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny)", name));
+}
+
+Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, const std::string& path) {
+  TRELLIS_ASSIGN_OR_RETURN(TypeChoice tc, ParseType(o.type, o.pure));
+  TRELLIS_ASSIGN_OR_RETURN(const GgufValue* tokens, vocab.GetArray("tokenizer.ggml.tokens", GgufValueType::kString));
+  const ModelShape& s = o.shape;
+  const int n_vocab = static_cast<int>(tokens->count);
+  for (GgmlType t : {tc.main, tc.output, tc.more_bits}) {
+    const int64_t be = GetGgmlTypeTraits(t).block_elems;
+    if (s.n_embd % be || s.n_ff % be) {
+      return InvalidArgument(fmt::format("shape {} does not fit {} blocks of {}", s.name, GetGgmlTypeTraits(t).name, be));
+    }
+  }
+
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  w.SetString("general.name", fmt::format("trellis-random-{}-{}", s.name, o.type));
+  w.SetUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  w.SetUint32("llama.context_length", static_cast<uint32_t>(s.n_ctx));
+  w.SetUint32("llama.embedding_length", static_cast<uint32_t>(s.n_embd));
+  w.SetUint32("llama.block_count", static_cast<uint32_t>(s.n_layer));
+  w.SetUint32("llama.feed_forward_length", static_cast<uint32_t>(s.n_ff));
+  w.SetUint32("llama.attention.head_count", static_cast<uint32_t>(s.n_head));
+  w.SetUint32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
+  w.SetUint32("llama.rope.dimension_count", static_cast<uint32_t>(s.n_embd / s.n_head));
+  w.SetFloat32("llama.rope.freq_base", s.rope_theta);
+  w.SetFloat32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
+  for (const auto& [key, value] : vocab.metadata()) {
+    if (key.rfind("tokenizer.", 0) == 0) w.SetValue(key, value);
+  }
+  w.SetUint32("general.quantization_version", 2);
+
+  uint64_t tensor_seed = o.seed;
+  auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows, GgmlType type) -> Status {
+    const uint64_t seed = ++tensor_seed * 0x9e3779b97f4a7c15ull;
+    const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+    const int threads = o.n_threads;
+    return w.AddTensor(name, {cols, rows}, type, [=](std::span<uint8_t> dst) {
+      return FillRandom(dst, type, rows, cols, stddev, seed, threads);
+    });
+  };
+  auto add_ones = [&](const std::string& name, int64_t n) -> Status {
+    return w.AddTensor(name, {n}, GgmlType::kF32, [n](std::span<uint8_t> dst) {
+      std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+      std::memcpy(dst.data(), ones.data(), dst.size());
+      return Status::Ok();
+    });
+  };
+  const int64_t E = s.n_embd, F = s.n_ff, KD = static_cast<int64_t>(s.n_head_kv) * (E / s.n_head);
+  // Embeddings get unit-scale rows, as trained embeddings roughly have.
+  TRELLIS_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", {E, n_vocab}, tc.main, [&, seed = o.seed](std::span<uint8_t> dst) {
+    return FillRandom(dst, tc.main, n_vocab, E, 1.0f, seed ^ 0xE1, o.n_threads);
+  }));
+  TRELLIS_RETURN_IF_ERROR(add_ones("output_norm.weight", E));
+  TRELLIS_RETURN_IF_ERROR(add_matrix("output.weight", E, n_vocab, tc.output));
+  for (int i = 0; i < s.n_layer; ++i) {
+    const std::string p = fmt::format("blk.{}.", i);
+    const GgmlType vt = UseMoreBits(i, s.n_layer) ? tc.more_bits : tc.main;
+    TRELLIS_RETURN_IF_ERROR(add_ones(p + "attn_norm.weight", E));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_q.weight", E, E, tc.main));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", E, KD, tc.main));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", E, KD, vt));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", E, E, tc.main));
+    TRELLIS_RETURN_IF_ERROR(add_ones(p + "ffn_norm.weight", E));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_gate.weight", E, F, tc.main));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, F, tc.main));
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_down.weight", F, E, vt));
+  }
+  return w.WriteFile(path);
+}
+
+}  // namespace trellis

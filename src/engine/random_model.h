@@ -1,0 +1,41 @@
+// Random-weight llama models of named shapes, written as GGUF: test and benchmark
+// models without any download. Random weights cost exactly what trained ones cost.
+//
+// Thread safety: plain functions; WriteRandomModel uses its own threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/gguf.h"
+#include "util/status.h"
+
+namespace trellis {
+
+struct ModelShape {
+  std::string name;
+  int n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx;
+  float rope_theta, rms_eps;
+};
+
+// "tinyllama": TinyLlama-1.1B's dimensions (22 layers, 2048 wide, 32 heads, 4 KV heads,
+// 5632 FFN). "tiny": the same family at a few MB (4 layers, 256 wide, 4 heads, 2 KV
+// heads, 768 FFN).
+Result<ModelShape> ModelShapeByName(const std::string& name);
+
+struct RandomModelOptions {
+  ModelShape shape;
+  // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k". As llama-quantize does,
+  // q4_0 and q4_k_m keep output.weight in q6_K unless `pure`; q4_k_m also uses q6_K for
+  // attn_v and ffn_down in the layers llama.cpp gives more bits.
+  std::string type = "q4_0";
+  bool pure = false;
+  uint64_t seed = 1;
+  int n_threads = 2;
+};
+
+// Writes the model to `path`, copying every tokenizer.* key from `vocab` (the vocab
+// size follows its token list).
+Status WriteRandomModel(const RandomModelOptions& opts, const GgufFile& vocab, const std::string& path);
+
+}  // namespace trellis

@@ -1,0 +1,93 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trellis {
+
+Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), rng_(params.seed) {
+  cand_.reserve(static_cast<size_t>(n_vocab));
+}
+
+int32_t Sampler::Greedy(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
+  if (params_.temperature <= 0.0f) return Greedy(logits);
+  const int n_vocab = static_cast<int>(logits.size());
+
+  // Repetition penalty (CTRL-style, as llama.cpp): divide positive logits, multiply
+  // negative ones, once per distinct token in the window.
+  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0) {
+    const size_t n = params_.repeat_last_n < 0 ? history.size()
+                                               : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+    for (size_t i = history.size() - n; i < history.size(); ++i) {
+      const int32_t t = history[i];
+      if (t < 0 || t >= n_vocab) continue;
+      // Skip duplicates: only penalize on the last occurrence in the window.
+      if (std::find(history.begin() + static_cast<std::ptrdiff_t>(i) + 1, history.end(), t) != history.end()) continue;
+      float& l = logits[static_cast<size_t>(t)];
+      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+  }
+
+  cand_.clear();
+  for (int i = 0; i < n_vocab; ++i) cand_.emplace_back(logits[static_cast<size_t>(i)], i);
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+
+  size_t keep = cand_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), by_logit);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  cand_.resize(keep);
+
+  // Softmax over the survivors (before temperature, as llama.cpp's top-p / min-p see it).
+  auto softmax = [&](float temp) {
+    const float mx = cand_[0].first;
+    double sum = 0;
+    for (auto& c : cand_) sum += std::exp((c.first - mx) / temp);
+    return std::pair<float, double>(mx, sum);
+  };
+  {
+    auto [mx, sum] = softmax(1.0f);
+    if (params_.top_p < 1.0f) {
+      double cum = 0;
+      size_t n = 0;
+      for (; n < cand_.size(); ++n) {
+        cum += std::exp(cand_[n].first - mx) / sum;
+        if (cum >= params_.top_p) {
+          ++n;
+          break;
+        }
+      }
+      cand_.resize(std::max<size_t>(1, std::min(n, cand_.size())));
+    }
+    if (params_.min_p > 0.0f) {
+      // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+      const float cut = mx + std::log(params_.min_p);
+      size_t n = 1;
+      while (n < cand_.size() && cand_[n].first >= cut) ++n;
+      cand_.resize(n);
+    }
+  }
+
+  const float temp = params_.temperature;
+  auto [mx, sum] = softmax(temp);
+  std::uniform_real_distribution<double> u(0.0, sum);
+  double r = u(rng_);
+  for (const auto& c : cand_) {
+    r -= std::exp((c.first - mx) / temp);
+    if (r <= 0) return c.second;
+  }
+  return cand_.back().second;
+}
+
+}  // namespace trellis

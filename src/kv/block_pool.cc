@@ -1,0 +1,48 @@
+#include "kv/block_pool.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/core.h>
+
+namespace trellis {
+
+Result<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout, int32_t n_blocks) {
+  if (n_blocks <= 0) return InvalidArgument(fmt::format("KV pool needs at least one block (got {})", n_blocks));
+  const size_t bb = layout.BlockBytes();
+  if (bb == 0 || bb % 64 != 0) return InvalidArgument(fmt::format("KV block size {} bytes is not a multiple of 64", bb));
+  const size_t total = bb * static_cast<size_t>(n_blocks);
+  void* p = std::aligned_alloc(64, total);
+  if (!p) return ResourceExhausted(fmt::format("cannot allocate {} MiB for {} KV blocks", total >> 20, n_blocks));
+  return std::unique_ptr<BlockPool>(new BlockPool(layout, n_blocks, static_cast<uint8_t*>(p)));
+}
+
+BlockPool::BlockPool(const KvLayout& layout, int32_t n_blocks, uint8_t* base)
+    : layout_(layout), n_blocks_(n_blocks), block_bytes_(layout.BlockBytes()), base_(base),
+      refcount_(static_cast<size_t>(n_blocks), 0) {
+  free_.reserve(static_cast<size_t>(n_blocks));
+  // Hand out low ids first: pop from the back.
+  for (int32_t i = n_blocks - 1; i >= 0; --i) free_.push_back(i);
+}
+
+BlockPool::~BlockPool() { std::free(base_); }
+
+int32_t BlockPool::Allocate() {
+  if (free_.empty()) return kNoBlock;
+  const int32_t id = free_.back();
+  free_.pop_back();
+  refcount_[static_cast<size_t>(id)] = 1;
+  return id;
+}
+
+void BlockPool::Acquire(int32_t id) {
+  TRELLIS_CHECK(id >= 0 && id < n_blocks_ && refcount_[static_cast<size_t>(id)] > 0);
+  ++refcount_[static_cast<size_t>(id)];
+}
+
+void BlockPool::Release(int32_t id) {
+  TRELLIS_CHECK(id >= 0 && id < n_blocks_ && refcount_[static_cast<size_t>(id)] > 0);
+  if (--refcount_[static_cast<size_t>(id)] == 0) free_.push_back(id);
+}
+
+}  // namespace trellis
