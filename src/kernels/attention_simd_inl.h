@@ -30,6 +30,10 @@
 #include "kernels/attention_internal.h"
 #include "kernels/ops_simd_inl.h"
 
+// Fixed-trip-count register loops must be fully unrolled or GCC -O2 keeps the
+// accumulator arrays in memory.
+#define TRELLIS_UNROLL _Pragma("GCC unroll 16")
+
 namespace trellis {
 namespace {
 
@@ -40,18 +44,25 @@ inline void ScoreTile(const float* qs, int hd, const float* kt, int bs, float* s
   using F = typename V::F;
   constexpr int W = V::kW;
   F a[NQ][NC];
+  TRELLIS_UNROLL
   for (int qq = 0; qq < NQ; ++qq) {
+    TRELLIS_UNROLL
     for (int c = 0; c < NC; ++c) a[qq][c] = V::Zero();
   }
   for (int d = 0; d < hd; ++d) {
     F k[NC];
+    TRELLIS_UNROLL
     for (int c = 0; c < NC; ++c) k[c] = V::Load(kt + d * bs + c * W);
+    TRELLIS_UNROLL
     for (int qq = 0; qq < NQ; ++qq) {
       const F qd = V::Set1(qs[qq * hd + d]);
+      TRELLIS_UNROLL
       for (int c = 0; c < NC; ++c) a[qq][c] = V::Fma(qd, k[c], a[qq][c]);
     }
   }
+  TRELLIS_UNROLL
   for (int qq = 0; qq < NQ; ++qq) {
+    TRELLIS_UNROLL
     for (int c = 0; c < NC; ++c) V::Store(s + qq * bs + c * W, a[qq][c]);
   }
 }
@@ -80,12 +91,15 @@ inline void AccumulateV(float* a, float corr, const float* p, int n, const float
   constexpr int W = V::kW;
   F acc[G];
   const F vc = V::Set1(corr);
+  TRELLIS_UNROLL
   for (int g = 0; g < G; ++g) acc[g] = V::Mul(V::Load(a + g * W), vc);
   for (int j = 0; j < n; ++j) {
     const F pj = V::Set1(p[j]);
     const float* vr = vt + j * hd;
+    TRELLIS_UNROLL
     for (int g = 0; g < G; ++g) acc[g] = V::Fma(pj, V::Load(vr + g * W), acc[g]);
   }
+  TRELLIS_UNROLL
   for (int g = 0; g < G; ++g) V::Store(a + g * W, acc[g]);
 }
 
@@ -95,7 +109,7 @@ void AttnTileT(const internal::AttnTile& t) {
   using F = typename V::F;
   constexpr int W = V::kW;
   constexpr int kNq = W == 16 ? 4 : 2;  // queries per score pass (register budget)
-  constexpr int kG = 8;                 // accumulator vectors per V pass
+  constexpr int kMaxG = 8;              // accumulator vectors per V pass
   constexpr int kMaxQ = internal::kAttnMaxQueries;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const int hd = t.head_dim, bs = t.block_size;
@@ -130,11 +144,13 @@ void AttnTileT(const internal::AttnTile& t) {
     for (int t0 = 0; t0 < nkt; t0 += 8) {
       for (int d0 = 0; d0 < hd; d0 += 8) {
         __m256 r[8];
+        TRELLIS_UNROLL
         for (int i = 0; i < 8; ++i) {
           r[i] = _mm256_cvtph_ps(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(kblk + (t0 + i) * hd + d0)));
         }
         Transpose8x8(r);
+        TRELLIS_UNROLL
         for (int j = 0; j < 8; ++j) _mm256_storeu_ps(kt + (d0 + j) * bs + t0, r[j]);
       }
     }
@@ -163,7 +179,8 @@ void AttnTileT(const internal::AttnTile& t) {
         mx = V::Max(mx, v);
       }
       const float m_new = std::max(m[qi], V::HMax(mx));
-      const float corr = std::exp(m[qi] - m_new);
+      // Rescale only when the running max moved (exp(-inf) = 0 on the first block).
+      const float corr = m_new == m[qi] ? 1.0f : std::exp(m[qi] - m_new);
       const F vm = V::Set1(m_new);
       F sum = V::Zero();
       for (int c = 0; c < nc; ++c) {
@@ -175,9 +192,21 @@ void AttnTileT(const internal::AttnTile& t) {
       l[qi] = l[qi] * corr + V::HSum(sum);
       m[qi] = m_new;
       float* a = acc + qi * hd;
-      int d = 0;
-      for (; d + kG * W <= hd; d += kG * W) AccumulateV<V, kG>(a + d, corr, sq, n, vt + d, hd);
-      for (; d < hd; d += W) AccumulateV<V, 1>(a + d, corr, sq, n, vt + d, hd);
+      // As many independent accumulator chains as fit (hides the FMA latency).
+      for (int d = 0; d < hd;) {
+        const int g = std::min(kMaxG, (hd - d) / W);
+        switch (g) {
+          case 1: AccumulateV<V, 1>(a + d, corr, sq, n, vt + d, hd); break;
+          case 2: AccumulateV<V, 2>(a + d, corr, sq, n, vt + d, hd); break;
+          case 3: AccumulateV<V, 3>(a + d, corr, sq, n, vt + d, hd); break;
+          case 4: AccumulateV<V, 4>(a + d, corr, sq, n, vt + d, hd); break;
+          case 5: AccumulateV<V, 5>(a + d, corr, sq, n, vt + d, hd); break;
+          case 6: AccumulateV<V, 6>(a + d, corr, sq, n, vt + d, hd); break;
+          case 7: AccumulateV<V, 7>(a + d, corr, sq, n, vt + d, hd); break;
+          default: AccumulateV<V, 8>(a + d, corr, sq, n, vt + d, hd); break;
+        }
+        d += g * W;
+      }
     }
   }
 
@@ -190,3 +219,5 @@ void AttnTileT(const internal::AttnTile& t) {
 
 }  // namespace
 }  // namespace trellis
+
+#undef TRELLIS_UNROLL
