@@ -1,7 +1,10 @@
 #include "model/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <stdexcept>
 
 #include <fmt/core.h>
 
@@ -12,6 +15,10 @@ constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" little-endian
 constexpr int kMaxArrayDepth = 4;
 constexpr int kMaxDims = 4;
 constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
+// Counts in the header are only upper-bounded by the file size, so a corrupt count in a
+// multi-gigabyte file could ask for hundreds of gigabytes up front. Reserve at most this
+// many entries; the vectors grow past it only as entries actually parse.
+constexpr uint64_t kMaxReserve = 4096;
 
 // Bounds-checked little-endian cursor over the header bytes.
 class Cursor {
@@ -218,12 +225,27 @@ Result<GgufFile> GgufFile::Open(const std::string& path) {
 }
 
 Result<GgufFile> GgufFile::Parse(std::span<const uint8_t> bytes) {
+  // Metadata is copied out of the file, so a file can legitimately need several times its
+  // size in memory (an array of n uint8 becomes n int64). Running out is reported, not thrown.
+  try {
+    return ParseUnchecked(bytes);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(fmt::format("out of memory parsing a {}-byte GGUF header", bytes.size()));
+  } catch (const std::length_error&) {
+    return ResourceExhausted(fmt::format("out of memory parsing a {}-byte GGUF header", bytes.size()));
+  }
+}
+
+Result<GgufFile> GgufFile::ParseUnchecked(std::span<const uint8_t> bytes) {
   GgufFile g;
   Cursor c(bytes);
   uint32_t magic = 0;
   TRELLIS_RETURN_IF_ERROR(c.Read(&magic, "magic"));
   if (magic != kGgufMagic) return Corrupt(fmt::format("not a GGUF file (magic 0x{:08x})", magic));
   TRELLIS_RETURN_IF_ERROR(c.Read(&g.version_, "version"));
+  if (g.version_ != 0 && (g.version_ & 0xffff) == 0) {
+    return Unsupported(fmt::format("GGUF version 0x{:08x} looks byte-swapped: big-endian files are not supported", g.version_));
+  }
   if (g.version_ == 1) return Unsupported("GGUF version 1 (32-bit counts) is not supported; re-convert the model");
   if (g.version_ != 2 && g.version_ != 3) return Unsupported(fmt::format("GGUF version {} is not supported (2 and 3 are)", g.version_));
   uint64_t n_tensors = 0, n_kv = 0;
@@ -234,7 +256,7 @@ Result<GgufFile> GgufFile::Parse(std::span<const uint8_t> bytes) {
   if (n_kv > c.remaining() / 13) return Corrupt(fmt::format("metadata count {} cannot fit in the file", n_kv));
   if (n_tensors > c.remaining() / 24) return Corrupt(fmt::format("tensor count {} cannot fit in the file", n_tensors));
 
-  g.kv_.reserve(n_kv);
+  g.kv_.reserve(std::min(n_kv, kMaxReserve));
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
     TRELLIS_RETURN_IF_ERROR(c.ReadString(&key, "metadata key"));
@@ -250,13 +272,16 @@ Result<GgufFile> GgufFile::Parse(std::span<const uint8_t> bytes) {
   }
 
   if (const GgufValue* a = g.Find("general.alignment")) {
-    if (!a->IsInteger() || a->u64 == 0 || (a->u64 & (a->u64 - 1)) != 0 || a->u64 > (1u << 20)) {
-      return Corrupt(fmt::format("general.alignment {} is not a power of two", a->ToString()));
+    if (!a->IsInteger()) {
+      return Corrupt(fmt::format("general.alignment is {}, expected an unsigned integer", GgufValueTypeName(a->type)));
+    }
+    if (a->u64 == 0 || (a->u64 & (a->u64 - 1)) != 0 || a->u64 > (uint64_t{1} << 20)) {
+      return Corrupt(fmt::format("general.alignment {} is not a power of two between 1 and 2^20", a->ToString()));
     }
     g.alignment_ = a->u64;
   }
 
-  g.tensors_.reserve(n_tensors);
+  g.tensors_.reserve(std::min(n_tensors, kMaxReserve));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo ti;
     TRELLIS_RETURN_IF_ERROR(c.ReadString(&ti.name, "tensor name"));
@@ -297,12 +322,30 @@ Result<GgufFile> GgufFile::Parse(std::span<const uint8_t> bytes) {
   g.data_offset_ = data;
   for (GgufTensorInfo& ti : g.tensors_) {
     uint64_t begin = 0, end = 0;
-    if (__builtin_add_overflow(data, ti.offset, &begin) || __builtin_add_overflow(begin, ti.size_bytes, &end) ||
-        end > bytes.size()) {
+    if (__builtin_add_overflow(data, ti.offset, &begin) || __builtin_add_overflow(begin, ti.size_bytes, &end)) {
+      return Corrupt(fmt::format("tensor '{}': offset {} + {} bytes overflows", ti.name, ti.offset, ti.size_bytes));
+    }
+    if (end > bytes.size()) {
       return Corrupt(fmt::format("tensor '{}': data [{}, +{}) extends past the end of the file ({} bytes); truncated?",
                                  ti.name, begin, ti.size_bytes, bytes.size()));
     }
     ti.data = bytes.data() + begin;
+  }
+  // Two tensors must not share bytes: a weight aliasing another is corruption, and the
+  // engine may one day write through a private copy. (llama.cpp is stricter still: it
+  // wants the offsets packed in file order; we accept gaps and any order.)
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(g.tensors_.size());
+  for (const GgufTensorInfo& ti : g.tensors_) by_offset.push_back(&ti);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& prev = *by_offset[i - 1];
+    const GgufTensorInfo& cur = *by_offset[i];
+    if (prev.offset + prev.size_bytes > cur.offset) {
+      return Corrupt(fmt::format("tensor '{}' at offset {} overlaps tensor '{}' at [{}, +{})", cur.name,
+                                 cur.offset, prev.name, prev.offset, prev.size_bytes));
+    }
   }
   return g;
 }

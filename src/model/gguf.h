@@ -107,6 +107,8 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  // Parse without the out-of-memory guard.
+  static Result<GgufFile> ParseUnchecked(std::span<const uint8_t> bytes);
 
   std::unique_ptr<MappedFile> file_;  // null when parsed from a caller's buffer
   std::string path_;

@@ -61,18 +61,48 @@ Status PutScalar(Sink& s, GgufValueType t, uint64_t u, int64_t i, double f) {
   }
 }
 
+// Writes `n` zero bytes (alignment padding; n may exceed any fixed buffer).
+template <typename Sink>
+Status PutZeros(Sink& s, uint64_t n) {
+  static const uint8_t kZeros[4096] = {};
+  while (n > 0) {
+    const size_t chunk = n < sizeof(kZeros) ? static_cast<size_t>(n) : sizeof(kZeros);
+    TRELLIS_RETURN_IF_ERROR(s.Write(kZeros, chunk));
+    n -= chunk;
+  }
+  return Status::Ok();
+}
+
+// Element vector of an array value, checked against `count` so a hand-built GgufValue
+// with too few elements is an error rather than a read past the vector.
+size_t HeldElements(const GgufValue& v) {
+  switch (v.elem_type) {
+    case GgufValueType::kString: return v.strings.size();
+    case GgufValueType::kArray: return v.nested.size();
+    case GgufValueType::kFloat32:
+    case GgufValueType::kFloat64: return v.floats.size();
+    default: return v.ints.size();
+  }
+}
+
 template <typename Sink>
 Status PutValue(Sink& s, const GgufValue& v) {
   if (v.type == GgufValueType::kString) return PutString(s, v.str);
   if (v.type != GgufValueType::kArray) return PutScalar(s, v.type, v.u64, v.i64, v.f64);
+  if (HeldElements(v) != v.count) {
+    return InvalidArgument(fmt::format("array of {} {} holds {} elements", v.count, GgufValueTypeName(v.elem_type), HeldElements(v)));
+  }
   TRELLIS_RETURN_IF_ERROR(Put<Sink, uint32_t>(s, static_cast<uint32_t>(v.elem_type)));
   TRELLIS_RETURN_IF_ERROR(Put<Sink, uint64_t>(s, v.count));
   for (uint64_t k = 0; k < v.count; ++k) {
     switch (v.elem_type) {
       case GgufValueType::kString: TRELLIS_RETURN_IF_ERROR(PutString(s, v.strings[k])); break;
       case GgufValueType::kArray:
-        TRELLIS_RETURN_IF_ERROR(Put<Sink, uint32_t>(s, static_cast<uint32_t>(GgufValueType::kArray)));
-        return Unsupported("writing nested arrays");
+        // An inner array is encoded like a top-level one minus the outer type tag:
+        // element type, count, elements.
+        if (v.nested[k].type != GgufValueType::kArray) return InvalidArgument("nested element is not an array");
+        TRELLIS_RETURN_IF_ERROR(PutValue(s, v.nested[k]));
+        break;
       case GgufValueType::kFloat32:
       case GgufValueType::kFloat64: TRELLIS_RETURN_IF_ERROR(PutScalar(s, v.elem_type, 0, 0, v.floats[k])); break;
       default:
@@ -163,7 +193,9 @@ Status GgufWriter::AddTensor(const std::string& name, std::vector<int64_t> dims,
   uint64_t n = 1;
   for (int64_t d : dims) {
     if (d <= 0) return InvalidArgument(fmt::format("tensor '{}': dimension {}", name, d));
-    n *= static_cast<uint64_t>(d);
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) || n > (uint64_t{1} << 42)) {
+      return InvalidArgument(fmt::format("tensor '{}': element count overflows", name));
+    }
   }
   if (dims[0] % tr.block_elems) {
     return InvalidArgument(fmt::format("tensor '{}': row {} not a multiple of {} block {}", name, dims[0], tr.name, tr.block_elems));
@@ -202,10 +234,23 @@ Status GgufWriter::WriteTo(Sink& s) const {
     Status Write(const void* p, size_t n) { return f(p, n); }
   } cs{counting};
 
+  // The reader accepts power-of-two alignments up to 1 MiB; write nothing it would reject.
+  if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0 || alignment_ > (uint64_t{1} << 20)) {
+    return InvalidArgument(fmt::format("alignment {} is not a power of two up to 1 MiB", alignment_));
+  }
+  // A caller-set general.alignment is written as given, but must agree with ours.
+  bool user_alignment_key = false;
+  for (const auto& [key, v] : kv_) {
+    if (key != "general.alignment") continue;
+    if (!v.IsInteger() || v.u64 != alignment_) {
+      return InvalidArgument(fmt::format("general.alignment {} disagrees with the writer's alignment {}", v.ToString(), alignment_));
+    }
+    user_alignment_key = true;
+  }
   TRELLIS_RETURN_IF_ERROR(Put<Counting, uint32_t>(cs, 0x46554747));
   TRELLIS_RETURN_IF_ERROR(Put<Counting, uint32_t>(cs, 3));
   TRELLIS_RETURN_IF_ERROR(Put<Counting, uint64_t>(cs, tensors_.size()));
-  const bool has_alignment_key = alignment_ != 32;
+  const bool has_alignment_key = alignment_ != 32 && !user_alignment_key;
   TRELLIS_RETURN_IF_ERROR(Put<Counting, uint64_t>(cs, kv_.size() + (has_alignment_key ? 1 : 0)));
   for (const auto& [key, v] : kv_) {
     TRELLIS_RETURN_IF_ERROR(PutString(cs, key));
@@ -227,15 +272,14 @@ Status GgufWriter::WriteTo(Sink& s) const {
     TRELLIS_RETURN_IF_ERROR(Put<Counting, uint64_t>(cs, offset));
     offset = align_up(offset + t.size_bytes);
   }
-  static const uint8_t kZeros[4096] = {};
-  TRELLIS_RETURN_IF_ERROR(cs.Write(kZeros, align_up(pos) - pos));
+  TRELLIS_RETURN_IF_ERROR(PutZeros(cs, align_up(pos) - pos));
   std::vector<uint8_t> buf;
   for (const Tensor& t : tensors_) {
     buf.assign(t.size_bytes, 0);
     Status st = t.fill(std::span<uint8_t>(buf));
     if (!st.ok()) return st.WithContext(fmt::format("tensor '{}'", t.name));
     TRELLIS_RETURN_IF_ERROR(cs.Write(buf.data(), buf.size()));
-    TRELLIS_RETURN_IF_ERROR(cs.Write(kZeros, align_up(pos) - pos));
+    TRELLIS_RETURN_IF_ERROR(PutZeros(cs, align_up(pos) - pos));
   }
   return Status::Ok();
 }
