@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs Trellis's build and test dependencies from Debian 12 packages (run as root,
+# or with sudo available). Idempotent: skips apt entirely when everything is present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build g++ clang libclang-rt-14-dev python3
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libfmt-dev libcli11-dev nlohmann-json3-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
