@@ -51,18 +51,34 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   rope_.freq_factors = model.rope_freqs().empty() ? nullptr : model.rope_freqs().data();
 }
 
+namespace {
+// Element-wise work below this many floats runs on the calling thread: a fork/join
+// costs more than it saves (decode rows are a few thousand floats).
+constexpr int64_t kMinParallelFloats = 1 << 16;
+}  // namespace
+
 void Forward::RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows) {
   const int64_t n = model_.config().n_embd;
   const float eps = model_.config().rms_eps;
-  pool_.ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
+  auto rows = [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) RmsNorm(in + r * n, w.data(), n, eps, out + r * n);
-  });
+  };
+  if (n_rows * n < kMinParallelFloats) {
+    rows(0, n_rows, 0);
+  } else {
+    pool_.ParallelFor(n_rows, rows);
+  }
 }
 
 void Forward::AddInPlace(float* x, const float* y, int64_t n) {
-  pool_.ParallelFor(n, [&](int64_t b, int64_t e, int) {
+  auto add = [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x[i] += y[i];
-  });
+  };
+  if (n < kMinParallelFloats) {
+    add(0, n, 0);
+  } else {
+    pool_.ParallelFor(n, add);
+  }
 }
 
 Status Forward::Run(std::span<const SeqBatch> seqs) {
@@ -134,9 +150,13 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
     RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
     MatMul(l.w_gate, xn_.data(), E, n_rows, gate_.data(), F, pool_, scratch_);
     MatMul(l.w_up, xn_.data(), E, n_rows, up_.data(), F, pool_, scratch_);
-    pool_.ParallelFor(static_cast<int64_t>(n_rows) * F, [&](int64_t b, int64_t e, int) {
-      SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
-    });
+    const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
+    auto swiglu = [&](int64_t b, int64_t e, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b); };
+    if (n_ff_total < kMinParallelFloats) {
+      swiglu(0, n_ff_total, 0);
+    } else {
+      pool_.ParallelFor(n_ff_total, swiglu);
+    }
     MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
   }

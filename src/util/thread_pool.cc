@@ -13,16 +13,15 @@ inline void CpuRelax() {
 #endif
 }
 
-// Spin iterations before a waiting thread sleeps. ~50 us at a few ns per pause: long
-// enough to cover the gap between consecutive kernel jobs, short enough not to burn a
-// core when the engine is idle.
+// Spin iterations before an idle worker sleeps: long enough to bridge the serial gap
+// between consecutive kernel jobs, short enough not to burn a core when idle.
 constexpr int kSpinIterations = 20000;
 
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  workers_.reserve(n_threads_ - 1);
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -32,6 +31,11 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::RunSlices() {
+  int s;
+  while ((s = next_slice_.fetch_add(1, std::memory_order_relaxed)) < n_threads_) job_fn_(job_ctx_, s, n_threads_);
+}
+
 void ThreadPool::RunImpl(JobFn fn, void* ctx) {
   if (n_threads_ == 1) {
     fn(ctx, 0, 1);
@@ -39,25 +43,32 @@ void ThreadPool::RunImpl(JobFn fn, void* ctx) {
   }
   job_fn_ = fn;
   job_ctx_ = ctx;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  next_slice_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = ++last_generation_;
+  // Open the job (no active workers), then wake the workers.
+  state_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+  generation_.store(gen, std::memory_order_release);
   generation_.notify_all();
-  fn(ctx, 0, n_threads_);
+
+  RunSlices();
+
+  // Close the door: workers that have not joined yet will skip this job. Then wait for
+  // those inside to finish their slices (they are running, so spin, then yield).
+  uint64_t s = state_.fetch_or(kClosed, std::memory_order_acq_rel) | kClosed;
   int spins = 0;
-  while (true) {
-    int p = pending_.load(std::memory_order_acquire);
-    if (p == 0) break;
+  while ((s & kActiveMask) != 0) {
     if (++spins < kSpinIterations) {
       CpuRelax();
     } else {
-      pending_.wait(p, std::memory_order_acquire);
+      std::this_thread::yield();
     }
+    s = state_.load(std::memory_order_acquire);
   }
 }
 
-void ThreadPool::WorkerLoop(int ith) {
+void ThreadPool::WorkerLoop() {
   // Start from the initial generation, not a fresh load: a Run() may already have
-  // bumped it before this thread got scheduled, and that job must not be missed.
+  // published a job before this thread got scheduled, and it must still see it.
   uint32_t seen = 0;
   while (true) {
     int spins = 0;
@@ -71,8 +82,18 @@ void ThreadPool::WorkerLoop(int ith) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    job_fn_(job_ctx_, ith, n_threads_);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    // Join the job if it is still open: same generation, not closed.
+    uint64_t s = state_.load(std::memory_order_acquire);
+    bool joined = false;
+    while ((s >> 32) == g && (s & kClosed) == 0) {
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
+    RunSlices();
+    state_.fetch_sub(1, std::memory_order_release);
   }
 }
 

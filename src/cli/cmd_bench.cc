@@ -1,0 +1,158 @@
+// trellis bench speed: prompt processing (pp) and generation (tg) throughput, as
+// llama-bench measures them: pp = one forward pass over n_prompt tokens from an empty
+// context; tg = n_gen single-token steps from an empty context. Medians over reps.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "util/clock.h"
+
+namespace trellis::cli {
+namespace {
+
+struct SpeedOpts {
+  std::string model, csv;
+  int threads = 2, pp = 512, tg = 64, reps = 5, block_size = 32;
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+int RunSpeed(const SpeedOpts& o) {
+  auto model = Model::Load(o.model);
+  if (!model.ok()) return Fail(model.status().ToString());
+  const ModelConfig& c = (*model)->config();
+  EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.block_size = o.block_size;
+  eo.n_ctx = o.pp + o.tg + o.block_size;
+  eo.max_batch_tokens = std::max(o.pp, 1);
+  auto engine = Engine::Create(**model, eo);
+  if (!engine.ok()) return Fail(engine.status().ToString());
+  Engine& e = **engine;
+
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> tok(3, c.n_vocab - 1);
+  std::vector<int32_t> prompt(static_cast<size_t>(o.pp));
+  for (auto& t : prompt) t = tok(rng);
+
+  std::vector<int32_t> table;
+  const int n_blocks = (o.pp + o.tg + o.block_size - 1) / o.block_size;
+  for (int i = 0; i < n_blocks; ++i) table.push_back(e.pool().Allocate());
+  if (table.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the benchmark");
+
+  auto run_pp = [&]() -> Result<double> {
+    SeqBatch sb;
+    sb.tokens = prompt;
+    sb.pos0 = 0;
+    sb.block_table = table;
+    sb.n_logits = 1;
+    const double t0 = NowSeconds();
+    TRELLIS_RETURN_IF_ERROR(e.forward().Run(std::span<const SeqBatch>(&sb, 1)));
+    return o.pp / (NowSeconds() - t0);
+  };
+  auto run_tg = [&]() -> Result<double> {
+    int32_t t = 1;
+    const double t0 = NowSeconds();
+    for (int i = 0; i < o.tg; ++i) {
+      SeqBatch sb;
+      sb.tokens = std::span<const int32_t>(&t, 1);
+      sb.pos0 = i;
+      sb.block_table = table;
+      sb.n_logits = 1;
+      TRELLIS_RETURN_IF_ERROR(e.forward().Run(std::span<const SeqBatch>(&sb, 1)));
+      t = Sampler::Greedy({e.forward().logits_row(0), static_cast<size_t>(c.n_vocab)});
+    }
+    return o.tg / (NowSeconds() - t0);
+  };
+
+  // Warm-up: touch every weight page once (the mmap faults in) before timing.
+  if (o.tg > 0) {
+    if (auto w = run_tg(); !w.ok()) return Fail(w.status().ToString());
+  }
+  std::vector<double> pp, tg;
+  for (int r = 0; r < o.reps; ++r) {
+    if (o.pp > 0) {
+      auto v = run_pp();
+      if (!v.ok()) return Fail(v.status().ToString());
+      pp.push_back(*v);
+    }
+    if (o.tg > 0) {
+      auto v = run_tg();
+      if (!v.ok()) return Fail(v.status().ToString());
+      tg.push_back(*v);
+    }
+  }
+  for (int32_t b : table) e.pool().Release(b);
+
+  const double pp_med = pp.empty() ? 0 : Median(pp);
+  const double tg_med = tg.empty() ? 0 : Median(tg);
+  const int64_t rss = PeakRssBytes();
+  const std::string type = (*model)->TypeSummary();
+  if (o.json) {
+    nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads},
+                        {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"reps", o.reps},
+                        {"pp_tok_s", pp_med}, {"tg_tok_s", tg_med}, {"peak_rss_bytes", rss},
+                        {"pp_runs", pp}, {"tg_runs", tg}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("| model | type | threads | test | tokens/s (median of %d) | min | max |\n|---|---|---|---|---|---|---|\n", o.reps);
+    auto row = [&](const char* test, int n, const std::vector<double>& v) {
+      if (v.empty()) return;
+      std::printf("| %s | %s | %d | %s%d | %.2f | %.2f | %.2f |\n", o.model.c_str(), type.c_str(), o.threads, test, n,
+                  Median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+    };
+    row("pp", o.pp, pp);
+    row("tg", o.tg, tg);
+    std::printf("peak RSS: %.1f MiB (weights %.1f MiB mmapped)\n", static_cast<double>(rss) / (1 << 20),
+                static_cast<double>((*model)->WeightBytes()) / (1 << 20));
+  }
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv, std::ios::app);
+    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes\n";
+    f << o.model << "," << type << "," << o.threads << "," << o.pp << "," << o.tg << "," << pp_med << "," << tg_med
+      << "," << rss << "\n";
+    if (!f) return Fail("cannot write " + o.csv);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner AddBenchCommand(CLI::App& app) {
+  app.require_subcommand(1);
+  CLI::App* speed = app.add_subcommand("speed", "prompt processing and generation tokens/s (llama-bench style)");
+  auto o = std::make_shared<SpeedOpts>();
+  speed->add_option("-m,--model", o->model, "GGUF model")->required();
+  speed->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  speed->add_option("-p,--n-prompt", o->pp, "prompt tokens (pp test)")->capture_default_str();
+  speed->add_option("-n,--n-gen", o->tg, "generated tokens (tg test)")->capture_default_str();
+  speed->add_option("-r,--reps", o->reps, "repetitions (median reported)")->capture_default_str();
+  speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
+  speed->add_flag("--json", o->json, "print one JSON object");
+  speed->add_option("--csv", o->csv, "append a CSV row to this file");
+  return [o, speed] {
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed)");
+    if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
+    return RunSpeed(*o);
+  };
+}
+
+}  // namespace trellis::cli

@@ -1,0 +1,45 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "engine/random_model.h"
+#include "util/clock.h"
+
+namespace trellis::cli {
+
+Runner AddGenModelCommand(CLI::App& app) {
+  struct Opts {
+    std::string shape = "tiny", type = "q4_0", vocab, out;
+    bool pure = false;
+    uint64_t seed = 1;
+    int threads = 2;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions) or tiny (a few MB)")->capture_default_str();
+  app.add_option("--type", o->type, "f32, f16, bf16, q8_0, q4_0, q4_k_m, q6_k")->capture_default_str();
+  app.add_option("--vocab", o->vocab, "GGUF whose tokenizer.* metadata is copied (default: the shipped LLaMA SPM vocab)");
+  app.add_option("-o,--output", o->out, "output GGUF path")->required();
+  app.add_flag("--pure", o->pure, "quantize output.weight like the rest (llama-quantize keeps it q6_K)");
+  app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  return [o] {
+    auto shape = ModelShapeByName(o->shape);
+    if (!shape.ok()) return Fail(shape.status().message());
+    const std::string vocab_path = o->vocab.empty() ? DefaultVocabPath() : o->vocab;
+    auto vocab = GgufFile::Open(vocab_path);
+    if (!vocab.ok()) return Fail(vocab.status().ToString());
+    RandomModelOptions ro;
+    ro.shape = *shape;
+    ro.type = o->type;
+    ro.pure = o->pure;
+    ro.seed = o->seed;
+    ro.n_threads = o->threads;
+    const double t0 = NowSeconds();
+    Status s = WriteRandomModel(ro, *vocab, o->out);
+    if (!s.ok()) return Fail(s.ToString());
+    std::fprintf(stderr, "gen-model: wrote %s (%s, %s) in %.1f s\n", o->out.c_str(), o->shape.c_str(), o->type.c_str(),
+                 NowSeconds() - t0);
+    return 0;
+  };
+}
+
+}  // namespace trellis::cli

@@ -1,0 +1,193 @@
+// trellis run: generate text for a prompt (or given token ids) and report speed.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "model/tokenizer.h"
+
+namespace trellis::cli {
+namespace {
+
+struct RunOpts {
+  std::string model, prompt, tokens, dump_logits;
+  int n_predict = 64;
+  int threads = 2;
+  int ctx = 0;
+  int block_size = 32;
+  int batch = 512;
+  int64_t kv_memory = 0;
+  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
+  int top_k = 40, repeat_last_n = 64;
+  uint64_t seed = 0xC0FFEE;
+  bool print_ids = false, no_bos = false, ignore_eos = false, quiet = false;
+};
+
+Result<std::vector<int32_t>> ParseIds(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t pos = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &pos);
+    } catch (...) {
+      return InvalidArgument("--tokens: '" + item + "' is not an integer");
+    }
+    if (pos != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument("--tokens: '" + item + "' is not a token id");
+    out.push_back(static_cast<int32_t>(v));
+  }
+  if (out.empty()) return InvalidArgument("--tokens is empty");
+  return out;
+}
+
+int Run(const RunOpts& o) {
+  auto model = Model::Load(o.model);
+  if (!model.ok()) return Fail(model.status().ToString());
+  const ModelConfig& c = (*model)->config();
+  std::unique_ptr<Tokenizer> tok;
+  if (auto t = Tokenizer::FromGguf((*model)->gguf()); t.ok()) {
+    tok = std::move(t).value();
+  } else if (o.tokens.empty()) {
+    return Fail(t.status().ToString());
+  }
+
+  std::vector<int32_t> prompt;
+  if (!o.tokens.empty()) {
+    auto ids = ParseIds(o.tokens);
+    if (!ids.ok()) return Fail(ids.status().message());
+    prompt = *ids;
+  } else {
+    prompt = tok->Encode(o.prompt, !o.no_bos && tok->add_bos(), true);
+  }
+
+  EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.n_ctx = o.ctx;
+  eo.block_size = o.block_size;
+  eo.kv_memory_bytes = o.kv_memory;
+  eo.max_batch_tokens = o.batch;
+  eo.all_logits = !o.dump_logits.empty();
+  auto engine = Engine::Create(**model, eo);
+  if (!engine.ok()) return Fail(engine.status().ToString());
+
+  if (!o.quiet) {
+    std::fprintf(stderr, "model: %s | %s | %d layers, %d embd, %d heads (%d kv) | vocab %d | threads %d\n",
+                 o.model.c_str(), (*model)->TypeSummary().c_str(), c.n_layer, c.n_embd, c.n_head, c.n_head_kv,
+                 c.n_vocab, o.threads);
+  }
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.n_predict = o.n_predict;
+  req.sampling.temperature = o.temp;
+  req.sampling.top_k = o.top_k;
+  req.sampling.top_p = o.top_p;
+  req.sampling.min_p = o.min_p;
+  req.sampling.repeat_penalty = o.repeat_penalty;
+  req.sampling.repeat_last_n = o.repeat_last_n;
+  req.sampling.seed = o.seed;
+  if (tok && !o.ignore_eos) req.is_eog = [&](int32_t id) { return tok->IsEog(id); };
+
+  std::unique_ptr<StreamDecoder> dec;
+  if (tok && !o.print_ids) {
+    dec = std::make_unique<StreamDecoder>(*tok);
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  auto on_token = [&](int32_t id) {
+    if (dec && !(tok->IsEog(id) && !o.ignore_eos)) {
+      std::string s = dec->Push(id);
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  auto res = (*engine)->Generate(req, on_token);
+  if (!res.ok()) return Fail(res.status().ToString());
+  if (dec) {
+    std::string s = dec->Flush();
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  if (o.print_ids) {
+    for (size_t i = 0; i < res->tokens.size(); ++i) std::printf("%s%d", i ? " " : "", res->tokens[i]);
+    std::printf("\n");
+  }
+  if (!o.dump_logits.empty()) {
+    std::ofstream f(o.dump_logits, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(res->prompt_logits.data()),
+            static_cast<std::streamsize>(res->prompt_logits.size() * sizeof(float)));
+    if (!f) return Fail("cannot write " + o.dump_logits);
+  }
+  if (!o.quiet) {
+    const int n_gen = static_cast<int>(res->tokens.size());
+    std::fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s) | TTFT %.1f ms | generation: %d tokens, %.1f tok/s%s\n",
+                 res->n_prompt, res->prompt_seconds, res->n_prompt / std::max(res->prompt_seconds, 1e-9),
+                 res->ttft_seconds * 1e3, n_gen,
+                 n_gen > 1 ? (n_gen - 1) / std::max(res->gen_seconds, 1e-9) : 0.0,
+                 res->context_full ? " (stopped: context full)" : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner AddRunCommand(CLI::App& app) {
+  auto o = std::make_shared<RunOpts>();
+  app.add_option("-m,--model", o->model, "GGUF model file")->required();
+  app.add_option("-p,--prompt", o->prompt, "prompt text");
+  app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids (used as given, no BOS added)");
+  app.add_option("-n,--n-predict", o->n_predict, "tokens to generate")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  app.add_option("-c,--ctx-size", o->ctx, "context size (0 = model's, capped at 4096)");
+  app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
+  app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = one full context)");
+  app.add_option("-b,--batch", o->batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
+  app.add_option("--temp", o->temp, "temperature (0 = greedy)")->capture_default_str();
+  app.add_option("--top-k", o->top_k, "top-k (0 = off)")->capture_default_str();
+  app.add_option("--top-p", o->top_p, "top-p (1 = off)")->capture_default_str();
+  app.add_option("--min-p", o->min_p, "min-p (0 = off)")->capture_default_str();
+  app.add_option("--repeat-penalty", o->repeat_penalty, "repetition penalty (1 = off)")->capture_default_str();
+  app.add_option("--repeat-last-n", o->repeat_last_n, "window of the repetition penalty")->capture_default_str();
+  app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  app.add_flag("--print-token-ids", o->print_ids, "print generated ids on one stdout line instead of text");
+  app.add_option("--dump-logits", o->dump_logits, "write logits of every prompt position ([n_prompt][n_vocab] f32 LE)");
+  app.add_flag("--no-bos", o->no_bos, "do not add BOS to a text prompt");
+  app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
+  app.add_flag("-q,--quiet", o->quiet, "no banner or speed line");
+  return [o] {
+    if (o->prompt.empty() && o->tokens.empty()) return Fail("give a prompt with -p or token ids with --tokens");
+    if (!o->prompt.empty() && !o->tokens.empty()) return Fail("-p and --tokens are mutually exclusive");
+    return Run(*o);
+  };
+}
+
+Runner AddTokenizeCommand(CLI::App& app) {
+  auto model = std::make_shared<std::string>();
+  auto text = std::make_shared<std::string>();
+  auto no_bos = std::make_shared<bool>(false);
+  auto ids_only = std::make_shared<bool>(false);
+  app.add_option("-m,--model", *model, "GGUF model or vocab file")->required();
+  app.add_option("-p,--prompt", *text, "text to tokenize")->required();
+  app.add_flag("--no-bos", *no_bos, "do not add BOS");
+  app.add_flag("--ids", *ids_only, "print only the ids, space separated");
+  return [=] {
+    auto g = GgufFile::Open(*model);
+    if (!g.ok()) return Fail(g.status().ToString());
+    auto tok = Tokenizer::FromGguf(*g);
+    if (!tok.ok()) return Fail(tok.status().ToString());
+    const std::vector<int32_t> ids = (*tok)->Encode(*text, !*no_bos && (*tok)->add_bos(), true);
+    if (*ids_only) {
+      for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
+      std::printf("\n");
+      return 0;
+    }
+    for (int32_t id : ids) std::printf("%6d -> '%s'\n", id, (*tok)->TokenToPiece(id, true).c_str());
+    std::printf("%zu tokens\n", ids.size());
+    return 0;
+  };
+}
+
+}  // namespace trellis::cli

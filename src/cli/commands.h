@@ -1,0 +1,27 @@
+// Subcommands of the `trellis` binary. Each registers its options on a CLI11 app and
+// returns a runner; main() parses and runs the chosen one. Runners return the process
+// exit code and print errors as `trellis: <what went wrong>` on stderr.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace trellis::cli {
+
+using Runner = std::function<int()>;
+
+Runner AddRunCommand(CLI::App& app);
+Runner AddTokenizeCommand(CLI::App& app);
+Runner AddGgufInfoCommand(CLI::App& app);
+Runner AddGenModelCommand(CLI::App& app);
+Runner AddBenchCommand(CLI::App& app);
+
+// Prints "trellis: <message>" to stderr and returns 1.
+int Fail(const std::string& message);
+
+// Default vocab for gen-model: the LLaMA SPM vocab shipped in the repository.
+std::string DefaultVocabPath();
+
+}  // namespace trellis::cli

@@ -1,0 +1,30 @@
+// trellis: command-line entry point. Thin: parsing and dispatch only.
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Trellis: private LLM inference on the CPU you own", "trellis"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("trellis 0.1.0"));
+  std::map<CLI::App*, trellis::cli::Runner> runners;
+  auto add = [&](const char* name, const char* help, trellis::cli::Runner (*fn)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runners[sub] = fn(*sub);
+  };
+  add("run", "generate text for a prompt and print speed", trellis::cli::AddRunCommand);
+  add("tokenize", "print the token ids of a text", trellis::cli::AddTokenizeCommand);
+  add("gguf-info", "print a GGUF file's metadata and tensor table", trellis::cli::AddGgufInfoCommand);
+  add("gen-model", "write a random-weight llama model of a named shape", trellis::cli::AddGenModelCommand);
+  add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, run] : runners) {
+    if (sub->parsed()) return run();
+  }
+  return 1;
+}
