@@ -1,10 +1,271 @@
-// AVX2 + FMA + F16C tile kernels for MatMul (see matmul_internal.h for the layouts).
+// AVX2 + FMA + F16C tile kernels for MatMul, for CPUs without AVX-512. Layouts and the
+// tile contract: matmul_internal.h. Numerically the same integer dots as the AVX-512 and
+// scalar kernels; only the f32 summation order differs.
+//
+// Q4_0/Q8_0 (tile 4 rows x 2 tokens): one block per ymm. Q4_0 weights stay unsigned
+// (0..15) and the -8 offset is removed by subtracting maddubs(8, a) per token; Q8_0 uses
+// maddubs(|w|, sign(a, w)). Q4_K/Q6_K (tile 1 row x 4 tokens): maddubs then vpmaddwd with
+// the sub-block scales, accumulating each super-block in int32.
+//
+// Thread safety: pure functions.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "kernels/matmul_internal.h"
+#include "kernels/quant.h"
+#include "util/fp16.h"
 
 namespace trellis::matmul_internal {
+namespace {
 
-TileKernel GetTileKernelAvx2(GgmlType) { return {}; }
+inline float Hsum(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// ---- Q4_0 / Q8_0 ----------------------------------------------------------------------
+
+template <GgmlType kType, int NR, int NT>
+void TileQ32(const TileArgs& p) {
+  constexpr bool kQ4 = kType == GgmlType::kQ4_0;
+  constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
+  const int64_t nb = p.cols / 32;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i av[NT], bias[NT];
+    __m256 da[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = p.a + t * p.a_stride;
+      av[t] = Load256(a + 32 * b);
+      if constexpr (kQ4) bias[t] = _mm256_maddubs_epi16(_mm256_set1_epi8(8), av[t]);
+      da[t] = _mm256_set1_ps(reinterpret_cast<const float*>(a + p.cols)[b]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* w = p.w + r * p.w_stride + kBlockBytes * b;
+      uint16_t dh;
+      std::memcpy(&dh, w, 2);
+      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(dh));
+      __m256i wv;
+      if constexpr (kQ4) {
+        const __m128i q = Load128(w + 2);
+        wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+      } else {
+        wv = Load256(w + 2);
+      }
+      const __m256i wabs = kQ4 ? wv : _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        __m256i p16;
+        if constexpr (kQ4) {
+          p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(wv, av[t]), bias[t]);
+        } else {
+          p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(av[t], wv));
+        }
+        const __m256i isum = _mm256_madd_epi16(p16, ones);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da[t]), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) p.y[t * p.y_stride + r] = Hsum(acc[r][t]);
+}
+
+// ---- Q4_K / Q6_K ----------------------------------------------------------------------
+
+template <int NT>
+void TileQ4_K(const TileArgs& p) {
+  const int64_t nb = p.cols / kQkK;
+  const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(p.w);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = wb[b];
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) GetScaleMinK4(j, x.scales, &sc[j], &mn[j]);
+    uint8_t mn2[16];
+    for (int j = 0; j < 8; ++j) mn2[2 * j] = mn2[2 * j + 1] = mn[j];
+    const __m256i mins = _mm256_cvtepu8_epi16(Load128(mn2));
+    const float d = _cvtsh_ss(x.d), dmin = _cvtsh_ss(x.dmin);
+
+    __m256i iacc[NT];
+    for (int t = 0; t < NT; ++t) iacc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = Load256(x.qs + 32 * c);
+      const __m256i lo = _mm256_and_si256(q, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i s0 = _mm256_set1_epi16(sc[2 * c]), s1 = _mm256_set1_epi16(sc[2 * c + 1]);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const uint8_t* a = p.a + t * p.a_stride + kQkK * b + 64 * c;
+        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, Load256(a)), s0));
+        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, Load256(a + 32)), s1));
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = p.a + t * p.a_stride;
+      const float da = reinterpret_cast<const float*>(a + p.cols)[b];
+      const __m256i msum = _mm256_madd_epi16(Load256(a + p.cols + 4 * nb + 32 * b), mins);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d * da), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin * da), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
+}
+
+template <int NT>
+void TileQ6_K(const TileArgs& p) {
+  const int64_t nb = p.cols / kQkK;
+  const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(p.w);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  // Byte shuffles picking scales (g, g x8 | g+1 x8) for the 8 pairs of 16-groups.
+  __m128i sidx[8];
+  for (int k = 0; k < 8; ++k) {
+    alignas(16) int8_t idx[16];
+    for (int i = 0; i < 16; ++i) idx[i] = static_cast<int8_t>(2 * k + i / 8);
+    sidx[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(idx));
+  }
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& x = wb[b];
+    const __m128i sc8 = Load128(x.scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m256i neg32sc = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    const float d = _cvtsh_ss(x.d);
+
+    __m256i iacc[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      iacc[t] = _mm256_madd_epi16(Load256(p.a + t * p.a_stride + p.cols + 4 * nb + 32 * b), neg32sc);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load256(x.ql + 64 * h), l1 = Load256(x.ql + 64 * h + 32);
+      const __m256i hb = Load256(x.qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sidx[4 * h + k]));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = p.a + t * p.a_stride + kQkK * b + 128 * h + 32 * k;
+          iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], Load256(a)), s));
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const float da = reinterpret_cast<const float*>(p.a + t * p.a_stride + p.cols)[b];
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d * da), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
+}
+
+// ---- F32 / F16 / BF16 -----------------------------------------------------------------
+
+struct F32W {
+  static __m256 Load(const uint8_t* w, int64_t c) { return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + c); }
+  static float Scalar(const uint8_t* w, int64_t c) { return reinterpret_cast<const float*>(w)[c]; }
+};
+struct F16W {
+  static __m256 Load(const uint8_t* w, int64_t c) { return _mm256_cvtph_ps(Load128(w + 2 * c)); }
+  static float Scalar(const uint8_t* w, int64_t c) { return Fp16ToFp32(reinterpret_cast<const uint16_t*>(w)[c]); }
+};
+struct Bf16W {
+  static __m256 Load(const uint8_t* w, int64_t c) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(Load128(w + 2 * c)), 16));
+  }
+  static float Scalar(const uint8_t* w, int64_t c) { return Bf16ToFp32(reinterpret_cast<const uint16_t*>(w)[c]); }
+};
+
+// W (f32/f16/bf16) against activations (f32, or bf16 for BF16 weights): 8 columns a step,
+// scalar tail.
+template <typename W, typename A, int NR, int NT>
+void TileFloat(const TileArgs& p) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const int64_t cols8 = p.cols / 8 * 8;
+  for (int64_t c = 0; c < cols8; c += 8) {
+    __m256 x[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) x[t] = A::Load(p.a + t * p.a_stride, c);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m256 w = W::Load(p.w + r * p.w_stride, c);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(w, x[t], acc[r][t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < NR; ++r) {
+      float s = Hsum(acc[r][t]);
+      for (int64_t c = cols8; c < p.cols; ++c) s += W::Scalar(p.w + r * p.w_stride, c) * A::Scalar(p.a + t * p.a_stride, c);
+      p.y[t * p.y_stride + r] = s;
+    }
+  }
+}
+
+// ---- dispatch on the tile's actual size -------------------------------------------------
+
+template <template <int, int> class K>
+void Dispatch4x2(const TileArgs& p) {
+  static constexpr TileFn kTable[4][2] = {
+      {K<1, 1>::Fn, K<1, 2>::Fn}, {K<2, 1>::Fn, K<2, 2>::Fn}, {K<3, 1>::Fn, K<3, 2>::Fn}, {K<4, 1>::Fn, K<4, 2>::Fn}};
+  kTable[p.nr - 1][p.nt - 1](p);
+}
+
+template <template <int> class K>
+void Dispatch1x4(const TileArgs& p) {
+  static constexpr TileFn kTable[4] = {K<1>::Fn, K<2>::Fn, K<3>::Fn, K<4>::Fn};
+  kTable[p.nt - 1](p);
+}
+
+template <int NR, int NT> struct KQ4_0 { static constexpr TileFn Fn = TileQ32<GgmlType::kQ4_0, NR, NT>; };
+template <int NR, int NT> struct KQ8_0 { static constexpr TileFn Fn = TileQ32<GgmlType::kQ8_0, NR, NT>; };
+template <int NR, int NT> struct KF32 { static constexpr TileFn Fn = TileFloat<F32W, F32W, NR, NT>; };
+template <int NR, int NT> struct KF16 { static constexpr TileFn Fn = TileFloat<F16W, F32W, NR, NT>; };
+template <int NR, int NT> struct KBF16 { static constexpr TileFn Fn = TileFloat<Bf16W, Bf16W, NR, NT>; };
+template <int NT> struct KQ4_K { static constexpr TileFn Fn = TileQ4_K<NT>; };
+template <int NT> struct KQ6_K { static constexpr TileFn Fn = TileQ6_K<NT>; };
+
+}  // namespace
+
+TileKernel GetTileKernelAvx2(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return {Dispatch4x2<KQ4_0>, 4, 2};
+    case GgmlType::kQ8_0: return {Dispatch4x2<KQ8_0>, 4, 2};
+    case GgmlType::kQ4_K: return {Dispatch1x4<KQ4_K>, 1, 4};
+    case GgmlType::kQ6_K: return {Dispatch1x4<KQ6_K>, 1, 4};
+    case GgmlType::kF32: return {Dispatch4x2<KF32>, 4, 2};
+    case GgmlType::kF16: return {Dispatch4x2<KF16>, 4, 2};
+    case GgmlType::kBF16: return {Dispatch4x2<KBF16>, 4, 2};
+    default: return {};
+  }
+}
 
 }  // namespace trellis::matmul_internal

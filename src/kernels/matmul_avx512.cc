@@ -32,7 +32,7 @@ inline uint32_t Load32(const void* p) {
   return v;
 }
 
-// [f(dA) x8, f(dB) x8] from the f16 scales at pA and pA + stride (stride >= 2 bytes).
+// [f(dA) x8, f(dB) x8] from the f16 scales at pA and pA + stride (stride >= 4 bytes).
 // Reads the dword ending at the second scale so both come from two plain loads.
 inline __m512 PairScalesF16(const uint8_t* pa, int64_t stride) {
   const __m128i lo = _mm_cvtsi32_si128(static_cast<int>(Load32(pa)));
@@ -107,7 +107,9 @@ void TileQ32(const TileArgs& p) {
     for (int r = 0; r < NR; ++r) {
       const uint8_t* w = p.w + r * p.w_stride;
       const __m512i wv = T::Decode(w + T::kBlockBytes * b, w + T::kBlockBytes * bb);
-      const __m512 dw = PairScalesF16(w + T::kBlockBytes * b, T::kBlockBytes * (bb - b) + 2 * !pair);
+      uint16_t dh;
+      std::memcpy(&dh, w + T::kBlockBytes * b, 2);
+      const __m512 dw = pair ? PairScalesF16(w + T::kBlockBytes * b, T::kBlockBytes) : _mm512_set1_ps(_cvtsh_ss(dh));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         const __m512i isum = _mm512_dpbusd_epi32(bias[t], wv, av[t]);

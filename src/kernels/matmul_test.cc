@@ -142,6 +142,31 @@ INSTANTIATE_TEST_SUITE_P(MatMulTypes, MatMulTest,
                                            GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(GetGgmlTypeTraits(info.param).name); });
 
+// Column counts that are not a multiple of the SIMD width: float tails and an odd number
+// of 32-blocks (the AVX-512 kernels take blocks in pairs).
+TEST(MatMulTest, OddColumnCountsMatchReference) {
+  const struct {
+    GgmlType type;
+    int64_t cols;
+  } cases[] = {{GgmlType::kF32, 45}, {GgmlType::kF16, 100}, {GgmlType::kBF16, 77},
+               {GgmlType::kQ4_0, 160}, {GgmlType::kQ8_0, 96}, {GgmlType::kQ4_0, 32}};
+  int seed = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(c.type).name << " cols=" << c.cols);
+    const int64_t rows = 11, n_tokens = 6;
+    const TestMatrix m = MakeMatrix(c.type, rows, c.cols, 300 + seed);
+    const std::vector<float> x = Gaussian(n_tokens * c.cols, 400 + seed++);
+    std::vector<float> y_ref(n_tokens * rows);
+    MatMulRef(m.w, x.data(), c.cols, n_tokens, y_ref.data(), rows);
+    AlignedBuffer scratch(MatMulScratchBytes(c.type, c.cols, n_tokens));
+    for (KernelIsa isa : AvailableIsas()) {
+      std::vector<float> y(n_tokens * rows);
+      MatMulWithIsa(isa, m.w, x.data(), c.cols, n_tokens, y.data(), rows, Pool(2), scratch.ptr);
+      for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], y_ref[i], 1e-4 * (1 + std::fabs(y_ref[i]))) << KernelIsaName(isa);
+    }
+  }
+}
+
 TEST(MatMulTest, PublicEntryPointAndGetRow) {
   const TestMatrix m = MakeMatrix(GgmlType::kQ4_K, 9, 512, 7);
   const std::vector<float> x = Gaussian(2 * 512, 8);
