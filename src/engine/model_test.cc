@@ -1,0 +1,163 @@
+// Model loading: every supported variant loads, every broken file is refused with a
+// message naming what is wrong.
+#include "engine/model.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "engine/test_models.h"
+#include "model/tokenizer.h"
+
+namespace trellis {
+namespace {
+
+using testing::RewriteGguf;
+using testing::RewriteHooks;
+using testing::TempPath;
+using testing::WriteSmallModel;
+
+void ExpectLoadError(const std::string& path, StatusCode code, const std::string& needle) {
+  auto m = Model::Load(path);
+  ASSERT_FALSE(m.ok()) << "loaded " << path;
+  EXPECT_EQ(m.status().code(), code) << m.status().ToString();
+  EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().ToString();
+}
+
+std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, int n) {
+  auto e = Engine::Create(m, EngineOptions{});
+  EXPECT_TRUE(e.ok());
+  GenerateRequest r;
+  r.prompt = prompt;
+  r.n_predict = n;
+  r.sampling.temperature = 0;
+  auto res = (*e)->Generate(r);
+  EXPECT_TRUE(res.ok()) << res.status().ToString();
+  return res.ok() ? res->tokens : std::vector<int32_t>{};
+}
+
+TEST(ModelTest, EveryWeightTypeLoadsAndRuns) {
+  for (const char* type : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k"}) {
+    const std::string path = WriteSmallModel(std::string("m_") + type + ".gguf", type);
+    auto m = Model::Load(path);
+    ASSERT_TRUE(m.ok()) << type << ": " << m.status().ToString();
+    EXPECT_EQ((*m)->config().n_layer, 2);
+    EXPECT_EQ(Greedy(**m, {1, 5, 9}, 4).size(), 4u) << type;
+  }
+}
+
+TEST(ModelTest, UnsupportedArchitectureIsNamed) {
+  const std::string src = WriteSmallModel("arch_src.gguf");
+  const std::string dst = TempPath("arch.gguf");
+  RewriteGguf(src, dst, {.metadata = [](const std::string& k, GgufValue& v) {
+                           if (k == "general.architecture") v.str = "mamba";
+                           return true;
+                         }});
+  ExpectLoadError(dst, StatusCode::kUnsupported, "architecture 'mamba'");
+}
+
+TEST(ModelTest, UnsupportedTensorTypeNamesTheTensor) {
+  const std::string src = WriteSmallModel("type_src.gguf");
+  const std::string dst = TempPath("type.gguf");
+  RewriteGguf(src, dst, {.tensor = [](GgufTensorInfo& t) {
+                           if (t.name == "blk.1.ffn_up.weight") t.type = GgmlType::kQ5_K;
+                           return true;
+                         }});
+  ExpectLoadError(dst, StatusCode::kUnsupported, "blk.1.ffn_up.weight");
+  ExpectLoadError(dst, StatusCode::kUnsupported, "q5_K");
+}
+
+TEST(ModelTest, MissingTensorIsNamed) {
+  const std::string src = WriteSmallModel("miss_src.gguf");
+  const std::string dst = TempPath("miss.gguf");
+  RewriteGguf(src, dst, {.tensor = [](GgufTensorInfo& t) { return t.name != "blk.0.attn_v.weight"; }});
+  ExpectLoadError(dst, StatusCode::kNotFound, "blk.0.attn_v.weight");
+}
+
+TEST(ModelTest, WrongShapeIsNamed) {
+  const std::string src = WriteSmallModel("shape_src.gguf");
+  const std::string dst = TempPath("shape.gguf");
+  RewriteGguf(src, dst, {.metadata = [](const std::string& k, GgufValue& v) {
+                           if (k == "llama.feed_forward_length") v.u64 = v.i64 = 768;
+                           return true;
+                         }});
+  ExpectLoadError(dst, StatusCode::kInvalidArgument, "ffn_gate.weight");
+}
+
+TEST(ModelTest, BadHyperparametersAreNamed) {
+  const std::string src = WriteSmallModel("hp_src.gguf");
+  const std::string dst = TempPath("hp.gguf");
+  RewriteGguf(src, dst, {.metadata = [](const std::string& k, GgufValue& v) {
+                           if (k == "llama.attention.head_count_kv") v.u64 = v.i64 = 3;
+                           return true;
+                         }});
+  ExpectLoadError(dst, StatusCode::kInvalidArgument, "head_count_kv");
+  const std::string dst2 = TempPath("hp2.gguf");
+  RewriteGguf(src, dst2, {.metadata = [](const std::string& k, GgufValue&) { return k != "llama.block_count"; }});
+  ExpectLoadError(dst2, StatusCode::kNotFound, "llama.block_count");
+}
+
+TEST(ModelTest, TiedOutputUsesTokenEmbedding) {
+  const std::string src = WriteSmallModel("tied_src.gguf");
+  const std::string dst = TempPath("tied.gguf");
+  RewriteGguf(src, dst, {.tensor = [](GgufTensorInfo& t) { return t.name != "output.weight"; }});
+  auto m = Model::Load(dst);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE((*m)->tied_output());
+  EXPECT_EQ(Greedy(**m, {1, 2, 3}, 3).size(), 3u);
+}
+
+// Llama 3 in GGUF: byte-level BPE vocab, rope theta 500000, GQA, and (3.1) a
+// rope_freqs tensor of per-dimension frequency divisors. Mistral differs from Llama 2
+// only in values (GQA 4:1, theta 1e6), covered by the same code paths.
+TEST(ModelTest, Llama3StyleModelLoadsTokenizesAndRuns) {
+  const std::string src = WriteSmallModel("l3_src.gguf", "q8_0", std::string(TRELLIS_TEST_DATA) + "/vocab/ggml-vocab-gpt-2.gguf");
+  const std::string dst = TempPath("l3.gguf");
+  const int half_dim = 256 / 4 / 2;
+  RewriteGguf(src, dst, {.metadata =
+                             [](const std::string& k, GgufValue& v) {
+                               if (k == "llama.rope.freq_base") v.f64 = 500000.0;
+                               return true;
+                             },
+                         .extra = [&](GgufWriter& w) {
+                           std::vector<float> ff(static_cast<size_t>(half_dim));
+                           for (int i = 0; i < half_dim; ++i) ff[static_cast<size_t>(i)] = i < half_dim / 2 ? 1.0f : 8.0f;
+                           ASSERT_TRUE(w.AddTensorData("rope_freqs.weight", {half_dim}, GgmlType::kF32,
+                                                       {reinterpret_cast<const uint8_t*>(ff.data()), ff.size() * 4})
+                                           .ok());
+                         }});
+  auto m = Model::Load(dst);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_FLOAT_EQ((*m)->config().rope_freq_base, 500000.0f);
+  ASSERT_EQ((*m)->rope_freqs().size(), static_cast<size_t>(half_dim));
+  auto tok = Tokenizer::FromGguf((*m)->gguf());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ((*tok)->kind(), TokenizerKind::kBpe);
+  const std::vector<int32_t> ids = (*tok)->Encode("Hello world", false, false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ((*tok)->Decode(ids), "Hello world");
+  const auto with_ff = Greedy(**m, ids, 4);
+  EXPECT_EQ(with_ff.size(), 4u);
+
+  // The frequency factors change the computation (they are not silently ignored).
+  auto e = Engine::Create(**m, EngineOptions{.all_logits = true});
+  ASSERT_TRUE(e.ok());
+  const std::string plain = TempPath("l3_plain.gguf");
+  RewriteGguf(dst, plain, {.tensor = [](GgufTensorInfo& t) { return t.name != "rope_freqs.weight"; }});
+  auto m2 = Model::Load(plain);
+  ASSERT_TRUE(m2.ok());
+  auto e2 = Engine::Create(**m2, EngineOptions{.all_logits = true});
+  ASSERT_TRUE(e2.ok());
+  GenerateRequest r;
+  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  r.n_predict = 1;
+  r.sampling.temperature = 0;
+  auto a = (*e)->Generate(r);
+  auto b = (*e2)->Generate(r);
+  ASSERT_TRUE(a.ok() && b.ok());
+  double diff = 0;
+  for (size_t i = 0; i < a->prompt_logits.size(); ++i) diff += std::abs(a->prompt_logits[i] - b->prompt_logits[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+}  // namespace
+}  // namespace trellis

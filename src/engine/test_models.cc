@@ -1,0 +1,58 @@
+#include "engine/test_models.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
+
+namespace trellis::testing {
+
+std::string TempPath(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const std::string dir = ::testing::TempDir();
+  return dir + "/trellis_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + "_" + name;
+}
+
+std::string WriteSmallModel(const std::string& name, const std::string& type, const std::string& vocab_path) {
+  auto vocab = GgufFile::Open(vocab_path.empty() ? std::string(TRELLIS_TEST_DATA) + "/reference/ref-a-f16.gguf" : vocab_path);
+  EXPECT_TRUE(vocab.ok()) << vocab.status().ToString();
+  RandomModelOptions o;
+  // 256 wide so every quantized type (256-element super-blocks) fits.
+  o.shape = ModelShape{"small", 2, 256, 4, 2, 512, 512, 10000.0f, 1e-5f};
+  o.type = type;
+  o.seed = 7;
+  const std::string path = TempPath(name);
+  Status s = WriteRandomModel(o, *vocab, path);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return path;
+}
+
+void RewriteGguf(const std::string& src, const std::string& dst, const RewriteHooks& hooks) {
+  auto g = GgufFile::Open(src);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  GgufWriter w;
+  for (const auto& [key, value] : g->metadata()) {
+    GgufValue v = value;
+    if (hooks.metadata && !hooks.metadata(key, v)) continue;
+    w.SetValue(key, v);
+  }
+  for (const GgufTensorInfo& t : g->tensors()) {
+    GgufTensorInfo info = t;
+    if (hooks.tensor && !hooks.tensor(info)) continue;
+    if (info.type == t.type) {
+      ASSERT_TRUE(w.AddTensorData(info.name, info.dims, info.type, {t.data, t.size_bytes}).ok());
+    } else {
+      ASSERT_TRUE(w.AddTensor(info.name, info.dims, info.type, [](std::span<uint8_t> d) {
+                     std::memset(d.data(), 0, d.size());
+                     return Status::Ok();
+                   }).ok());
+    }
+  }
+  if (hooks.extra) hooks.extra(w);
+  Status s = w.WriteFile(dst);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+}  // namespace trellis::testing
