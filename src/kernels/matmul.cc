@@ -242,7 +242,13 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
     a_stride = static_cast<int64_t>(ActRowBytes(w.type, cols));
     uint8_t* s = static_cast<uint8_t*>(scratch);
     pool.ParallelFor(n_tokens, [&](int64_t begin, int64_t end, int) {
-      for (int64_t t = begin; t < end; ++t) QuantizeActRow(w.type, x + t * x_stride, cols, s + t * a_stride);
+      for (int64_t t = begin; t < end; ++t) {
+        if (isa == KernelIsa::kScalar) {
+          QuantizeActRow(w.type, x + t * x_stride, cols, s + t * a_stride);
+        } else {
+          QuantizeActRowAvx2(w.type, x + t * x_stride, cols, s + t * a_stride);
+        }
+      }
     });
     a = s;
   }

@@ -10,6 +10,7 @@
 // Thread safety: pure functions.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "kernels/matmul_internal.h"
@@ -38,7 +39,9 @@ void TileQ32(const TileArgs& p) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[NR][NT];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
 
   for (int64_t b = 0; b < nb; ++b) {
@@ -78,7 +81,9 @@ void TileQ32(const TileArgs& p) {
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) p.y[t * p.y_stride + r] = Hsum(acc[r][t]);
 }
 
@@ -90,6 +95,7 @@ void TileQ4_K(const TileArgs& p) {
   const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(p.w);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
 
   for (int64_t b = 0; b < nb; ++b) {
@@ -102,6 +108,7 @@ void TileQ4_K(const TileArgs& p) {
     const float d = _cvtsh_ss(x.d), dmin = _cvtsh_ss(x.dmin);
 
     __m256i iacc[NT];
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) iacc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
@@ -125,6 +132,7 @@ void TileQ4_K(const TileArgs& p) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin * da), acc[t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
 }
 
@@ -142,6 +150,7 @@ void TileQ6_K(const TileArgs& p) {
     sidx[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(idx));
   }
   __m256 acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
 
   for (int64_t b = 0; b < nb; ++b) {
@@ -182,6 +191,7 @@ void TileQ6_K(const TileArgs& p) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t]), _mm256_set1_ps(d * da), acc[t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
 }
 
@@ -207,7 +217,9 @@ struct Bf16W {
 template <typename W, typename A, int NR, int NT>
 void TileFloat(const TileArgs& p) {
   __m256 acc[NR][NT];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
   const int64_t cols8 = p.cols / 8 * 8;
   for (int64_t c = 0; c < cols8; c += 8) {
@@ -221,7 +233,9 @@ void TileFloat(const TileArgs& p) {
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(w, x[t], acc[r][t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       float s = Hsum(acc[r][t]);
       for (int64_t c = cols8; c < p.cols; ++c) s += W::Scalar(p.w + r * p.w_stride, c) * A::Scalar(p.a + t * p.a_stride, c);
@@ -253,7 +267,107 @@ template <int NR, int NT> struct KBF16 { static constexpr TileFn Fn = TileFloat<
 template <int NT> struct KQ4_K { static constexpr TileFn Fn = TileQ4_K<NT>; };
 template <int NT> struct KQ6_K { static constexpr TileFn Fn = TileQ6_K<NT>; };
 
+// ---- activation quantization ----------------------------------------------------------
+
+inline float HmaxAbs(const float* x, int n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask));
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+}
+
+// 32 int32 lanes (4 vectors, element order) -> 32 int8 in order, saturating.
+inline __m256i PackToInt8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+  const __m256i v = _mm256_packs_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// roundf(v): round half away from zero, exactly (v - trunc(v) is exact in f32).
+inline __m256i RoundHalfAway(__m256 v) {
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 frac_abs = _mm256_and_ps(_mm256_sub_ps(v, t), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 one_signed = _mm256_or_ps(_mm256_set1_ps(1.f), _mm256_and_ps(v, _mm256_set1_ps(-0.f)));
+  const __m256 adj = _mm256_and_ps(_mm256_cmp_ps(frac_abs, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one_signed);
+  return _mm256_cvttps_epi32(_mm256_add_ps(t, adj));
+}
+
+void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
+  float* dd = reinterpret_cast<float*>(dst + cols);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    const float d = HmaxAbs(xb, 32) / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    dd[b] = Fp16ToFp32(Fp32ToFp16(d));
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), PackToInt8(q[0], q[1], q[2], q[3]));
+  }
+}
+
+void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
+  const int64_t nb = cols / kQkK;
+  float* dd = reinterpret_cast<float*>(dst + cols);
+  int16_t* bsums = reinterpret_cast<int16_t*>(dst + cols + 4 * nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + kQkK * b;
+    int8_t* q8 = reinterpret_cast<int8_t*>(dst + kQkK * b);
+    const float amax = HmaxAbs(xb, kQkK);
+    if (amax == 0.f) {
+      std::memset(q8, 0, kQkK);
+      dd[b] = 0.f;
+      std::memset(bsums + 16 * b, 0, 32);
+      continue;
+    }
+    float max = 0.f;  // the first element of largest magnitude, with its sign
+    for (int j = 0; j < kQkK; ++j) {
+      if (std::fabs(xb[j]) == amax) {
+        max = xb[j];
+        break;
+      }
+    }
+    const float iscale = -127.f / max;
+    const __m256 vs = _mm256_set1_ps(iscale);
+    for (int k = 0; k < kQkK; k += 32) {
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + k + 8 * i), vs));
+      const __m256i v = _mm256_min_epi8(PackToInt8(q[0], q[1], q[2], q[3]), _mm256_set1_epi8(127));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + k), v);
+      // Group sums: bytes -> pairs (int16) -> quads (int32), then the two 16-groups.
+      const __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+      const __m256i h = _mm256_hadd_epi32(quads, quads);
+      const __m256i g = _mm256_hadd_epi32(h, h);
+      bsums[16 * b + k / 16] = static_cast<int16_t>(_mm256_extract_epi32(g, 0));
+      bsums[16 * b + k / 16 + 1] = static_cast<int16_t>(_mm256_extract_epi32(g, 4));
+    }
+    dd[b] = 1.f / iscale;
+  }
+}
+
 }  // namespace
+
+void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0: QuantizeActQ8_0(x, cols, dst); break;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: QuantizeActQ8_K(x, cols, dst); break;
+    case GgmlType::kF16: {
+      float* o = reinterpret_cast<float*>(dst);
+      int64_t c = 0;
+      for (; c + 8 <= cols; c += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(o + c, _mm256_cvtph_ps(h));
+      }
+      for (; c < cols; ++c) o[c] = Fp16ToFp32(Fp32ToFp16(x[c]));
+      break;
+    }
+    default: QuantizeActRow(type, x, cols, dst); break;
+  }
+}
 
 TileKernel GetTileKernelAvx2(GgmlType type) {
   switch (type) {

@@ -85,7 +85,9 @@ void TileQ32(const TileArgs& p) {
   const int64_t nb = p.cols / 32;
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(T::kOffset));
   __m512 acc[NR][NT];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < nb; b += 2) {
@@ -117,7 +119,9 @@ void TileQ32(const TileArgs& p) {
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) p.y[t * p.y_stride + r] = Hsum(acc[r][t]);
 }
 
@@ -137,8 +141,10 @@ void TileQ4_K(const TileArgs& p) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i nib_shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
   __m512i sidx[4];
+#pragma GCC unroll 8
   for (int c = 0; c < 4; ++c) sidx[c] = ScaleIndex(2 * c, 16);
   __m512 acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < nb; ++b) {
@@ -159,6 +165,7 @@ void TileQ4_K(const TileArgs& p) {
     const float d = _cvtsh_ss(x.d), dmin = _cvtsh_ss(x.dmin);
 
     __m512i iacc[NT];
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
@@ -183,6 +190,7 @@ void TileQ4_K(const TileArgs& p) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_set1_ps(-dmin * da), acc[t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
 }
 
@@ -195,8 +203,10 @@ void TileQ6_K(const TileArgs& p) {
   const __m512i shl_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);  // qh bits 0-1 | 2-3 -> 4-5
   const __m512i shr_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);  // qh bits 4-5 | 6-7 -> 4-5
   __m512i sidx[4];
+#pragma GCC unroll 8
   for (int k = 0; k < 4; ++k) sidx[k] = ScaleIndex(4 * k, 8);
   __m512 acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < nb; ++b) {
@@ -235,6 +245,7 @@ void TileQ6_K(const TileArgs& p) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(d * da), acc[t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) p.y[t * p.y_stride] = Hsum(acc[t]);
 }
 
@@ -253,14 +264,16 @@ struct F16Traits {
   }
 };
 
-// Float weights (f32 or f16) against f32 activations, 16 columns per step.
+// Float weights (f32 or f16) against f32 activations, 16 columns per step; the column
+// tail is one masked step.
 template <typename T, int NR, int NT>
 void TileFloat(const TileArgs& p) {
   __m512 acc[NR][NT];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < p.cols; c += 16) {
-    const __mmask16 m = p.cols - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (p.cols - c)) - 1);
+  auto step = [&](int64_t c, __mmask16 m) __attribute__((always_inline)) {
     __m512 x[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) x[t] = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(p.a + t * p.a_stride) + c);
@@ -270,18 +283,24 @@ void TileFloat(const TileArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
     }
-  }
+  };
+  int64_t c = 0;
+  for (; c + 16 <= p.cols; c += 16) step(c, 0xFFFF);
+  if (c < p.cols) step(c, static_cast<__mmask16>((1u << (p.cols - c)) - 1));
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) p.y[t * p.y_stride + r] = Hsum(acc[r][t]);
 }
 
 template <int NR, int NT>
 void TileBF16(const TileArgs& p) {
   __m512 acc[NR][NT];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < p.cols; c += 32) {
-    const __mmask32 m = p.cols - c >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << (p.cols - c)) - 1);
+  auto step = [&](int64_t c, __mmask32 m) __attribute__((always_inline)) {
     __m512bh x[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
@@ -293,8 +312,13 @@ void TileBF16(const TileArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, x[t]);
     }
-  }
+  };
+  int64_t c = 0;
+  for (; c + 32 <= p.cols; c += 32) step(c, 0xFFFFFFFFu);
+  if (c < p.cols) step(c, static_cast<__mmask32>((1ull << (p.cols - c)) - 1));
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) p.y[t * p.y_stride + r] = Hsum(acc[r][t]);
 }
 

@@ -45,6 +45,10 @@ size_t ActRowBytes(GgmlType type, int64_t cols);
 // Converts one activation row x[cols] into the scratch layout for `type`.
 void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst);
 
+// Same result as QuantizeActRow, byte for byte, with AVX2 + F16C (matmul_avx2.cc).
+// REQUIRES: IsaSupported(KernelIsa::kAvx2).
+void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst);
+
 TileKernel GetTileKernelScalar(GgmlType type);
 TileKernel GetTileKernelAvx2(GgmlType type);    // matmul_avx2.cc
 TileKernel GetTileKernelAvx512(GgmlType type);  // matmul_avx512.cc

@@ -167,6 +167,24 @@ TEST(MatMulTest, OddColumnCountsMatchReference) {
   }
 }
 
+TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
+  if (!IsaSupported(KernelIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  const int64_t cols = 1024;
+  std::vector<float> x = Gaussian(cols, 9);
+  // Exact rounding ties: a block with amax 127 gives id = 1, so k + 0.5 must round away.
+  for (int j = 0; j < 32; ++j) x[j] = (j == 0) ? 127.f : static_cast<float>(j % 9) - 4.5f;
+  for (int j = 256; j < 512; ++j) x[j] = 0.f;  // an all-zero Q8_K block
+  x[600] = -9.f;  // largest magnitude negative
+  x[601] = 9.f;   // same magnitude later: the first one sets the sign
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16}) {
+    const size_t n = matmul_internal::ActRowBytes(t, cols);
+    std::vector<uint8_t> a(n, 0xAB), b(n, 0xAB);
+    matmul_internal::QuantizeActRow(t, x.data(), cols, a.data());
+    matmul_internal::QuantizeActRowAvx2(t, x.data(), cols, b.data());
+    EXPECT_EQ(a, b) << GetGgmlTypeTraits(t).name;
+  }
+}
+
 TEST(MatMulTest, PublicEntryPointAndGetRow) {
   const TestMatrix m = MakeMatrix(GgmlType::kQ4_K, 9, 512, 7);
   const std::vector<float> x = Gaussian(2 * 512, 8);
