@@ -1,8 +1,8 @@
 // AVX-512 tile kernels for MatMul: VNNI int8 dots for Q4_0/Q8_0/Q4_K/Q6_K, vdpbf16ps for
 // BF16, F16C + FMA for F16 and F32. Layouts and the tile contract: matmul_internal.h.
 //
-// Q4_0/Q8_0 (tile 4 rows x 4 tokens): a zmm holds two 32-element blocks. Weights are
-// made unsigned (Q4_0: q in 0..15; Q8_0: q + 128) so vpdpbusd can take them, and the
+// Q4_0/Q8_0 (tile 3 rows x 4 tokens: 4x4 spills accumulators out of the 32 zmm
+// registers): a zmm holds two 32-element blocks. Weights are made unsigned (Q4_0: q in 0..15; Q8_0: q + 128) so vpdpbusd can take them, and the
 // offset is removed by starting each dot from bias = -offset * sum(a) (per token, shared
 // by the rows). Each block's int32 sum is scaled by dw * da in f32.
 // Q4_K/Q6_K (tile 1 row x 8 tokens): per 64 elements vpmaddubsw (q u8 x a s8 -> s16)
@@ -79,46 +79,54 @@ struct Q32Traits<GgmlType::kQ8_0> {
   }
 };
 
+// One step over blocks (b, b+1), or over the last block alone when !kPair (its second
+// half reuses block b against zero activations, so it adds nothing).
+template <GgmlType kType, int NR, int NT, bool kPair>
+__attribute__((always_inline)) inline void StepQ32(const TileArgs& p, int64_t b, __m512 (&acc)[NR][NT]) {
+  using T = Q32Traits<kType>;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(T::kOffset));
+  const int64_t bb = kPair ? b + 1 : b;
+  __m512i av[NT], bias[NT];
+  __m512 da[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const uint8_t* a = p.a + t * p.a_stride;
+    av[t] = kPair ? _mm512_loadu_si512(a + 32 * b) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, a + 32 * b);
+    bias[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, av[t]));
+    const float* ad = reinterpret_cast<const float*>(a + p.cols);
+    da[t] = kPair ? PairScalesF32(ad + b) : _mm512_set1_ps(ad[b]);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+    const uint8_t* w = p.w + r * p.w_stride + T::kBlockBytes * b;
+    const __m512i wv = T::Decode(w, w + T::kBlockBytes * (bb - b));
+    __m512 dw;
+    if constexpr (kPair) {
+      dw = PairScalesF16(w, T::kBlockBytes);
+    } else {
+      uint16_t dh;
+      std::memcpy(&dh, w, 2);
+      dw = _mm512_set1_ps(_cvtsh_ss(dh));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m512i isum = _mm512_dpbusd_epi32(bias[t], wv, av[t]);
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da[t]), acc[r][t]);
+    }
+  }
+}
+
 template <GgmlType kType, int NR, int NT>
 void TileQ32(const TileArgs& p) {
-  using T = Q32Traits<kType>;
   const int64_t nb = p.cols / 32;
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(T::kOffset));
   __m512 acc[NR][NT];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-
-  for (int64_t b = 0; b < nb; b += 2) {
-    const bool pair = b + 1 < nb;
-    // Odd tail: the second half reuses block b with zero activations (contributes 0).
-    const __mmask64 amask = pair ? ~0ull : 0xFFFFFFFFull;
-    const int64_t bb = pair ? b + 1 : b;
-    __m512i av[NT], bias[NT];
-    __m512 da[NT];
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const uint8_t* a = p.a + t * p.a_stride;
-      av[t] = _mm512_maskz_loadu_epi8(amask, a + 32 * b);
-      bias[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, av[t]));
-      const float* ad = reinterpret_cast<const float*>(a + p.cols);
-      da[t] = pair ? PairScalesF32(ad + b) : _mm512_set1_ps(ad[b]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const uint8_t* w = p.w + r * p.w_stride;
-      const __m512i wv = T::Decode(w + T::kBlockBytes * b, w + T::kBlockBytes * bb);
-      uint16_t dh;
-      std::memcpy(&dh, w + T::kBlockBytes * b, 2);
-      const __m512 dw = pair ? PairScalesF16(w + T::kBlockBytes * b, T::kBlockBytes) : _mm512_set1_ps(_cvtsh_ss(dh));
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        const __m512i isum = _mm512_dpbusd_epi32(bias[t], wv, av[t]);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da[t]), acc[r][t]);
-      }
-    }
-  }
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) StepQ32<kType, NR, NT, true>(p, b, acc);
+  if (b < nb) StepQ32<kType, NR, NT, false>(p, b, acc);
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 8
@@ -358,8 +366,8 @@ template <int NT> struct KQ6_K { static constexpr TileFn Fn = TileQ6_K<NT>; };
 
 TileKernel GetTileKernelAvx512(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, 4, 4};
-    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, 4, 4};
+    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, 3, 4};
+    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, 3, 4};
     case GgmlType::kQ4_K: return {Dispatch1x8<KQ4_K>::Run, 1, 8};
     case GgmlType::kQ6_K: return {Dispatch1x8<KQ6_K>::Run, 1, 8};
     case GgmlType::kF32: return {Dispatch4x4<KF32>::Run, 4, 4};
