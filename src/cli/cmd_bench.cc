@@ -151,6 +151,9 @@ Runner AddBenchCommand(CLI::App& app) {
   return [o, speed] {
     if (!speed->parsed()) return Fail("bench: choose a benchmark (speed)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
+    // Both 0 would size an empty KV block table (table.back() on it crashed).
+    if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");
+    if (o->pp > (1 << 20) || o->tg > (1 << 20)) return Fail("bench: n-prompt and n-gen must be <= 1048576");
     return RunSpeed(*o);
   };
 }

@@ -1,4 +1,5 @@
 // trellis run: generate text for a prompt (or given token ids) and report speed.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -43,7 +44,22 @@ Result<std::vector<int32_t>> ParseIds(const std::string& s) {
   return out;
 }
 
+// Rejects option values the engine would silently misread (a negative count taken as
+// "default", a NaN temperature sampling garbage). Empty string = all valid.
+std::string CheckOpts(const RunOpts& o) {
+  if (o.n_predict < 0) return "-n " + std::to_string(o.n_predict) + ": the number of tokens to generate must be >= 0";
+  if (o.ctx < 0) return "--ctx-size " + std::to_string(o.ctx) + " must be >= 0 (0 = the model's)";
+  if (o.kv_memory < 0) return "--kv-memory " + std::to_string(o.kv_memory) + " must be >= 0 (0 = one full context)";
+  if (!std::isfinite(o.temp)) return "--temp must be a finite number (0 = greedy)";
+  if (!(o.top_p >= 0.0f && o.top_p <= 1.0f)) return "--top-p must be in [0, 1]";
+  if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) return "--min-p must be in [0, 1]";
+  if (!(o.repeat_penalty > 0.0f) || !std::isfinite(o.repeat_penalty)) return "--repeat-penalty must be > 0 (1 = off)";
+  if (o.top_k < 0) return "--top-k must be >= 0 (0 = off)";
+  return {};
+}
+
 int Run(const RunOpts& o) {
+  if (std::string bad = CheckOpts(o); !bad.empty()) return Fail(bad);
   auto model = Model::Load(o.model);
   if (!model.ok()) return Fail(model.status().ToString());
   const ModelConfig& c = (*model)->config();
@@ -96,7 +112,9 @@ int Run(const RunOpts& o) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
+  std::vector<int32_t> generated;  // what was streamed, kept if generation fails midway
   auto on_token = [&](int32_t id) {
+    generated.push_back(id);
     if (dec && !(tok->IsEog(id) && !o.ignore_eos)) {
       std::string s = dec->Push(id);
       std::fwrite(s.data(), 1, s.size(), stdout);
@@ -105,7 +123,19 @@ int Run(const RunOpts& o) {
     return true;
   };
   auto res = (*engine)->Generate(req, on_token);
-  if (!res.ok()) return Fail(res.status().ToString());
+  if (!res.ok()) {
+    // Keep what was generated before the failure (e.g. the KV pool ran out midway).
+    if (o.print_ids) {
+      for (size_t i = 0; i < generated.size(); ++i) std::printf("%s%d", i ? " " : "", generated[i]);
+      if (!generated.empty()) std::printf("\n");
+    } else if (dec) {
+      std::string s = dec->Flush();
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+    std::fflush(stdout);
+    return Fail(res.status().ToString() + (generated.empty() ? "" : " (after " + std::to_string(generated.size()) + " generated tokens, printed above)"));
+  }
   if (dec) {
     std::string s = dec->Flush();
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -120,6 +150,10 @@ int Run(const RunOpts& o) {
     f.write(reinterpret_cast<const char*>(res->prompt_logits.data()),
             static_cast<std::streamsize>(res->prompt_logits.size() * sizeof(float)));
     if (!f) return Fail("cannot write " + o.dump_logits);
+  }
+  if (res->context_full && o.quiet) {
+    std::fprintf(stderr, "trellis: stopped at the context limit (%d positions) after %zu tokens; raise --ctx-size\n",
+                 (*engine)->options().n_ctx, res->tokens.size());
   }
   if (!o.quiet) {
     const int n_gen = static_cast<int>(res->tokens.size());

@@ -20,8 +20,16 @@ int main(int argc, char** argv) {
   add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, like every other error: "trellis: <what>". Exit code is CLI11's (< 128).
+    std::fprintf(stderr, "trellis: %s (see --help)\n", e.what());
+    return e.get_exit_code();
   }
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();
