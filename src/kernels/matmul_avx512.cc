@@ -12,8 +12,10 @@
 // Thread safety: pure functions.
 // GCC 12's AVX-512 intrinsics build results from _mm512_undefined_*(), which trips
 // -W(maybe-)uninitialized once inlined; the warnings are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>
@@ -260,13 +262,11 @@ void TileQ6_K(const TileArgs& p) {
 // ---- F32 / F16 / BF16 -----------------------------------------------------------------
 
 struct F32Traits {
-  static constexpr int kStep = 16;
   static __m512 LoadW(const uint8_t* w, int64_t c, __mmask16 m) {
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(w) + c);
   }
 };
 struct F16Traits {
-  static constexpr int kStep = 16;
   static __m512 LoadW(const uint8_t* w, int64_t c, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(w) + c));
   }
