@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <cstdlib>
 #include <map>
 
 #include <fmt/core.h>
@@ -92,6 +93,15 @@ Status Model::Init() {
     TRELLIS_ASSIGN_OR_RETURN(l.w_gate, GetMatrix(gguf_, p + "ffn_gate.weight", c.n_embd, c.n_ff));
     TRELLIS_ASSIGN_OR_RETURN(l.w_up, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, c.n_ff));
     TRELLIS_ASSIGN_OR_RETURN(l.w_down, GetMatrix(gguf_, p + "ffn_down.weight", c.n_ff, c.n_embd));
+  }
+  // Every tensor must belong to a layer the model declares: a block_count smaller than
+  // the file's layers would otherwise run a truncated model silently.
+  for (const GgufTensorInfo& t : gguf_.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const int layer = std::atoi(t.name.c_str() + 4);
+    if (layer >= c.n_layer) {
+      return InvalidArgument(fmt::format("tensor '{}' belongs to layer {}, but llama.block_count is {}", t.name, layer, c.n_layer));
+    }
   }
   uint64_t h = 0xcbf29ce484222325ull;
   const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv};

@@ -17,8 +17,19 @@ int32_t Sampler::Greedy(std::span<const float> logits) {
   return best;
 }
 
+Status ValidateSamplerParams(const SamplerParams& p) {
+  if (!std::isfinite(p.temperature)) return InvalidArgument("temperature must be a finite number (0 = greedy)");
+  if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) return InvalidArgument("top_p must be in [0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return InvalidArgument("min_p must be in [0, 1]");
+  if (!(p.repeat_penalty > 0.0f) || !std::isfinite(p.repeat_penalty)) return InvalidArgument("repeat_penalty must be > 0 (1 = off)");
+  if (p.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off)");
+  return Status::Ok();
+}
+
 int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
-  if (params_.temperature <= 0.0f) return Greedy(logits);
+  // Invalid parameters are refused by ValidateSamplerParams at the API edge; a NaN that
+  // slipped through still samples greedily rather than from an undefined distribution.
+  if (!(params_.temperature > 0.0f) || !std::isfinite(params_.temperature)) return Greedy(logits);
   const int n_vocab = static_cast<int>(logits.size());
 
   // Repetition penalty (CTRL-style, as llama.cpp): divide positive logits, multiply

@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "util/status.h"
+
 namespace trellis {
 
 struct SamplerParams {
@@ -24,6 +26,10 @@ struct SamplerParams {
   int repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;
 };
+
+// InvalidArgument naming the first parameter out of range (non-finite temperature,
+// top_p / min_p outside [0, 1], repeat_penalty <= 0, top_k < 0).
+Status ValidateSamplerParams(const SamplerParams& p);
 
 class Sampler {
  public:

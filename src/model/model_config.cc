@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <cmath>
+
 #include <fmt/core.h>
 
 namespace trellis {
@@ -51,14 +53,14 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   }
   if (g.Has(p + "rope.freq_base")) {
     TRELLIS_ASSIGN_OR_RETURN(double b, g.GetFloat(p + "rope.freq_base"));
-    if (!(b > 1.0)) return InvalidArgument(fmt::format("rope.freq_base {} must be > 1", b));
+    if (!(b > 1.0) || !std::isfinite(b)) return InvalidArgument(fmt::format("rope.freq_base {} must be finite and > 1", b));
     c.rope_freq_base = static_cast<float>(b);
   }
   if (g.Has(p + "rope.scaling.type")) {
     TRELLIS_ASSIGN_OR_RETURN(std::string type, g.GetString(p + "rope.scaling.type"));
     if (type == "linear") {
       TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.factor"));
-      if (!(f > 0)) return InvalidArgument(fmt::format("rope.scaling.factor {} must be > 0", f));
+      if (!(f > 0) || !std::isfinite(f)) return InvalidArgument(fmt::format("rope.scaling.factor {} must be finite and > 0", f));
       c.rope_freq_scale = static_cast<float>(1.0 / f);
     } else if (type != "none") {
       return Unsupported(fmt::format("rope scaling type '{}' (supported: none, linear, and llama3 via rope_freqs)", type));
