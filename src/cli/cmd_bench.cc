@@ -10,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_prefix.h"
 #include "cli/commands.h"
+#include "engine/random_model.h"
 #include "engine/engine.h"
 #include "util/clock.h"
 
@@ -136,8 +138,41 @@ int RunSpeed(const SpeedOpts& o) {
 
 }  // namespace
 
+// The default benchmark models, generated once into the cache directory.
+Result<std::string> DefaultModel(bool quick) {
+  const char* env = std::getenv("TRELLIS_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env ? env : std::string(home ? home : "/tmp") + "/.cache/trellis";
+  const std::string path = dir + (quick ? "/tiny-q4_0.gguf" : "/tinyllama-shape-q4_0.gguf");
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    std::fclose(f);
+    return path;
+  }
+  if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0) return IoError("cannot create " + dir);
+  auto vocab = GgufFile::Open(DefaultVocabPath());
+  if (!vocab.ok()) return vocab.status();
+  RandomModelOptions ro;
+  TRELLIS_ASSIGN_OR_RETURN(ro.shape, ModelShapeByName(quick ? "tiny" : "tinyllama"));
+  ro.type = "q4_0";
+  std::fprintf(stderr, "bench: generating %s\n", path.c_str());
+  TRELLIS_RETURN_IF_ERROR(WriteRandomModel(ro, *vocab, path));
+  return path;
+}
+
 Runner AddBenchCommand(CLI::App& app) {
   app.require_subcommand(1);
+  CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
+  auto po = std::make_shared<PrefixBenchOptions>();
+  prefix->add_option("-m,--model", po->model, "GGUF model (default: TinyLlama-shaped Q4_0, generated once)");
+  prefix->add_option("-o,--out", po->out_dir, "results folder (CSV, markdown, PNG)")->capture_default_str();
+  prefix->add_option("-L,--prompt-len", po->L, "prompt length L")->capture_default_str();
+  prefix->add_option("-D,--decode", po->D, "tokens decoded per session D")->capture_default_str();
+  prefix->add_option("-N,--sessions", po->N, "concurrent sessions N")->capture_default_str();
+  prefix->add_option("-B,--block-size", po->block_size, "KV block size B")->capture_default_str();
+  prefix->add_option("-r,--reps", po->reps, "repetitions (median reported)")->capture_default_str();
+  prefix->add_option("-t,--threads", po->threads, "threads")->capture_default_str();
+  prefix->add_flag("--quick", po->quick, "the tiny model, fewer lengths: seconds");
+  prefix->add_flag("--json", po->json, "print every measured point as a JSON line");
   CLI::App* speed = app.add_subcommand("speed", "prompt processing and generation tokens/s (llama-bench style)");
   auto o = std::make_shared<SpeedOpts>();
   speed->add_option("-m,--model", o->model, "GGUF model")->required();
@@ -148,8 +183,17 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
   speed->add_flag("--json", o->json, "print one JSON object");
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
-  return [o, speed] {
-    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed)");
+  return [o, speed, prefix, po] {
+    if (prefix->parsed()) {
+      if (po->model.empty()) {
+        auto m = DefaultModel(po->quick);
+        if (!m.ok()) return Fail(m.status().ToString());
+        po->model = *m;
+      }
+      if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
+      return RunPrefixBench(*po);
+    }
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
     // Both 0 would size an empty KV block table (table.back() on it crashed).
     if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");

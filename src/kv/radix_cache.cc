@@ -105,6 +105,7 @@ struct RadixCache::Impl {
     return std::memcmp(Key(block), tokens, static_cast<size_t>(block_size_) * sizeof(int32_t)) == 0;
   }
   int32_t& Next(int32_t block) { return next_block_[static_cast<size_t>(block)]; }
+  int32_t Next(int32_t block) const { return next_block_[static_cast<size_t>(block)]; }
   NodeId& Owner(int32_t block) { return owner_[static_cast<size_t>(block)]; }
   NodeId FindChild(NodeId parent, const int32_t* tokens) const;
   void LinkChild(NodeId parent, NodeId child);
@@ -426,6 +427,29 @@ NodeId RadixCache::MatchPrefix(uint64_t ns, std::span<const int32_t> tokens, std
   return im.Walk(root, tokens.data(), n_blocks, /*hit=*/true,
                  [blocks](int32_t, int32_t b) { blocks->push_back(b); })
       .first;
+}
+
+int32_t RadixCache::Peek(uint64_t ns, std::span<const int32_t> tokens) const {
+  const Impl& im = *impl_;
+  const NodeId root = im.FindRoot(ns);
+  if (root == kNoNode) return 0;
+  const size_t bs = static_cast<size_t>(block_size_);
+  const int32_t n_blocks = static_cast<int32_t>(tokens.size() / bs);
+  NodeId node = root;
+  int32_t i = 0;
+  while (i < n_blocks) {
+    const NodeId child = im.FindChild(node, tokens.data() + static_cast<size_t>(i) * bs);
+    if (child == kNoNode) break;
+    int32_t k = 0;
+    for (int32_t b = im.N(child).first_block;
+         b != kNoBlock && i + k < n_blocks && im.BlockMatches(b, tokens.data() + static_cast<size_t>(i + k) * bs);
+         b = im.Next(b), ++k) {
+    }
+    i += k;
+    if (k < im.N(child).stats.n_blocks) break;
+    node = child;
+  }
+  return i;
 }
 
 RadixCache::InsertResult RadixCache::Insert(uint64_t ns, std::span<const int32_t> tokens,

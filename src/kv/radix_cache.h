@@ -92,6 +92,10 @@ class RadixCache {
   // (the namespace root when nothing matched); lock it to keep the match from eviction.
   NodeId MatchPrefix(uint64_t ns, std::span<const int32_t> tokens, std::vector<int32_t>* blocks);
 
+  // How many whole blocks of `tokens` MatchPrefix would return, without splitting or
+  // touching access statistics.
+  int32_t Peek(uint64_t ns, std::span<const int32_t> tokens) const;
+
   struct InsertResult {
     NodeId node = kNoNode;       // node at the end of the inserted path (lock it to protect it)
     int32_t n_existing = 0;      // leading blocks that were already cached

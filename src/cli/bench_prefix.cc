@@ -1,0 +1,341 @@
+// trellis bench prefix: the RadixAttention benchmarks of the brief (Part 1), in process.
+//
+// Workload: a shared "system prompt" S of random tokens; session i's prompt is the first
+// P = round(phi * L / B) * B tokens of S followed by its own random suffix, L tokens in
+// all; every session decodes D tokens (end-of-generation ignored).
+//   throughput  one op = fresh scheduler (pool, tree) + warm S[0:P] + N sessions run to
+//               completion concurrently; generated tokens / op seconds, heap allocations
+//               per op, KV blocks allocated vs acquired.
+//   ttft        concurrency 1: warm with S (L tokens), then time one probe sharing
+//               S[0:P] (phi = 1: the probe differs from S in its last token only, so it
+//               diverges inside the last block); the process's first probe is reported
+//               apart as the cold start.
+//   blocksize   radix-tree leaves after N sessions sharing half their prompt, and the TTFT
+//               of a probe sharing 3/4 of a warm prompt, for B in {8..128}, mean and
+//               standard deviation over several prompt lengths.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/alloc_counter.h"
+#include "cli/bench_prefix.h"
+#include "engine/random_model.h"
+#include "engine/scheduler.h"
+#include "util/clock.h"
+
+namespace trellis::cli {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+double Stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = Mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(v.size() - 1));
+}
+
+// llama.cpp's server prompt cache on this machine (../shared/ANCHORS.md): TTFT ms at
+// L = 512, 2 threads, for phi 0, 0.25, 0.5, 0.75, 0.9.
+double LlamaCppTtftMs(double phi) {
+  static const std::pair<double, double> kAnchors[] = {{0, 4012}, {0.25, 3161}, {0.5, 2108}, {0.75, 1080}, {0.9, 589}};
+  for (const auto& [p, ms] : kAnchors) {
+    if (std::abs(p - phi) < 1e-9) return ms;
+  }
+  return NAN;
+}
+
+struct Bench {
+  Bench(const Model& m, const PrefixBenchOptions& o) : model_(m), o_(o), pool_(o.threads), rng_(1234) {
+    const int n_vocab = m.config().n_vocab;
+    system_ = RandomTokens(4096, n_vocab);
+  }
+
+  std::vector<int32_t> RandomTokens(size_t n, int n_vocab) {
+    std::uniform_int_distribution<int32_t> d(3, n_vocab - 1);
+    std::vector<int32_t> v(n);
+    for (auto& t : v) t = d(rng_);
+    return v;
+  }
+
+  SchedulerOptions Options(int block_size, int n_sessions, int L, int D) const {
+    SchedulerOptions so;
+    so.block_size = block_size;
+    so.n_ctx = L + D + block_size;
+    so.kv_blocks = static_cast<int64_t>(n_sessions + 2) * ((L + D) / block_size + 2);
+    so.max_batch_tokens = 512;
+    so.prefill_chunk = 512;
+    so.max_running = std::max(n_sessions, 1);
+    return so;
+  }
+
+  // Runs requests concurrently to completion; returns per-request results.
+  std::vector<RequestResult> Run(Scheduler& s, const std::vector<Request>& reqs) {
+    std::vector<RequestResult> out(reqs.size());
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto id = s.Submit(reqs[i], nullptr, [&out, i](RequestId, const RequestResult& r) { out[i] = r; });
+      if (!id.ok()) {
+        std::fprintf(stderr, "bench prefix: %s\n", id.status().ToString().c_str());
+        std::exit(1);
+      }
+    }
+    s.RunUntilIdle();
+    return out;
+  }
+
+  Request Make(std::vector<int32_t> prompt, int max_tokens) const {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    return r;
+  }
+
+  int PrefixTokens(double phi, int L, int B) const {
+    return static_cast<int>(std::lround(phi * L / B)) * B;
+  }
+
+  nlohmann::json ThroughputPoint(double phi, int L, int D, int N, int B) {
+    const int n_vocab = model_.config().n_vocab;
+    const int P = std::min(PrefixTokens(phi, L, B), L);
+    std::vector<Request> sessions;
+    for (int i = 0; i < N; ++i) {
+      std::vector<int32_t> p(system_.begin(), system_.begin() + P);
+      auto suffix = RandomTokens(static_cast<size_t>(L - P), n_vocab);
+      p.insert(p.end(), suffix.begin(), suffix.end());
+      sessions.push_back(Make(std::move(p), D));
+    }
+    std::vector<double> secs, allocs, thr;
+    SchedulerMetrics last;
+    for (int r = 0; r < o_.reps; ++r) {
+      const int64_t a0 = HeapAllocations();
+      const double t0 = NowSeconds();
+      auto sched = Scheduler::Create(model_, Options(B, N, L, D), pool_);
+      if (!sched.ok()) {
+        std::fprintf(stderr, "bench prefix: %s\n", sched.status().ToString().c_str());
+        std::exit(1);
+      }
+      if (P > 0) Run(**sched, {Make(std::vector<int32_t>(system_.begin(), system_.begin() + P), 1)});
+      auto res = Run(**sched, sessions);
+      const double dt = NowSeconds() - t0;
+      last = (*sched)->metrics();
+      sched->reset();
+      allocs.push_back(static_cast<double>(HeapAllocations() - a0));
+      secs.push_back(dt);
+      int64_t gen = 0;
+      for (const auto& x : res) gen += static_cast<int64_t>(x.tokens.size());
+      thr.push_back(static_cast<double>(gen) / dt);
+    }
+    return {{"figure", "throughput"}, {"phi", phi}, {"L", L}, {"D", D}, {"N", N}, {"B", B},
+            {"prefix_tokens", P}, {"op_seconds", Median(secs)}, {"tok_s", Median(thr)},
+            {"heap_allocs_per_op", Median(allocs)}, {"blocks_allocated", last.blocks_allocated},
+            {"blocks_acquired", last.blocks_acquired}, {"computed_tokens", last.computed_tokens},
+            {"cached_tokens", last.cached_tokens}, {"reps", o_.reps}};
+  }
+
+  // Returns {ttft seconds of each rep, cached tokens}.
+  std::pair<std::vector<double>, int> Ttft(double phi, int L, int B, int reps) {
+    const int n_vocab = model_.config().n_vocab;
+    std::vector<int32_t> warm(system_.begin(), system_.begin() + L);
+    std::vector<int32_t> probe;
+    if (phi >= 1.0) {
+      probe = warm;
+      probe.back() = probe.back() == 3 ? 4 : 3;  // diverge in the last block
+    } else {
+      const int P = std::min(PrefixTokens(phi, L, B), L);
+      probe.assign(system_.begin(), system_.begin() + P);
+      auto suffix = RandomTokens(static_cast<size_t>(L - P), n_vocab);
+      if (P < L && suffix[0] == system_[static_cast<size_t>(P)]) suffix[0] = suffix[0] == 3 ? 4 : 3;
+      probe.insert(probe.end(), suffix.begin(), suffix.end());
+    }
+    std::vector<double> t;
+    int cached = 0;
+    for (int r = 0; r < reps; ++r) {
+      auto sched = Scheduler::Create(model_, Options(B, 1, L, 1), pool_);
+      if (!sched.ok()) std::exit(1);
+      Run(**sched, {Make(warm, 1)});
+      auto res = Run(**sched, {Make(probe, 1)});
+      t.push_back(res[0].ttft_seconds);
+      cached = res[0].n_cached;
+    }
+    return {t, cached};
+  }
+
+  const Model& model_;
+  PrefixBenchOptions o_;
+  ThreadPool pool_;
+  std::mt19937 rng_;
+  std::vector<int32_t> system_;
+};
+
+void Emit(const PrefixBenchOptions& o, const nlohmann::json& j) {
+  if (o.json) std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+void WritePlots(const std::string& dir) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr, "bench prefix: gnuplot not found, PNG plots skipped (apt-get install gnuplot-nox)\n");
+    return;
+  }
+  const std::string gp = dir + "/plots.gp";
+  std::ofstream f(gp);
+  f << "set terminal pngcairo size 900,540 noenhanced\nset datafile separator ','\nset key top left\nset grid\n"
+    << "set output '" << dir << "/throughput.png'\n"
+    << "set title 'Generation throughput and heap allocations per op vs shared-prefix fraction'\n"
+    << "set xlabel 'phi (shared prefix fraction)'\nset ylabel 'generated tokens/s'\nset y2label 'heap allocations per op'\n"
+    << "set ytics nomirror\nset y2tics\n"
+    << "plot '" << dir << "/throughput.csv' using 1:3 skip 1 with linespoints lw 2 title 'tokens/s', "
+    << "'' using 1:4 skip 1 axes x1y2 with linespoints lw 2 title 'heap allocations/op'\n"
+    << "unset y2tics\nunset y2label\nset ytics mirror\n"
+    << "set output '" << dir << "/ttft.png'\n"
+    << "set title 'TTFT vs shared-prefix fraction (L = 512, concurrency 1)'\nset xlabel 'phi'\nset ylabel 'TTFT (ms)'\n"
+    << "set key top right\n"
+    << "plot '" << dir << "/ttft.csv' using 1:3 skip 1 with linespoints lw 2 title 'trellis', "
+    << "'' using 1:6 skip 1 with lines dt 2 title 'bound (1-hit)TTFT(0)+5%', "
+    << "'' using 1:7 skip 1 with linespoints title 'llama.cpp server (ANCHORS.md)'\n"
+    << "set output '" << dir << "/blocksize.png'\n"
+    << "set title 'Radix-tree leaves and TTFT vs block size (mean +- sd over prompt lengths)'\n"
+    << "set xlabel 'block size B (tokens)'\nset logscale x 2\nset ylabel 'leaves'\nset y2label 'TTFT (ms)'\n"
+    << "set ytics nomirror\nset y2tics\nset key top center\n"
+    << "plot '" << dir << "/blocksize.csv' using 1:2:3 skip 1 with yerrorlines lw 2 title 'leaves', "
+    << "'' using 1:4:5 skip 1 axes x1y2 with yerrorlines lw 2 title 'TTFT'\n";
+  f.close();
+  if (std::system(("gnuplot '" + gp + "'").c_str()) != 0) std::fprintf(stderr, "bench prefix: gnuplot failed\n");
+}
+
+}  // namespace
+
+int RunPrefixBench(const PrefixBenchOptions& in) {
+  PrefixBenchOptions o = in;
+  auto model = Model::Load(o.model);
+  if (!model.ok()) {
+    std::fprintf(stderr, "trellis: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  ::mkdir(o.out_dir.c_str(), 0755);
+  Bench bench(**model, o);
+  const int L = o.L, D = o.D, N = o.N, B = o.block_size;
+  const std::vector<double> phis = {0, 0.1, 0.25, 0.5, 0.75, 0.9};
+  std::string md = "# trellis bench prefix\n\nmodel: `" + o.model + "` (" + (*model)->TypeSummary() +
+                   "), threads " + std::to_string(o.threads) + ", median of " + std::to_string(o.reps) + "\n\n";
+  std::fprintf(stderr, "bench prefix: %s, L=%d D=%d N=%d B=%d, %d reps\n", o.model.c_str(), L, D, N, B, o.reps);
+
+  // Figure 1: throughput and allocations vs phi.
+  {
+    std::ofstream csv(o.out_dir + "/throughput.csv");
+    csv << "phi,prefix_tokens,tok_s,heap_allocs_per_op,blocks_allocated,blocks_acquired,computed_tokens,op_seconds\n";
+    md += "## Throughput and allocations per op (L = " + std::to_string(L) + ", D = " + std::to_string(D) +
+          ", N = " + std::to_string(N) + ", B = " + std::to_string(B) + ")\n\n"
+          "| phi | prefix tokens | generated tok/s | op s | heap allocs/op | KV blocks allocated | KV blocks acquired | prompt tokens computed |\n"
+          "|---|---|---|---|---|---|---|---|\n";
+    for (double phi : phis) {
+      nlohmann::json j = bench.ThroughputPoint(phi, L, D, N, B);
+      Emit(o, j);
+      csv << phi << "," << j["prefix_tokens"] << "," << j["tok_s"] << "," << j["heap_allocs_per_op"] << ","
+          << j["blocks_allocated"] << "," << j["blocks_acquired"] << "," << j["computed_tokens"] << "," << j["op_seconds"] << "\n";
+      char row[256];
+      std::snprintf(row, sizeof row, "| %.2f | %d | %.2f | %.2f | %.0f | %ld | %ld | %ld |\n", phi,
+                    j["prefix_tokens"].get<int>(), j["tok_s"].get<double>(), j["op_seconds"].get<double>(),
+                    j["heap_allocs_per_op"].get<double>(), j["blocks_allocated"].get<long>(),
+                    j["blocks_acquired"].get<long>(), j["computed_tokens"].get<long>() - static_cast<long>(N) * D);
+      md += row;
+      std::fprintf(stderr, "%s", row);
+    }
+  }
+
+  // Figure 2: TTFT vs phi.
+  {
+    auto cold = bench.Ttft(0, L, B, 1);
+    std::vector<double> phis2 = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+    std::ofstream csv(o.out_dir + "/ttft.csv");
+    csv << "phi,cached_tokens,ttft_ms,ttft_min_ms,ttft_max_ms,bound_ms,llamacpp_ms,hit\n";
+    md += "\n## TTFT vs phi (L = " + std::to_string(L) + ", concurrency 1, probe decodes 1 token)\n\n"
+          "cold start (first probe of the process, phi = 0): " + std::to_string(static_cast<int>(cold.first[0] * 1e3)) +
+          " ms\n\n| phi | cached tokens | hit | TTFT ms (median) | bound ms | within bound | llama.cpp server ms |\n|---|---|---|---|---|---|---|\n";
+    double ttft0 = 0;
+    for (double phi : phis2) {
+      auto [t, cached] = bench.Ttft(phi, L, B, o.reps);
+      const double ms = Median(t) * 1e3;
+      if (phi == 0) ttft0 = ms;
+      const double hit = static_cast<double>(cached) / L;
+      const double bound = (1 - hit) * ttft0 + 0.05 * ttft0;
+      const double ref = LlamaCppTtftMs(phi);
+      Emit(o, {{"figure", "ttft"}, {"phi", phi}, {"L", L}, {"B", B}, {"cached_tokens", cached}, {"hit", hit},
+               {"ttft_ms", ms}, {"bound_ms", bound}, {"llamacpp_ms", std::isnan(ref) ? nlohmann::json() : nlohmann::json(ref)},
+               {"runs_ms", t}});
+      csv << phi << "," << cached << "," << ms << "," << *std::min_element(t.begin(), t.end()) * 1e3 << ","
+          << *std::max_element(t.begin(), t.end()) * 1e3 << "," << bound << "," << (std::isnan(ref) ? "" : std::to_string(ref))
+          << "," << hit << "\n";
+      char row[256];
+      std::snprintf(row, sizeof row, "| %.2f | %d | %.3f | %.1f | %.1f | %s | %s |\n", phi, cached, hit, ms, bound,
+                    ms <= bound ? "yes" : "NO", std::isnan(ref) ? "-" : std::to_string(static_cast<int>(ref)).c_str());
+      md += row;
+      std::fprintf(stderr, "%s", row);
+    }
+  }
+
+  // Figure 3: leaves and TTFT vs block size.
+  {
+    std::ofstream csv(o.out_dir + "/blocksize.csv");
+    csv << "B,leaves_mean,leaves_sd,ttft_ms_mean,ttft_ms_sd\n";
+    md += "\n## Radix-tree leaves and TTFT vs block size (N = " + std::to_string(N) +
+          " sessions sharing half their prompt; probe sharing 3/4; mean +- sd over L in {128, 256, 384, 512})\n\n"
+          "| B | leaves | TTFT ms |\n|---|---|---|\n";
+    const std::vector<int> lengths = o.quick ? std::vector<int>{128, 256} : std::vector<int>{128, 256, 384, 512};
+    for (int b : {8, 16, 32, 64, 128}) {
+      std::vector<double> leaves, ttfts;
+      for (int len : lengths) {
+        auto sched = Scheduler::Create(**model, bench.Options(b, N, len, 1), bench.pool_);
+        if (!sched.ok()) return 1;
+        std::vector<Request> reqs;
+        const int P = len / 2;
+        for (int i = 0; i < N; ++i) {
+          std::vector<int32_t> p(bench.system_.begin(), bench.system_.begin() + P);
+          auto suffix = bench.RandomTokens(static_cast<size_t>(len - P), (*model)->config().n_vocab);
+          p.insert(p.end(), suffix.begin(), suffix.end());
+          reqs.push_back(bench.Make(std::move(p), 1));
+        }
+        bench.Run(**sched, reqs);
+        leaves.push_back((*sched)->metrics().tree.n_leaves);
+        auto [t, cached] = bench.Ttft(0.75, len, b, std::max(1, o.reps / 2));
+        ttfts.push_back(Median(t) * 1e3);
+        Emit(o, {{"figure", "blocksize"}, {"B", b}, {"L", len}, {"leaves", leaves.back()}, {"ttft_ms", ttfts.back()},
+                 {"cached_tokens", cached}});
+      }
+      csv << b << "," << Mean(leaves) << "," << Stddev(leaves) << "," << Mean(ttfts) << "," << Stddev(ttfts) << "\n";
+      char row[160];
+      std::snprintf(row, sizeof row, "| %d | %.1f +- %.1f | %.1f +- %.1f |\n", b, Mean(leaves), Stddev(leaves), Mean(ttfts), Stddev(ttfts));
+      md += row;
+      std::fprintf(stderr, "%s", row);
+    }
+  }
+
+  std::ofstream(o.out_dir + "/prefix.md") << md;
+  WritePlots(o.out_dir);
+  if (!o.json) std::printf("%s", md.c_str());
+  std::fprintf(stderr, "bench prefix: results in %s/ (throughput.csv, ttft.csv, blocksize.csv, prefix.md, *.png)\n",
+               o.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace trellis::cli

@@ -1,0 +1,455 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include <fmt/core.h>
+
+#include "engine/engine.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+namespace trellis {
+
+struct Scheduler::Session {
+  RequestId id = 0;
+  Request req;
+  TokenCallback on_token;
+  FinishCallback on_finish;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens; reserved at submit
+  std::vector<int32_t> table;   // KV block ids; this session holds one reference on each
+  int32_t n_computed = 0;       // leading positions whose K/V is in `table`
+  int32_t n_tree_blocks = 0;    // leading blocks that are in the radix tree
+  NodeId locked = kNoNode;      // deepest tree node this session holds a lock on
+  uint64_t admit_order = 0;
+  bool admitted_once = false;
+  bool preempted = false;       // set during planning; moved back to waiting after
+  bool done = false;
+  double t_submit = 0;
+  Sampler sampler;
+  RequestResult result;
+
+  Session(const SamplerParams& p, int n_vocab) : sampler(p, n_vocab) {}
+  int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+};
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kContextFull: return "context_full";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPool& pool)
+    : model_(model), opts_(opts), threads_(pool) {}
+
+Scheduler::~Scheduler() {
+  // Sessions hold pool references; drop them before the pool goes away.
+  for (auto& s : running_) ReleaseSession(*s);
+}
+
+Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const SchedulerOptions& in, ThreadPool& pool) {
+  SchedulerOptions o = in;
+  const ModelConfig& c = model.config();
+  if (o.block_size < 1 || o.block_size > 4096 || (o.block_size * c.head_dim) % 32 != 0) {
+    return InvalidArgument(fmt::format("block size {} is not usable (1..4096, block_size x head_dim a multiple of 32)", o.block_size));
+  }
+  if (o.n_ctx <= 0) o.n_ctx = std::min(c.n_ctx_train, 4096);
+  if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
+  if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");
+  if (o.max_running < 1) return InvalidArgument("max running sessions must be >= 1");
+  if (o.eviction != "lru" && o.eviction != "lfu") return InvalidArgument(fmt::format("eviction policy '{}' (lru, lfu)", o.eviction));
+  const KvLayout layout = KvLayoutFor(c, o.block_size);
+  const int64_t per_ctx = (o.n_ctx + o.block_size - 1) / o.block_size;
+  int64_t blocks = o.kv_blocks;
+  if (blocks <= 0 && o.kv_memory_bytes > 0) {
+    blocks = BlockPool::BlocksForBytes(layout, o.kv_memory_bytes);
+    if (blocks <= 0) {
+      return InvalidArgument(fmt::format("KV memory {} bytes holds no block ({} bytes each)", o.kv_memory_bytes, layout.BlockBytes()));
+    }
+  }
+  if (blocks <= 0) blocks = 4 * per_ctx;
+  if (blocks > (int64_t{1} << 30)) return InvalidArgument("KV pool too large");
+  o.kv_blocks = blocks;
+
+  std::unique_ptr<Scheduler> s(new Scheduler(model, o, pool));
+  TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(layout, static_cast<int32_t>(blocks)));
+  s->cache_ = std::make_unique<RadixCache>(s->pool_.get(), o.block_size, static_cast<int32_t>(blocks),
+                                           o.eviction == "lfu" ? MakeLfuPolicy() : MakeLruPolicy());
+  s->forward_ = std::make_unique<Forward>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool);
+  s->batch_.reserve(static_cast<size_t>(o.max_running));
+  s->scheduled_.reserve(static_cast<size_t>(o.max_running));
+  s->run_len_.reserve(static_cast<size_t>(o.max_running));
+  s->match_.reserve(static_cast<size_t>(blocks));
+  s->running_.reserve(static_cast<size_t>(o.max_running));
+  s->cancel_.reserve(64);
+  s->logits_buf_.resize(static_cast<size_t>(c.n_vocab));
+  s->raw_logits_.reserve(static_cast<size_t>(c.n_vocab));
+  s->m_.pool_total = static_cast<int32_t>(blocks);
+  return s;
+}
+
+uint64_t Scheduler::Namespace(const Session& s) const {
+  return RadixCache::NamespaceKey(model_.fingerprint(), s.req.cache_salt);
+}
+
+Status Scheduler::Validate(const Request& req) const {
+  const ModelConfig& c = model_.config();
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  if (n == 0) return InvalidArgument("the prompt is empty");
+  if (n >= opts_.n_ctx) {
+    return InvalidArgument(fmt::format("prompt of {} tokens does not fit the context of {} tokens", n, opts_.n_ctx));
+  }
+  for (int32_t t : req.prompt) {
+    if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+  }
+  if (req.max_tokens < 0) return InvalidArgument(fmt::format("max_tokens {} is negative", req.max_tokens));
+  TRELLIS_RETURN_IF_ERROR(ValidateSamplerParams(req.sampling));
+  const int64_t need = (n + opts_.block_size) / opts_.block_size;  // prompt + the first generated token
+  if (need > opts_.kv_blocks) {
+    return ResourceExhausted(fmt::format("prompt needs {} KV blocks, the pool has {} (raise --kv-memory)", need, opts_.kv_blocks));
+  }
+  return Status::Ok();
+}
+
+Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishCallback on_finish, RequestId id_in) {
+  TRELLIS_RETURN_IF_ERROR(Validate(req));
+  const ModelConfig& c = model_.config();
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  auto s = std::make_unique<Session>(req.sampling, c.n_vocab);
+  s->id = id_in != 0 ? id_in : next_id_++;
+  const int64_t cap = std::min<int64_t>(opts_.n_ctx, n + std::max(req.max_tokens, 0)) + 1;
+  s->tokens.reserve(static_cast<size_t>(cap));
+  s->tokens = req.prompt;
+  s->table.reserve(static_cast<size_t>(cap / opts_.block_size + 2));
+  s->result.tokens.reserve(static_cast<size_t>(std::max(req.max_tokens, 0)));
+  s->result.n_prompt = static_cast<int>(n);
+  s->req = std::move(req);
+  s->on_token = std::move(on_token);
+  s->on_finish = std::move(on_finish);
+  s->t_submit = NowSeconds();
+  const RequestId id = s->id;
+  ++m_.requests;
+  if (s->req.max_tokens == 0) {
+    s->done = true;
+    s->result.reason = FinishReason::kLength;
+    if (s->on_finish) s->on_finish(id, s->result);
+    ++m_.finished;
+    return id;
+  }
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+void Scheduler::Cancel(RequestId id) { cancel_.push_back(id); }
+
+void Scheduler::CancelAll() {
+  for (auto& s : running_) {
+    if (!s->done) Finish(*s, FinishReason::kCancelled);
+  }
+  running_.clear();
+  for (auto& s : waiting_) Finish(*s, FinishReason::kCancelled);
+  waiting_.clear();
+  cancel_.clear();
+}
+
+bool Scheduler::Admit(Session& s) {
+  const int B = opts_.block_size;
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  int32_t k = 0;
+  if (opts_.prefix_cache) {
+    match_.clear();
+    const NodeId node = cache_->MatchPrefix(Namespace(s), s.tokens, &match_);
+    // At least one token must be computed to get logits for the next one, and a shared
+    // block is never written: take whole blocks strictly before the last position.
+    k = static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(match_.size()), (n - 1) / B));
+    cache_->Lock(node);
+    s.locked = node;
+    for (int32_t i = 0; i < k; ++i) {
+      pool_->Acquire(match_[static_cast<size_t>(i)]);
+      s.table.push_back(match_[static_cast<size_t>(i)]);
+    }
+  }
+  const int32_t need = static_cast<int32_t>((n + B - 1) / B) - k;
+  if (pool_->n_free() < need) m_.evicted_blocks += cache_->Evict(need);
+  if (pool_->n_free() < need) {
+    ReleaseSession(s);  // wait: blocks are short and nothing more can be evicted now
+    return false;
+  }
+  for (int32_t i = 0; i < need; ++i) s.table.push_back(pool_->Allocate());
+  m_.blocks_allocated += need;
+  m_.blocks_acquired += k;
+  s.n_computed = k * B;
+  s.n_tree_blocks = k;
+  s.admit_order = ++admit_counter_;
+  s.result.n_cached = k * B;
+  if (!s.admitted_once) {
+    s.admitted_once = true;
+    m_.prompt_tokens += s.result.n_prompt;
+    m_.cached_tokens += k * B;
+  }
+  return true;
+}
+
+bool Scheduler::ShouldDefer(const Session& s) {
+  const int B = opts_.block_size;
+  const size_t limit = s.tokens.size() - 1;  // the last position is always computed
+  // Blocks the tree can already give this request.
+  const size_t cached = std::min(static_cast<size_t>(cache_->Peek(Namespace(s), s.tokens)), limit / B);
+  for (const auto& r : running_) {
+    if (r->done || r->preempted || r->req.cache_salt != s.req.cache_salt) continue;
+    if (r->n_tree_blocks * B >= static_cast<int32_t>(r->tokens.size()) - B) continue;  // r has inserted all it will
+    size_t common = 0;
+    const size_t n = std::min(limit, r->tokens.size());
+    while (common < n && r->tokens[common] == s.tokens[common]) ++common;
+    if (common / B > cached) return true;
+  }
+  return false;
+}
+
+void Scheduler::ReleaseSession(Session& s) {
+  if (s.locked != kNoNode) {
+    cache_->Unlock(s.locked);
+    s.locked = kNoNode;
+  }
+  for (int32_t b : s.table) pool_->Release(b);
+  s.table.clear();
+  s.n_computed = 0;
+  s.n_tree_blocks = 0;
+}
+
+void Scheduler::Preempt(Session& s) {
+  ReleaseSession(s);  // its full blocks are in the tree: re-admission often finds them
+  s.preempted = true;
+  ++s.result.n_preempted;
+  ++m_.preemptions;
+}
+
+int32_t Scheduler::AllocateBlock(Session* requester, bool may_preempt) {
+  int32_t id = pool_->Allocate();
+  if (id != BlockPool::kNoBlock) return id;
+  m_.evicted_blocks += cache_->Evict(1);
+  id = pool_->Allocate();
+  while (id == BlockPool::kNoBlock && may_preempt) {
+    // Preempt the most recently admitted other session (it has done the least work).
+    Session* victim = nullptr;
+    for (auto& r : running_) {
+      if (r.get() == requester || r->preempted || r->done) continue;
+      if (requester && r->admit_order < requester->admit_order) continue;
+      if (!victim || r->admit_order > victim->admit_order) victim = r.get();
+    }
+    if (!victim) break;
+    Preempt(*victim);
+    m_.evicted_blocks += cache_->Evict(1);
+    id = pool_->Allocate();
+  }
+  if (id != BlockPool::kNoBlock) ++m_.blocks_allocated;
+  return id;
+}
+
+Status Scheduler::EnsureBlocks(Session& s, int64_t n_positions, bool may_preempt) {
+  while (static_cast<int64_t>(s.table.size()) * opts_.block_size < n_positions) {
+    const int32_t id = AllocateBlock(&s, may_preempt);
+    if (id == BlockPool::kNoBlock) {
+      return ResourceExhausted(fmt::format("KV pool exhausted ({} blocks in use)", pool_->n_used()));
+    }
+    s.table.push_back(id);
+  }
+  return Status::Ok();
+}
+
+void Scheduler::InsertFullBlocks(Session& s) {
+  if (!opts_.prefix_cache) return;
+  const int B = opts_.block_size;
+  const int32_t full = s.n_computed / B;
+  if (full <= s.n_tree_blocks) return;
+  match_.assign(s.table.begin(), s.table.begin() + full);
+  const RadixCache::InsertResult r = cache_->Insert(
+      Namespace(s), std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(full) * B), match_);
+  // Where another session cached the same tokens first, share its block and drop ours.
+  for (int32_t i = s.n_tree_blocks; i < full; ++i) {
+    const int32_t cached = match_[static_cast<size_t>(i)];
+    if (cached != s.table[static_cast<size_t>(i)]) {
+      pool_->Acquire(cached);
+      pool_->Release(s.table[static_cast<size_t>(i)]);
+      s.table[static_cast<size_t>(i)] = cached;
+      ++m_.blocks_acquired;
+    }
+  }
+  cache_->Lock(r.node);
+  if (s.locked != kNoNode) cache_->Unlock(s.locked);
+  s.locked = r.node;
+  s.n_tree_blocks = full;
+}
+
+void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
+  ReleaseSession(s);
+  s.done = true;
+  s.result.reason = reason;
+  s.result.error = std::move(error);
+  s.result.total_seconds = NowSeconds() - s.t_submit;
+  if (reason == FinishReason::kCancelled) ++m_.cancelled;
+  ++m_.finished;
+  if (s.on_finish) s.on_finish(s.id, s.result);
+}
+
+bool Scheduler::Step() {
+  // Cancellations.
+  for (RequestId id : cancel_) {
+    for (auto& s : running_) {
+      if (s->id == id && !s->done) Finish(*s, FinishReason::kCancelled);
+    }
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == id) {
+        Finish(**it, FinishReason::kCancelled);
+        waiting_.erase(it);
+        break;
+      }
+    }
+  }
+  cancel_.clear();
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+
+  // Admission, in arrival order (preempted sessions were put back at the front). A
+  // request that shares more with a session still computing its prompt than the tree
+  // holds yet waits for those blocks instead of computing them a second time.
+  deferred_.clear();
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.max_running) {
+    if (opts_.prefix_cache && ShouldDefer(*waiting_.front())) {
+      deferred_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    if (!Admit(*waiting_.front())) {
+      if (running_.empty()) {
+        // Nothing holds a lock, so everything evictable was evicted: this sequence (a
+        // preempted one that grew) can never fit the pool. End it rather than wait forever.
+        Finish(*waiting_.front(), FinishReason::kContextFull);
+        waiting_.pop_front();
+        continue;
+      }
+      break;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  for (auto it = deferred_.rbegin(); it != deferred_.rend(); ++it) waiting_.push_front(std::move(*it));
+  deferred_.clear();
+  if (running_.empty()) return !waiting_.empty();
+
+  // Plan: decode tokens first, oldest session first (a decode may preempt younger
+  // sessions for a block), then prefill chunks in admission order.
+  int budget = opts_.max_batch_tokens;
+  scheduled_.clear();
+  run_len_.clear();
+  for (auto& sp : running_) {
+    Session& s = *sp;
+    if (s.preempted || s.pending() != 1 || budget == 0) continue;
+    Status st = EnsureBlocks(s, s.n_computed + 1, /*may_preempt=*/true);
+    if (!st.ok()) {
+      bool alone = true;
+      for (auto& r : running_) alone &= (r.get() == &s || r->preempted || r->done);
+      if (alone) {
+        Finish(s, FinishReason::kContextFull);  // the whole pool cannot hold it
+      } else {
+        Preempt(s);  // the youngest yields to older sessions and resumes later
+      }
+      continue;
+    }
+    scheduled_.push_back(&s);
+    run_len_.push_back(1);
+    --budget;
+  }
+  for (auto& sp : running_) {
+    Session& s = *sp;
+    if (s.preempted || s.done || s.pending() <= 1 || budget == 0) continue;
+    const int32_t n = std::min({s.pending(), opts_.prefill_chunk, budget});
+    if (!EnsureBlocks(s, s.n_computed + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
+    scheduled_.push_back(&s);
+    run_len_.push_back(n);
+    budget -= n;
+  }
+  // Preempted sessions go back to the front of the queue, oldest first.
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if ((*it)->preempted && !(*it)->done) {
+      (*it)->preempted = false;
+      waiting_.push_front(std::move(*it));
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s == nullptr || s->done; });
+  if (scheduled_.empty()) return !Idle();
+
+  // Apply: one forward pass over the whole batch.
+  batch_.clear();
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    Session& s = *scheduled_[i];
+    const int32_t n = run_len_[i];
+    SeqBatch sb;
+    sb.tokens = std::span<const int32_t>(s.tokens.data() + s.n_computed, static_cast<size_t>(n));
+    sb.pos0 = s.n_computed;
+    sb.block_table = s.table;
+    sb.n_logits = (s.n_computed + n == static_cast<int32_t>(s.tokens.size())) ? 1 : 0;
+    batch_.push_back(sb);
+  }
+  Status st = forward_->Run(batch_);
+  ++m_.steps;
+  if (!st.ok()) {
+    TRELLIS_LOG_ERROR("scheduler: forward failed: {}", st.ToString());
+    for (Session* s : scheduled_) Finish(*s, FinishReason::kError, st);
+    std::erase_if(running_, [](const auto& s) { return s->done; });
+    return !Idle();
+  }
+
+  const int n_vocab = model_.config().n_vocab;
+  int logit_row = 0;
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    Session& s = *scheduled_[i];
+    const bool sample = batch_[i].n_logits == 1;
+    s.n_computed += run_len_[i];
+    m_.computed_tokens += run_len_[i];
+    InsertFullBlocks(s);
+    if (!sample) continue;
+    std::copy_n(forward_->logits_row(logit_row++), n_vocab, logits_buf_.data());
+    if (s.req.logits && s.on_token) {
+      // Report the raw logits (before penalties) with the token sampled from them.
+      raw_logits_.assign(logits_buf_.begin(), logits_buf_.end());
+    }
+    const int32_t tok = s.sampler.Sample(logits_buf_, s.tokens);
+    if (s.result.tokens.empty()) s.result.ttft_seconds = NowSeconds() - s.t_submit;
+    s.tokens.push_back(tok);
+    s.result.tokens.push_back(tok);
+    ++m_.generated_tokens;
+    if (s.on_token) {
+      s.on_token(s.id, tok, s.req.logits ? std::span<const float>(raw_logits_) : std::span<const float>());
+    }
+    if (s.req.is_stop && s.req.is_stop(tok)) {
+      Finish(s, FinishReason::kStop);
+    } else if (static_cast<int>(s.result.tokens.size()) >= s.req.max_tokens) {
+      Finish(s, FinishReason::kLength);
+    } else if (static_cast<int>(s.tokens.size()) >= opts_.n_ctx) {
+      Finish(s, FinishReason::kContextFull);
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  return true;
+}
+
+void Scheduler::RunUntilIdle() {
+  while (Step()) {
+  }
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  SchedulerMetrics m = m_;
+  m.running = static_cast<int32_t>(running_.size());
+  m.waiting = static_cast<int32_t>(waiting_.size());
+  m.pool_used = pool_->n_used();
+  m.pool_total = pool_->n_blocks();
+  m.tree = cache_->stats();
+  return m;
+}
+
+}  // namespace trellis

@@ -1,0 +1,167 @@
+// Scheduler: continuous batching of many sessions over one shared KV pool with a
+// RadixAttention prefix cache.
+//
+// A session is a token sequence (prompt, then everything it generates) and the number
+// of leading positions whose K/V is in its blocks. Each Step() builds one batch:
+//   1. every session with exactly one pending token (decode) gets its token, so running
+//      sessions never stall behind a long prompt;
+//   2. sessions with more pending tokens (prefill) get chunks of at most prefill_chunk
+//      tokens from what is left of max_batch_tokens, in admission order;
+// runs it through the weights once, then samples for every session whose run reached
+// the end of its sequence. Decode is prefill with one pending token; preemption is
+// dropping a session's blocks and setting its computed count back to zero.
+//
+// Prefix cache: on admission a session matches its sequence against the radix tree,
+// acquires the cached whole blocks (refcount + 1) instead of allocating and computing
+// them, and locks the matched path. As its blocks fill (prefill or decode) they are
+// inserted, so a later session sharing the prefix finds them; the session's last,
+// partly filled block stays private until full. Memory: "plan, then apply". Admission
+// waits when blocks are short, evicts cold unlocked leaves, and a decode that needs a
+// block preempts the most recently admitted other session (recomputed later, often
+// from the cache) before anything fails.
+//
+// Thread safety: not thread-safe. One engine thread owns the scheduler, its pool, tree
+// and sessions, and calls Submit/Cancel/Step; callbacks run on that thread. EngineLoop
+// (engine_loop.h) puts it behind a queue for other threads.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "kv/block_pool.h"
+#include "kv/radix_cache.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace trellis {
+
+using RequestId = int64_t;
+
+struct SchedulerOptions {
+  int block_size = 32;          // tokens per KV block
+  int64_t kv_blocks = 0;        // pool size in blocks (0: from kv_memory_bytes, else 4 contexts)
+  int64_t kv_memory_bytes = 0;
+  int n_ctx = 0;                // max positions per session (0: min(trained context, 4096))
+  int max_batch_tokens = 512;   // tokens per step, decode and prefill together
+  int prefill_chunk = 512;      // max prefill tokens of one session per step
+  int max_running = 64;         // sessions admitted at once
+  bool prefix_cache = true;
+  std::string eviction = "lru";  // "lru" or "lfu"
+};
+
+enum class FinishReason { kStop, kLength, kContextFull, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);
+
+struct Request {
+  std::vector<int32_t> prompt;
+  int max_tokens = 64;
+  SamplerParams sampling;
+  uint64_t cache_salt = 0;                 // tenants with different salts share no blocks
+  std::function<bool(int32_t)> is_stop;    // end of generation (e.g. tokenizer EOG)
+  bool logits = false;                     // pass each sampled step's logits to on_token
+};
+
+struct RequestResult {
+  FinishReason reason = FinishReason::kStop;
+  Status error;                  // set when reason == kError
+  std::vector<int32_t> tokens;   // generated
+  int n_prompt = 0;
+  int n_cached = 0;              // prompt tokens taken from the prefix cache (last admission)
+  int n_preempted = 0;
+  double ttft_seconds = 0;       // submit to first token
+  double total_seconds = 0;
+};
+
+// Called for every sampled token; `logits` is non-empty only if Request::logits.
+using TokenCallback = std::function<void(RequestId, int32_t token, std::span<const float> logits)>;
+using FinishCallback = std::function<void(RequestId, const RequestResult&)>;
+
+struct SchedulerMetrics {
+  int64_t requests = 0, finished = 0, cancelled = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of admitted requests
+  int64_t cached_tokens = 0;      // of which taken from the cache
+  int64_t computed_tokens = 0;    // tokens run through the model (prefill + decode)
+  int64_t generated_tokens = 0;
+  int64_t blocks_allocated = 0;   // fresh blocks from the pool
+  int64_t blocks_acquired = 0;    // cached blocks shared (refcount + 1)
+  int64_t evicted_blocks = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int32_t running = 0, waiting = 0;
+  int32_t pool_used = 0, pool_total = 0;
+  RadixCacheStats tree;
+  double HitRate() const { return prompt_tokens ? static_cast<double>(cached_tokens) / prompt_tokens : 0.0; }
+};
+
+class Scheduler {
+ public:
+  static Result<std::unique_ptr<Scheduler>> Create(const Model& model, const SchedulerOptions& opts, ThreadPool& pool);
+  ~Scheduler();
+
+  // Validates and queues a request. Errors (empty prompt, bad ids, prompt longer than the
+  // context, prompt larger than the whole pool) are returned at once; nothing is queued.
+  // id: 0 = assign the next id; otherwise the caller's (EngineLoop assigns ids itself).
+  Result<RequestId> Submit(Request req, TokenCallback on_token, FinishCallback on_finish, RequestId id = 0);
+  // The checks Submit makes, without queuing. Reads only immutable state: safe to call
+  // from any thread.
+  Status Validate(const Request& req) const;
+  // Finishes the request with kCancelled at the next Step and frees its blocks.
+  void Cancel(RequestId id);
+  // Finishes every queued and running request with kCancelled now.
+  void CancelAll();
+  // One scheduling iteration. Returns false when there is nothing to do.
+  bool Step();
+  void RunUntilIdle();
+  bool Idle() const { return running_.empty() && waiting_.empty(); }
+
+  SchedulerMetrics metrics() const;
+  const SchedulerOptions& options() const { return opts_; }
+  const Model& model() const { return model_; }
+  BlockPool& pool() { return *pool_; }
+  RadixCache& cache() { return *cache_; }
+
+ private:
+  struct Session;
+  Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPool& pool);
+
+  bool Admit(Session& s);                     // match, acquire, allocate; false if it must wait
+  bool ShouldDefer(const Session& s);         // a running prefill will soon cache more of it
+  Status EnsureBlocks(Session& s, int64_t n_positions, bool may_preempt);
+  int32_t AllocateBlock(Session* requester, bool may_preempt);
+  void Preempt(Session& s);
+  void InsertFullBlocks(Session& s);
+  void ReleaseSession(Session& s);
+  void Finish(Session& s, FinishReason reason, Status error = Status::Ok());
+  uint64_t Namespace(const Session& s) const;
+
+  const Model& model_;
+  SchedulerOptions opts_;
+  ThreadPool& threads_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<RadixCache> cache_;
+  std::unique_ptr<Forward> forward_;
+  RequestId next_id_ = 1;
+  uint64_t admit_counter_ = 0;
+  std::deque<std::unique_ptr<Session>> waiting_;
+  std::vector<std::unique_ptr<Session>> running_;
+  std::vector<std::unique_ptr<Session>> deferred_;  // admission scratch
+  std::vector<RequestId> cancel_;
+  SchedulerMetrics m_;
+  // Per-step scratch, reserved once.
+  std::vector<SeqBatch> batch_;
+  std::vector<Session*> scheduled_;
+  std::vector<int32_t> run_len_;
+  std::vector<int32_t> match_;
+  std::vector<float> logits_buf_;   // (n_vocab) logits being sampled from
+  std::vector<float> raw_logits_;   // (n_vocab) copy for Request::logits
+};
+
+}  // namespace trellis

@@ -1,0 +1,337 @@
+// Scheduler: continuous batching over the shared prefix cache. The central property:
+// with greedy sampling a request's tokens and logits are the same whether its prefix
+// came from the cache or was computed, and whatever else shares its batches.
+// The replacement operator new below pairs with free(); GCC cannot see that.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <random>
+
+#include "engine/test_models.h"
+
+// Counts heap allocations in this test binary (for the zero-allocation decode check).
+namespace {
+std::atomic<int64_t> g_allocs{0};
+}
+void* operator new(size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace trellis {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // per generated token
+  RequestResult result;
+};
+
+const Model& SmallModel(const std::string& type) {
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  auto& m = models[type];
+  if (!m) {
+    auto r = Model::Load(testing::WriteSmallModel("sched_" + type + ".gguf", type));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    m = std::move(r).value();
+  }
+  return *m;
+}
+
+Request Greedy(std::vector<int32_t> prompt, int max_tokens, bool logits = true) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.logits = logits;
+  return r;
+}
+
+// Submits all requests at once and runs to completion.
+std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
+  std::vector<Outcome> out(reqs.size());
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = s.Submit(
+        reqs[i],
+        [&](RequestId id, int32_t tok, std::span<const float> l) {
+          Outcome& o = out[index.at(id)];
+          o.tokens.push_back(tok);
+          if (!l.empty()) o.logits.emplace_back(l.begin(), l.end());
+        },
+        [&](RequestId id, const RequestResult& r) { out[index.at(id)].result = r; });
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    index[*id] = i;
+  }
+  s.RunUntilIdle();
+  return out;
+}
+
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double mean = 0, var = 0, worst = 0;
+  for (float v : b) mean += v;
+  mean /= static_cast<double>(b.size());
+  for (float v : b) var += (v - mean) * (v - mean);
+  const double sd = std::sqrt(var / static_cast<double>(b.size()));
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst / sd;
+}
+
+std::unique_ptr<Scheduler> MakeScheduler(const Model& m, ThreadPool& pool, SchedulerOptions o) {
+  auto s = Scheduler::Create(m, o, pool);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::move(s).value();
+}
+
+// Every request's output equals the output of the same request run alone, without the
+// cache. f32 weights: the only differences allowed are float summation order (the
+// cached K/V were computed in another batch composition), bound 1e-4 of the logits'
+// spread on every step, and identical tokens.
+TEST(SchedulerTest, CacheOnEqualsCacheOffProperty) {
+  const Model& m = SmallModel("f32");
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  for (int round = 0; round < 6; ++round) {
+    const int bs = std::vector<int>{8, 16, 32}[static_cast<size_t>(round % 3)];
+    SchedulerOptions on;
+    on.block_size = bs;
+    on.max_batch_tokens = std::vector<int>{64, 128, 512}[static_cast<size_t>(rng() % 3)];
+    on.prefill_chunk = std::vector<int>{16, 48, 512}[static_cast<size_t>(rng() % 3)];
+    on.kv_blocks = 200;
+    on.n_ctx = 512;
+    // A few shared "system prompts", each request = one of them + its own suffix.
+    std::vector<std::vector<int32_t>> systems(3);
+    for (auto& sys : systems) {
+      sys.resize(static_cast<size_t>(10 + rng() % 90));
+      for (auto& t : sys) t = static_cast<int32_t>(rng() % 1000) + 3;
+    }
+    std::vector<Request> reqs;
+    const int n_req = 4 + static_cast<int>(rng() % 5);
+    for (int i = 0; i < n_req; ++i) {
+      std::vector<int32_t> p = systems[rng() % systems.size()];
+      const int suffix = static_cast<int>(rng() % 40);
+      for (int k = 0; k < suffix; ++k) p.push_back(static_cast<int32_t>(rng() % 1000) + 3);
+      if (p.empty()) p.push_back(1);
+      reqs.push_back(Greedy(p, 1 + static_cast<int>(rng() % 12)));
+    }
+    // Warm part of the cache first, then everything concurrently.
+    auto sched = MakeScheduler(m, pool, on);
+    RunAll(*sched, {reqs[0]});
+    auto together = RunAll(*sched, reqs);
+    const SchedulerMetrics mt = sched->metrics();
+    EXPECT_GT(mt.cached_tokens, 0) << "round " << round;
+    EXPECT_EQ(mt.running + mt.waiting, 0);
+    EXPECT_EQ(sched->cache().CheckInvariants(), "");
+
+    SchedulerOptions off = on;
+    off.prefix_cache = false;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto solo_s = MakeScheduler(m, pool, off);
+      auto solo = RunAll(*solo_s, {reqs[i]});
+      ASSERT_EQ(together[i].tokens, solo[0].tokens) << "round " << round << " request " << i;
+      ASSERT_EQ(together[i].logits.size(), solo[0].logits.size());
+      for (size_t k = 0; k < solo[0].logits.size(); ++k) {
+        EXPECT_LT(MaxRelDiff(together[i].logits[k], solo[0].logits[k]), 1e-4)
+            << "round " << round << " request " << i << " step " << k;
+      }
+      EXPECT_EQ(solo_s->pool().n_used(), 0);
+    }
+  }
+}
+
+TEST(SchedulerTest, SecondSessionAcquiresTheSharedPrefix) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  auto s = MakeScheduler(m, pool, o);
+  std::vector<int32_t> sys(100);
+  for (int i = 0; i < 100; ++i) sys[static_cast<size_t>(i)] = 10 + i;
+  auto a = sys, b = sys;
+  a.insert(a.end(), {500, 501, 502});
+  b.insert(b.end(), {600, 601});
+  auto r1 = RunAll(*s, {Greedy(a, 4)});
+  EXPECT_EQ(r1[0].result.n_cached, 0);
+  const SchedulerMetrics m1 = s->metrics();
+  auto r2 = RunAll(*s, {Greedy(b, 4)});
+  EXPECT_EQ(r2[0].result.n_cached, 96);  // 6 whole blocks of the 100 shared tokens
+  const SchedulerMetrics m2 = s->metrics();
+  EXPECT_EQ(m2.blocks_acquired - m1.blocks_acquired, 6);
+  EXPECT_EQ(m2.blocks_allocated - m1.blocks_allocated, 1);  // 102 tokens + 4: blocks 7 only
+  EXPECT_EQ(m2.cached_tokens, 96);
+  EXPECT_NEAR(m2.HitRate(), 96.0 / 205.0, 1e-9);
+}
+
+// Requests arriving together with a shared prefix compute it once: the later ones wait
+// for the first one's blocks to reach the tree instead of computing them in parallel.
+TEST(SchedulerTest, ConcurrentArrivalsComputeASharedPrefixOnce) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.prefill_chunk = 32;  // the shared prefix takes several steps
+  auto s = MakeScheduler(m, pool, o);
+  std::vector<int32_t> sys(96);
+  for (int i = 0; i < 96; ++i) sys[static_cast<size_t>(i)] = 20 + i;
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    auto p = sys;
+    for (int k = 0; k < 10; ++k) p.push_back(300 + 10 * i + k);
+    reqs.push_back(Greedy(p, 3, false));
+  }
+  auto out = RunAll(*s, reqs);
+  const SchedulerMetrics mt = s->metrics();
+  EXPECT_EQ(mt.cached_tokens, 7 * 96);
+  EXPECT_EQ(mt.computed_tokens, 96 + 8 * 10 + 8 * 2);  // prefix once, suffixes, decode steps
+  for (const auto& o2 : out) EXPECT_EQ(o2.tokens.size(), 3u);
+}
+
+TEST(SchedulerTest, DifferentSaltsShareNothing) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  auto s = MakeScheduler(m, pool, SchedulerOptions{.block_size = 16});
+  std::vector<int32_t> p(80, 42);
+  Request a = Greedy(p, 2), b = Greedy(p, 2), c = Greedy(p, 2);
+  a.cache_salt = 1;
+  b.cache_salt = 2;
+  c.cache_salt = 1;
+  EXPECT_EQ(RunAll(*s, {a})[0].result.n_cached, 0);
+  EXPECT_EQ(RunAll(*s, {b})[0].result.n_cached, 0);
+  EXPECT_EQ(RunAll(*s, {c})[0].result.n_cached, 64);
+}
+
+TEST(SchedulerTest, EvictsColdPrefixesUnderPressure) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 12;
+  o.n_ctx = 128;
+  auto s = MakeScheduler(m, pool, o);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p(70);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 1000) + 3;
+    auto r = RunAll(*s, {Greedy(p, 3, false)});
+    EXPECT_EQ(r[0].tokens.size(), 3u);
+  }
+  const SchedulerMetrics mt = s->metrics();
+  EXPECT_GT(mt.evicted_blocks, 0);
+  EXPECT_EQ(s->cache().CheckInvariants(), "");
+  // Everything the tree holds can be evicted: nothing leaked.
+  s->cache().Evict(o.kv_blocks);
+  EXPECT_EQ(s->pool().n_free(), o.kv_blocks);
+}
+
+TEST(SchedulerTest, PreemptsInsteadOfFailingAndStaysCorrect) {
+  const Model& m = SmallModel("f32");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.kv_blocks = 14;  // 112 positions for 4 sessions that each grow to ~60
+  o.n_ctx = 128;
+  std::vector<Request> reqs;
+  std::mt19937 rng(9);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p(20);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 1000) + 3;
+    reqs.push_back(Greedy(p, 40));
+  }
+  auto s = MakeScheduler(m, pool, o);
+  auto out = RunAll(*s, reqs);
+  EXPECT_GT(s->metrics().preemptions, 0);
+  SchedulerOptions off = o;
+  off.prefix_cache = false;
+  off.kv_blocks = 64;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(out[i].result.reason, FinishReason::kLength);
+    auto solo_s = MakeScheduler(m, pool, off);
+    auto solo = RunAll(*solo_s, {reqs[i]});
+    EXPECT_EQ(out[i].tokens, solo[0].tokens) << "request " << i;
+  }
+}
+
+TEST(SchedulerTest, CancelFreesBlocks) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  auto s = MakeScheduler(m, pool, SchedulerOptions{.block_size = 16, .kv_blocks = 32});
+  std::vector<int32_t> p(50, 7);
+  RequestResult res;
+  auto id = s->Submit(Greedy(p, 100, false), nullptr, [&](RequestId, const RequestResult& r) { res = r; });
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 5; ++i) s->Step();
+  s->Cancel(*id);
+  s->RunUntilIdle();
+  EXPECT_EQ(res.reason, FinishReason::kCancelled);
+  EXPECT_EQ(s->pool().n_used(), s->cache().stats().n_cached_blocks);  // only the tree holds blocks
+  s->cache().Evict(32);
+  EXPECT_EQ(s->pool().n_free(), 32);
+}
+
+TEST(SchedulerTest, LongPromptDoesNotStallRunningDecode) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.max_batch_tokens = 64;
+  o.prefill_chunk = 32;
+  o.n_ctx = 1024;
+  auto s = MakeScheduler(m, pool, o);
+  int decoded = 0;
+  auto a = s->Submit(Greedy({1, 2, 3}, 50, false), [&](RequestId, int32_t, std::span<const float>) { ++decoded; }, nullptr);
+  ASSERT_TRUE(a.ok());
+  s->Step();  // prefill of the short prompt + first token
+  std::vector<int32_t> long_prompt(600, 9);
+  ASSERT_TRUE(s->Submit(Greedy(long_prompt, 1, false), nullptr, nullptr).ok());
+  const int before = decoded;
+  for (int i = 0; i < 10; ++i) s->Step();  // the long prompt needs ~19 chunk steps
+  EXPECT_EQ(decoded - before, 10);         // one token per step regardless
+}
+
+TEST(SchedulerTest, BadRequestsAreRefused) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  auto s = MakeScheduler(m, pool, SchedulerOptions{.block_size = 16, .kv_blocks = 4, .n_ctx = 512});
+  EXPECT_EQ(s->Submit(Greedy({}, 4), nullptr, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Submit(Greedy({1, 99999}, 4), nullptr, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Submit(Greedy(std::vector<int32_t>(600, 1), 4), nullptr, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  // Fits the context but never the pool (4 blocks of 16).
+  EXPECT_EQ(s->Submit(Greedy(std::vector<int32_t>(100, 1), 4), nullptr, nullptr).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_TRUE(s->Idle());
+}
+
+// Steady-state decode allocates nothing: once 6 sessions are decoding, further steps
+// perform zero heap allocations.
+TEST(SchedulerTest, DecodeStepsDoNotAllocate) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  auto s = MakeScheduler(m, pool, o);
+  int64_t tokens = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(40, 5 + i);
+    ASSERT_TRUE(s->Submit(Greedy(p, 60, false), [&](RequestId, int32_t, std::span<const float>) { ++tokens; }, nullptr).ok());
+  }
+  for (int i = 0; i < 8; ++i) s->Step();  // admission and prefill done, decoding
+  const int64_t t0 = tokens;
+  const int64_t a0 = g_allocs.load();
+  for (int i = 0; i < 20; ++i) s->Step();
+  const int64_t allocs = g_allocs.load() - a0;
+  EXPECT_EQ(tokens - t0, 6 * 20);
+  EXPECT_EQ(allocs, 0) << "heap allocations in 20 decode steps";
+}
+
+}  // namespace
+}  // namespace trellis
