@@ -10,9 +10,10 @@
 //               S[0:P] (phi = 1: the probe differs from S in its last token only, so it
 //               diverges inside the last block); the process's first probe is reported
 //               apart as the cold start.
-//   blocksize   radix-tree leaves after N sessions sharing half their prompt, and the TTFT
-//               of a probe sharing 3/4 of a warm prompt, for B in {8..128}, mean and
-//               standard deviation over several prompt lengths.
+//   blocksize   radix-tree leaves after N sessions whose prompts leave the system prompt
+//               at staggered points (session i shares (i+1)/(N+1) of it) and decode 16
+//               tokens, and the TTFT of a probe sharing 3/4 of a warm prompt, for B in
+//               {8..128}; mean and standard deviation over several prompt lengths.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -263,7 +264,9 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
     }
   }
 
-  // Figure 2: TTFT vs phi.
+  // Figure 2: TTFT vs phi. llama.cpp's figures are for the TinyLlama shape only.
+  const ModelConfig& mc = (*model)->config();
+  const bool tinyllama_shape = mc.n_layer == 22 && mc.n_embd == 2048 && mc.n_head_kv == 4 && mc.n_ff == 5632 && L == 512;
   {
     auto cold = bench.Ttft(0, L, B, 1);
     std::vector<double> phis2 = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
@@ -279,7 +282,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
       if (phi == 0) ttft0 = ms;
       const double hit = static_cast<double>(cached) / L;
       const double bound = (1 - hit) * ttft0 + 0.05 * ttft0;
-      const double ref = LlamaCppTtftMs(phi);
+      const double ref = tinyllama_shape ? LlamaCppTtftMs(phi) : NAN;
       Emit(o, {{"figure", "ttft"}, {"phi", phi}, {"L", L}, {"B", B}, {"cached_tokens", cached}, {"hit", hit},
                {"ttft_ms", ms}, {"bound_ms", bound}, {"llamacpp_ms", std::isnan(ref) ? nlohmann::json() : nlohmann::json(ref)},
                {"runs_ms", t}});
@@ -297,34 +300,38 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   // Figure 3: leaves and TTFT vs block size.
   {
     std::ofstream csv(o.out_dir + "/blocksize.csv");
-    csv << "B,leaves_mean,leaves_sd,ttft_ms_mean,ttft_ms_sd\n";
+    csv << "B,leaves_mean,leaves_sd,ttft_ms_mean,ttft_ms_sd,nodes_mean,nodes_sd\n";
     md += "\n## Radix-tree leaves and TTFT vs block size (N = " + std::to_string(N) +
-          " sessions sharing half their prompt; probe sharing 3/4; mean +- sd over L in {128, 256, 384, 512})\n\n"
-          "| B | leaves | TTFT ms |\n|---|---|---|\n";
+          " sessions leaving a shared prompt at staggered points, 16 decoded tokens each; probe sharing 3/4; "
+          "mean +- sd over L in " + std::string(o.quick ? "{128, 256}" : "{128, 256, 384, 512}") + ")\n\n"
+          "| B | leaves | nodes | TTFT ms |\n|---|---|---|---|\n";
     const std::vector<int> lengths = o.quick ? std::vector<int>{128, 256} : std::vector<int>{128, 256, 384, 512};
     for (int b : {8, 16, 32, 64, 128}) {
-      std::vector<double> leaves, ttfts;
+      std::vector<double> leaves, nodes, ttfts;
       for (int len : lengths) {
         auto sched = Scheduler::Create(**model, bench.Options(b, N, len, 1), bench.pool_);
         if (!sched.ok()) return 1;
         std::vector<Request> reqs;
-        const int P = len / 2;
         for (int i = 0; i < N; ++i) {
+          const int P = len * (i + 1) / (N + 1);
           std::vector<int32_t> p(bench.system_.begin(), bench.system_.begin() + P);
           auto suffix = bench.RandomTokens(static_cast<size_t>(len - P), (*model)->config().n_vocab);
           p.insert(p.end(), suffix.begin(), suffix.end());
-          reqs.push_back(bench.Make(std::move(p), 1));
+          reqs.push_back(bench.Make(std::move(p), 16));
         }
         bench.Run(**sched, reqs);
         leaves.push_back((*sched)->metrics().tree.n_leaves);
+        nodes.push_back((*sched)->metrics().tree.n_nodes);
         auto [t, cached] = bench.Ttft(0.75, len, b, std::max(1, o.reps / 2));
         ttfts.push_back(Median(t) * 1e3);
-        Emit(o, {{"figure", "blocksize"}, {"B", b}, {"L", len}, {"leaves", leaves.back()}, {"ttft_ms", ttfts.back()},
-                 {"cached_tokens", cached}});
+        Emit(o, {{"figure", "blocksize"}, {"B", b}, {"L", len}, {"leaves", leaves.back()}, {"nodes", nodes.back()},
+                 {"ttft_ms", ttfts.back()}, {"cached_tokens", cached}});
       }
-      csv << b << "," << Mean(leaves) << "," << Stddev(leaves) << "," << Mean(ttfts) << "," << Stddev(ttfts) << "\n";
-      char row[160];
-      std::snprintf(row, sizeof row, "| %d | %.1f +- %.1f | %.1f +- %.1f |\n", b, Mean(leaves), Stddev(leaves), Mean(ttfts), Stddev(ttfts));
+      csv << b << "," << Mean(leaves) << "," << Stddev(leaves) << "," << Mean(ttfts) << "," << Stddev(ttfts) << ","
+          << Mean(nodes) << "," << Stddev(nodes) << "\n";
+      char row[200];
+      std::snprintf(row, sizeof row, "| %d | %.1f +- %.1f | %.1f +- %.1f | %.1f +- %.1f |\n", b, Mean(leaves), Stddev(leaves),
+                    Mean(nodes), Stddev(nodes), Mean(ttfts), Stddev(ttfts));
       md += row;
       std::fprintf(stderr, "%s", row);
     }
