@@ -6,13 +6,15 @@
 
 #include "cli/commands.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "util/clock.h"
 #include "model/tokenizer.h"
 
 namespace trellis::cli {
 namespace {
 
 struct RunOpts {
-  std::string model, prompt, tokens, dump_logits;
+  std::string model, prompt, tokens, dump_logits, prompt_file;
   int n_predict = 64;
   int threads = 2;
   int ctx = 0;
@@ -58,6 +60,71 @@ std::string CheckOpts(const RunOpts& o) {
   return {};
 }
 
+// --prompt-file: every line is a prompt; all run concurrently through the scheduler over
+// one shared prefix cache, and each session's cached prompt tokens are reported.
+int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok) {
+  std::ifstream f(o.prompt_file);
+  if (!f) return Fail("cannot read --prompt-file " + o.prompt_file);
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(f, line);) {
+    if (!line.empty()) prompts.push_back(line);
+  }
+  if (prompts.empty()) return Fail("--prompt-file " + o.prompt_file + " has no prompts");
+  SchedulerOptions so;
+  so.block_size = o.block_size;
+  so.n_ctx = o.ctx;
+  so.kv_memory_bytes = o.kv_memory;
+  so.max_batch_tokens = o.batch;
+  so.prefill_chunk = o.batch;
+  so.max_running = static_cast<int>(prompts.size());
+  ThreadPool threads(o.threads);
+  auto sched = Scheduler::Create(model, so, threads);
+  if (!sched.ok()) return Fail(sched.status().ToString());
+  std::vector<RequestResult> results(prompts.size());
+  std::vector<std::string> texts(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt = tok.Encode(prompts[i], !o.no_bos && tok.add_bos(), true);
+    r.max_tokens = o.n_predict;
+    r.sampling.temperature = o.temp;
+    r.sampling.top_k = o.top_k;
+    r.sampling.top_p = o.top_p;
+    r.sampling.min_p = o.min_p;
+    r.sampling.repeat_penalty = o.repeat_penalty;
+    r.sampling.repeat_last_n = o.repeat_last_n;
+    r.sampling.seed = o.seed + i;
+    if (!o.ignore_eos) r.is_stop = [&tok](int32_t id) { return tok.IsEog(id); };
+    auto id = (*sched)->Submit(std::move(r), nullptr, [&results, i](RequestId, const RequestResult& res) { results[i] = res; });
+    if (!id.ok()) return Fail("prompt " + std::to_string(i + 1) + ": " + id.status().ToString());
+  }
+  const double t0 = NowSeconds();
+  (*sched)->RunUntilIdle();
+  const double secs = NowSeconds() - t0;
+  int64_t generated = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const RequestResult& r = results[i];
+    if (r.reason == FinishReason::kError) return Fail("prompt " + std::to_string(i + 1) + ": " + r.error.ToString());
+    generated += static_cast<int64_t>(r.tokens.size());
+    std::string text = tok.Decode(r.tokens);
+    if (!o.ignore_eos && !r.tokens.empty() && tok.IsEog(r.tokens.back())) text = tok.Decode({r.tokens.data(), r.tokens.size() - 1});
+    std::printf("[%zu] %s%s\n", i + 1, prompts[i].c_str(), text.c_str());
+  }
+  if (!o.quiet) {
+    std::fprintf(stderr, "\n| session | prompt tokens | cached tokens | generated | TTFT ms | finish |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const RequestResult& r = results[i];
+      std::fprintf(stderr, "| %zu | %d | %d | %zu | %.1f | %s |\n", i + 1, r.n_prompt, r.n_cached, r.tokens.size(),
+                   r.ttft_seconds * 1e3, FinishReasonName(r.reason));
+    }
+    const SchedulerMetrics m = (*sched)->metrics();
+    std::fprintf(stderr, "%zu sessions in %.2f s: %.1f generated tok/s; cache hit rate %.1f%% (%ld of %ld prompt tokens), "
+                 "KV blocks allocated %ld, acquired %ld\n", prompts.size(), secs, generated / std::max(secs, 1e-9),
+                 100 * m.HitRate(), static_cast<long>(m.cached_tokens), static_cast<long>(m.prompt_tokens),
+                 static_cast<long>(m.blocks_allocated), static_cast<long>(m.blocks_acquired));
+  }
+  return 0;
+}
+
 int Run(const RunOpts& o) {
   if (std::string bad = CheckOpts(o); !bad.empty()) return Fail(bad);
   auto model = Model::Load(o.model);
@@ -70,6 +137,10 @@ int Run(const RunOpts& o) {
     return Fail(t.status().ToString());
   }
 
+  if (!o.prompt_file.empty()) {
+    if (!tok) return Fail("--prompt-file needs a model with a tokenizer");
+    return RunMany(o, **model, *tok);
+  }
   std::vector<int32_t> prompt;
   if (!o.tokens.empty()) {
     auto ids = ParseIds(o.tokens);
@@ -191,9 +262,12 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_flag("--no-bos", o->no_bos, "do not add BOS to a text prompt");
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("-q,--quiet", o->quiet, "no banner or speed line");
+  app.add_option("--prompt-file", o->prompt_file,
+                 "one prompt per line, all run concurrently over the shared prefix cache; prints cached tokens per session");
   return [o] {
-    if (o->prompt.empty() && o->tokens.empty()) return Fail("give a prompt with -p or token ids with --tokens");
-    if (!o->prompt.empty() && !o->tokens.empty()) return Fail("-p and --tokens are mutually exclusive");
+    const int sources = !o->prompt.empty() + !o->tokens.empty() + !o->prompt_file.empty();
+    if (sources == 0) return Fail("give a prompt with -p, token ids with --tokens, or --prompt-file");
+    if (sources > 1) return Fail("-p, --tokens and --prompt-file are mutually exclusive");
     return Run(*o);
   };
 }
