@@ -1,0 +1,158 @@
+// OpenAI-compatible API types: JSON request bodies -> typed requests, typed responses ->
+// JSON text. This is the only place the server touches JSON; everything past it works on
+// the structs below.
+//
+// Parsing validates types and ranges and never throws: a body gives either a request or
+// an ApiError carrying the HTTP status (400 for bad input, 404 for an unknown model) and
+// the OpenAI error body {"error": {"message", "type", "param", "code"}}.
+//
+// Thread safety: free functions over values; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "server/chat_template.h"
+
+namespace trellis::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+};
+std::string ErrorJson(const ApiError& e);
+
+// Either a parsed value or the error to answer with.
+template <typename T>
+class Parsed {
+ public:
+  Parsed(T v) : v_(std::move(v)) {}        // NOLINT: implicit by design
+  Parsed(ApiError e) : v_(std::move(e)) {}  // NOLINT
+  bool ok() const { return v_.index() == 0; }
+  T& operator*() { return std::get<0>(v_); }
+  T* operator->() { return &std::get<0>(v_); }
+  const ApiError& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, ApiError> v_;
+};
+
+// What the parser checks values against.
+struct ApiLimits {
+  std::string model_id;  // requests naming another model get 404 (an absent model is fine)
+  int n_ctx = 2048;      // max_tokens above this is rejected
+  int n_vocab = 32000;   // token ids must be below this
+};
+
+// Sampling and output options shared by chat and completions. Defaults follow
+// llama.cpp's server (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05).
+struct GenerationParams {
+  std::optional<int> max_tokens;  // absent: until the context is full
+  float temperature = 0.8f;       // [0, 2]; 0 = greedy
+  float top_p = 0.95f;            // (0, 1]
+  int top_k = 40;                 // >= 0; 0 = off (extension)
+  float min_p = 0.05f;            // [0, 1] (extension)
+  float repeat_penalty = 1.0f;    // (0, 10] (extension)
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;  // at most kMaxStops non-empty strings
+  bool logprobs = false;
+  int top_logprobs = 0;           // [0, kMaxTopLogprobs]
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+};
+inline constexpr int kMaxStops = 16;
+inline constexpr int kMaxTopLogprobs = 20;
+
+struct ChatCompletionRequest {
+  std::string model;
+  std::vector<ChatMessage> messages;
+  GenerationParams gen;
+};
+
+struct CompletionRequest {
+  std::string model;
+  std::optional<std::string> prompt_text;  // exactly one of prompt_text / prompt_tokens
+  std::vector<int32_t> prompt_tokens;
+  bool echo = false;
+  GenerationParams gen;
+};
+
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false;
+  bool with_pieces = false;
+};
+
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+};
+
+Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, const ApiLimits& limits);
+Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits);
+Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
+Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const ApiLimits& limits);
+
+// ---- responses ----------------------------------------------------------------------
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt_tokens_details.cached_tokens
+};
+
+struct TopLogprob {
+  std::string token;  // raw bytes of the piece (may be a partial UTF-8 sequence)
+  float logprob = 0;
+};
+struct TokenLogprob {
+  std::string token;
+  float logprob = 0;
+  std::vector<TopLogprob> top;  // most likely first
+};
+
+enum class Endpoint { kChat, kCompletion };
+
+// A whole non-streamed answer.
+struct CompletionResponse {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::string text;
+  std::string finish_reason;  // "stop" or "length"
+  Usage usage;
+  bool with_logprobs = false;
+  std::vector<TokenLogprob> logprobs;
+};
+std::string ResponseJson(const CompletionResponse& r);
+
+// One SSE event of a stream. role: the first chat chunk (delta.role = "assistant").
+struct StreamChunk {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool role = false;
+  std::string text;
+  std::optional<std::string> finish_reason;
+  bool with_logprobs = false;
+  std::vector<TokenLogprob> logprobs;
+  bool usage_null = false;  // include_usage: every chunk but the last carries "usage": null
+};
+std::string ChunkJson(const StreamChunk& c);
+// The final include_usage chunk: "choices": [] and the usage.
+std::string UsageChunkJson(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                           const Usage& u);
+
+std::string ModelsJson(const std::string& model_id, int64_t created, int n_ctx);
+std::string TokenizeJson(const std::vector<int32_t>& ids, const std::vector<std::string>* pieces);
+std::string DetokenizeJson(const std::string& content);
+
+}  // namespace trellis::server

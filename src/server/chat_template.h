@@ -1,0 +1,71 @@
+// ChatTemplate: turns a list of chat messages into the prompt text a model was trained on.
+//
+// Trellis does not run Jinja. It recognizes the family of a GGUF's
+// `tokenizer.chat_template` from marker strings in the template text and renders the
+// messages with a hand-written renderer that produces exactly what the Jinja produces
+// for that family (HF rendering: trim_blocks and lstrip_blocks on, no tools):
+//
+//   llama2      <s>[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST] {asst} </s>
+//   llama3      <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>
+//   llama3.1    llama3 plus the mandatory system header with the knowledge/today dates
+//   mistral     <s>[INST] {user} [/INST]{asst}</s>   (v0.1/v0.2; no system block)
+//   mistral-nemo <s>[INST]{user}[/INST]{asst}</s>   (v3-tekken; system before the last user)
+//   chatml      <|im_start|>{role}\n{content}<|im_end|>\n  (a default system prompt in the
+//               template, as Qwen 2.5's, is used when the first message is not a system)
+//   zephyr      <|{role}|>\n{content}</s>\n           (TinyLlama-Chat, Zephyr)
+//   phi3        <|{role}|>\n{content}<|end|>\n
+//
+// Anything else is an error naming the families, so an unknown template never produces
+// a garbage prompt. See docs/server.md.
+//
+// Thread safety: immutable after construction; Render may be called concurrently.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trellis::server {
+
+struct ChatMessage {
+  std::string role;     // "system", "user" or "assistant"
+  std::string content;
+};
+
+enum class TemplateFamily { kLlama2, kLlama3, kLlama31, kMistral, kMistralNemo, kChatMl, kZephyr, kPhi3 };
+
+// The special-token texts a template refers to (bos_token, eos_token).
+struct TemplateTokens {
+  std::string bos = "<s>";
+  std::string eos = "</s>";
+};
+
+class ChatTemplate {
+ public:
+  // By name: llama2, llama3, llama3.1, mistral, mistral-nemo, chatml, zephyr, phi3.
+  static Result<ChatTemplate> FromName(std::string_view name, TemplateTokens tokens);
+  // Recognizes the family of a Jinja template's text. InvalidArgument for an unknown one.
+  static Result<ChatTemplate> Detect(std::string_view jinja, TemplateTokens tokens);
+  // The names FromName accepts, comma separated.
+  static std::string KnownNames();
+
+  // The prompt for `messages`. InvalidArgument for roles other than system, user and
+  // assistant, and where the template itself raises (mistral: roles must alternate).
+  Result<std::string> Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+
+  TemplateFamily family() const { return family_; }
+  std::string_view name() const;
+  const TemplateTokens& tokens() const { return tokens_; }
+
+ private:
+  ChatTemplate(TemplateFamily f, TemplateTokens t) : family_(f), tokens_(std::move(t)) {}
+
+  TemplateFamily family_;
+  TemplateTokens tokens_;
+  std::string default_system_;  // chatml: rendered when messages[0] is not a system message
+};
+
+}  // namespace trellis::server
