@@ -17,6 +17,7 @@ Runner AddTokenizeCommand(CLI::App& app);
 Runner AddGgufInfoCommand(CLI::App& app);
 Runner AddGenModelCommand(CLI::App& app);
 Runner AddBenchCommand(CLI::App& app);
+Runner AddServeCommand(CLI::App& app);
 
 // Prints "trellis: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add("gguf-info", "print a GGUF file's metadata and tensor table", trellis::cli::AddGgufInfoCommand);
   add("gen-model", "write a random-weight llama model of a named shape", trellis::cli::AddGenModelCommand);
   add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
+  add("serve", "OpenAI-compatible HTTP server", trellis::cli::AddServeCommand);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,174 @@
+// trellis serve: the OpenAI-compatible HTTP server (src/server/, docs/server.md).
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "engine/engine_loop.h"
+#include "engine/model.h"
+#include "model/tokenizer.h"
+#include "server/chat_template.h"
+#include "server/server.h"
+
+namespace trellis::cli {
+namespace {
+
+struct ServeOpts {
+  std::string model, host = "127.0.0.1", chat_template, alias;
+  int port = 8080;
+  int threads = 2;
+  int ctx = 0;
+  int block_size = 32;
+  int64_t kv_memory = 0;
+  int max_queue = 256;
+  int max_running = 16;
+  int batch = 512;
+  int http_threads = 0;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  bool share_cache = false;
+};
+
+std::string CheckOpts(const ServeOpts& o) {
+  if (o.port < 0 || o.port > 65535) return "--port must be in 0..65535 (0 = any free port)";
+  if (o.threads < 1) return "--threads must be >= 1";
+  if (o.ctx < 0) return "--ctx-size must be >= 0 (0 = the model's, capped at 4096)";
+  if (o.kv_memory < 0) return "--kv-memory must be >= 0 (0 = four full contexts)";
+  if (o.max_queue < 1) return "--max-queue must be >= 1";
+  if (o.max_running < 1) return "--max-running must be >= 1";
+  if (o.http_threads < 0) return "--http-threads must be >= 0";
+  for (const std::string& k : o.api_keys) {
+    if (k.empty()) return "--api-key must not be empty";
+  }
+  return {};
+}
+
+// The chat template: --chat-template NAME, else the GGUF's tokenizer.chat_template, else
+// zephyr (the default model's vocab is TinyLlama's, whose chat model uses zephyr).
+Result<server::ChatTemplate> PickTemplate(const ServeOpts& o, const Model& model, const Tokenizer& tok,
+                                          std::string& source) {
+  server::TemplateTokens t;
+  t.bos = tok.bos_id() >= 0 ? std::string(tok.TokenText(tok.bos_id())) : "";
+  t.eos = tok.eos_id() >= 0 ? std::string(tok.TokenText(tok.eos_id())) : "";
+  if (!o.chat_template.empty()) {
+    source = "--chat-template";
+    return server::ChatTemplate::FromName(o.chat_template, t);
+  }
+  auto jinja = model.gguf().GetString("tokenizer.chat_template");
+  if (jinja.ok()) {
+    source = "tokenizer.chat_template";
+    return server::ChatTemplate::Detect(*jinja, t);
+  }
+  source = "default: the model has no tokenizer.chat_template";
+  return server::ChatTemplate::FromName("zephyr", t);
+}
+
+int Serve(const ServeOpts& opts) {
+  ServeOpts o = opts;
+  if (std::string bad = CheckOpts(o); !bad.empty()) return Fail(bad);
+  if (!o.api_key_file.empty()) {
+    std::FILE* f = std::fopen(o.api_key_file.c_str(), "r");
+    if (!f) return Fail("cannot read --api-key-file " + o.api_key_file);
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+      std::string k(line);
+      while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();
+      if (!k.empty() && k[0] != '#') o.api_keys.push_back(k);
+    }
+    std::fclose(f);
+    if (o.api_keys.empty()) return Fail("--api-key-file " + o.api_key_file + " holds no key");
+  }
+  auto model = Model::Load(o.model);
+  if (!model.ok()) return Fail(model.status().ToString());
+  auto tok = Tokenizer::FromGguf((*model)->gguf());
+  if (!tok.ok()) return Fail(tok.status().ToString());
+  std::string template_source;
+  auto chat = PickTemplate(o, **model, **tok, template_source);
+  if (!chat.ok()) return Fail(chat.status().message());
+
+  // Signals are taken by one waiting thread: block them before any thread starts so every
+  // thread inherits the mask. A closed client socket must not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  ThreadPool pool(o.threads);
+  SchedulerOptions so;
+  so.block_size = o.block_size;
+  so.kv_memory_bytes = o.kv_memory;
+  so.n_ctx = o.ctx;
+  so.max_running = o.max_running;
+  so.max_batch_tokens = o.batch;
+  so.prefill_chunk = o.batch;
+  auto engine = EngineLoop::Start(**model, so, pool, static_cast<size_t>(o.max_queue));
+  if (!engine.ok()) return Fail(engine.status().ToString());
+
+  server::ServerOptions sopt;
+  sopt.host = o.host;
+  sopt.port = o.port;
+  sopt.model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
+  sopt.api_keys = o.api_keys;
+  sopt.share_cache = o.share_cache;
+  sopt.http_threads = o.http_threads;
+  server::Server srv(**model, **tok, *chat, **engine, sopt);
+  if (Status s = srv.Bind(); !s.ok()) return Fail(s.message());
+
+  const SchedulerOptions& eo = (*engine)->options();
+  std::fprintf(stderr,
+               "trellis serve: listening on http://%s:%d | model %s (%s) | ctx %d | kv %lld blocks of %d | "
+               "template %s (%s) | auth %s\n",
+               o.host.c_str(), srv.port(), sopt.model_id.c_str(), (*model)->TypeSummary().c_str(), eo.n_ctx,
+               static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
+               template_source.c_str(),
+               o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str());
+
+  std::atomic<bool> finished{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (!finished) {
+      std::fprintf(stderr, "trellis serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      srv.Stop();
+    }
+  });
+  srv.Run();
+  // Run returns after Stop (from the waiter) or if listening failed: make the waiter exit.
+  finished = true;
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::fprintf(stderr, "trellis serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Runner AddServeCommand(CLI::App& app) {
+  auto o = std::make_shared<ServeOpts>();
+  app.add_option("-m,--model", o->model, "GGUF model file")->required();
+  app.add_option("--host", o->host, "address to bind")->capture_default_str();
+  app.add_option("--port", o->port, "port to bind (0 = any free port)")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
+  app.add_option("-c,--ctx-size", o->ctx, "context per request (0 = model's, capped at 4096)");
+  app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
+  app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = four full contexts)");
+  app.add_option("--max-queue", o->max_queue, "requests waiting for admission before 503")->capture_default_str();
+  app.add_option("--max-running", o->max_running, "requests decoded together")->capture_default_str();
+  app.add_option("-b,--batch", o->batch, "tokens per engine step")->capture_default_str();
+  app.add_option("--chat-template", o->chat_template,
+                 "chat template family: " + server::ChatTemplate::KnownNames() + " (default: from the model)");
+  app.add_option("--alias", o->alias, "model name to report and accept (default: the file name)");
+  app.add_option("--api-key", o->api_keys, "require 'Authorization: Bearer KEY' (repeat for several tenants)");
+  app.add_option("--api-key-file", o->api_key_file, "file with one API key per line");
+  app.add_flag("--share-cache", o->share_cache, "let different API keys share cached prefixes");
+  app.add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = max-running + 32)");
+  return [o] { return Serve(*o); };
+}
+
+}  // namespace trellis::cli
