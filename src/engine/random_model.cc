@@ -110,6 +110,10 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
     if (key.rfind("tokenizer.", 0) == 0) w.SetValue(key, value);
   }
   w.SetUint32("general.quantization_version", 2);
+  // llama.cpp's file-type code (enum llama_ftype), so tools name the mix instead of guessing.
+  const uint32_t ftype = o.type == "f32" ? 0 : o.type == "f16" ? 1 : o.type == "q4_0" ? 2 : o.type == "q8_0" ? 7
+                       : o.type == "q4_k_m" ? 15 : o.type == "q6_k" ? 18 : o.type == "bf16" ? 32 : 0;
+  w.SetUint32("general.file_type", ftype);
 
   uint64_t tensor_seed = o.seed;
   auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows, GgmlType type) -> Status {
