@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Side-by-side speed: `trellis bench speed` against llama.cpp's llama-bench.
+
+Runs both on the same GGUF files and threads, alternating rounds so that the machine's
+drifting memory bandwidth hits both equally, and reports medians of all runs plus the
+ratio. llama.cpp is not part of Trellis: build it yourself, outside this repository,
+and pass --llama-bench PATH.
+
+  bench/compare_llamacpp.py --llama-bench ~/llama.cpp/build/bin/llama-bench \\
+      --models tinyllama-q4_0.gguf tinyllama-q4_k_m.gguf --rounds 3 --csv results/compare.csv
+"""
+import argparse, csv, json, os, statistics, subprocess, sys
+
+
+def run_trellis(trellis, model, threads, pp, tg, reps):
+    out = subprocess.run([trellis, "bench", "speed", "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg),
+                          "-r", str(reps), "--json"], check=True, capture_output=True, text=True).stdout
+    j = json.loads(out.strip().splitlines()[-1])
+    return j["pp_runs"], j["tg_runs"]
+
+
+def run_llamacpp(llama_bench, model, threads, pp, tg, reps):
+    pp_runs, tg_runs = [], []
+    out = subprocess.run([llama_bench, "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
+                          "-o", "json"], check=True, capture_output=True, text=True).stdout
+    for rec in json.loads(out):
+        samples = rec.get("samples_ts") or [rec["avg_ts"]]
+        if rec.get("n_prompt", 0) > 0 and rec.get("n_gen", 0) == 0:
+            pp_runs += samples
+        elif rec.get("n_gen", 0) > 0 and rec.get("n_prompt", 0) == 0:
+            tg_runs += samples
+    return pp_runs, tg_runs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trellis", default=os.path.join(os.path.dirname(__file__), "..", "build", "trellis"))
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per tool per round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    ap.add_argument("--csv")
+    a = ap.parse_args()
+    rows = []
+    for model in a.models:
+        runs = {"trellis": ([], []), "llama.cpp": ([], [])}
+        for r in range(a.rounds):
+            order = [("trellis", run_trellis, a.trellis), ("llama.cpp", run_llamacpp, a.llama_bench)]
+            if r % 2:
+                order.reverse()
+            for name, fn, exe in order:
+                pp, tg = fn(exe, model, a.threads, a.p, a.n, a.reps)
+                runs[name][0].extend(pp)
+                runs[name][1].extend(tg)
+                print(f"# {os.path.basename(model)} round {r + 1} {name}: pp {statistics.median(pp):.1f} "
+                      f"tg {statistics.median(tg):.1f}", file=sys.stderr)
+        med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in runs.items()}
+        rows.append({"model": os.path.basename(model), "threads": a.threads,
+                     f"trellis_pp{a.p}": round(med["trellis"][0], 2), f"llamacpp_pp{a.p}": round(med["llama.cpp"][0], 2),
+                     "pp_ratio": round(med["trellis"][0] / med["llama.cpp"][0], 3),
+                     f"trellis_tg{a.n}": round(med["trellis"][1], 2), f"llamacpp_tg{a.n}": round(med["llama.cpp"][1], 2),
+                     "tg_ratio": round(med["trellis"][1] / med["llama.cpp"][1], 3),
+                     "runs_each": len(runs["trellis"][0])})
+    keys = list(rows[0].keys())
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    if a.csv:
+        os.makedirs(os.path.dirname(a.csv) or ".", exist_ok=True)
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
