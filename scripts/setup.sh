@@ -7,12 +7,16 @@ PACKAGES=(
   build-essential cmake ninja-build g++ clang libclang-rt-14-dev python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev gnuplot-nox
+  libcpp-httplib-dev nodejs curl
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Debian's nodejs comes without npm (a separate package); NodeSource's bundles it and
+# conflicts with Debian's npm, so ask for npm only when there is none.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   SUDO=""

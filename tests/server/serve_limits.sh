@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# server_limits: API keys (Bearer, per-key cache namespaces), 503 + Retry-After when the
+# queue is full, and a disconnecting client cancelling its request and freeing its blocks.
+# usage: serve_limits.sh TRELLIS DATA_DIR
+set -euo pipefail
+TRELLIS=$1 DATA=$2
+source "$(dirname "$0")/lib.sh"
+
+sys="You are a concise assistant. Answer in one short sentence, never more, and do not repeat the question back to the user."
+chat='{"messages":[{"role":"system","content":"'$sys'"},{"role":"user","content":"Hello"}],"max_tokens":4}'
+
+say "--api-key: missing or wrong keys get 401, right keys work; keys never share cached blocks"
+start_server auth --api-key alpha-key --api-key beta-key
+code=$(post /v1/chat/completions "$chat" "$tmp/a.json")
+[[ $code == 401 && $(jget "$tmp/a.json" "j['error']['code']") == invalid_api_key ]] || die "no key -> $code $(cat "$tmp/a.json")"
+[[ $(post /v1/chat/completions "$chat" "$tmp/a.json" -H 'Authorization: Bearer alpha-kez') == 401 ]] || die "wrong key accepted"
+[[ $(post /v1/chat/completions "$chat" "$tmp/a.json" -H 'Authorization: Bearer alpha-key-and-more') == 401 ]] || die "longer key accepted"
+[[ $(post /v1/chat/completions "$chat" "$tmp/a.json" -H 'Authorization: alpha-key') == 401 ]] || die "non-Bearer accepted"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$base/v1/models") == 401 ]] || die "/v1/models open without a key"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$base/health") == 200 ]] || die "/health needs a key"
+ok "401 without, with a wrong, longer or non-Bearer key; /health open"
+[[ $(post /v1/chat/completions "$chat" "$tmp/a1.json" -H 'Authorization: Bearer alpha-key') == 200 ]] || die "alpha: $(cat "$tmp/a1.json")"
+[[ $(post /v1/chat/completions "$chat" "$tmp/a2.json" -H 'Authorization: Bearer alpha-key') == 200 ]] || die "alpha 2"
+[[ $(post /v1/chat/completions "$chat" "$tmp/b1.json" -H 'Authorization: Bearer beta-key') == 200 ]] || die "beta: $(cat "$tmp/b1.json")"
+a2=$(jget "$tmp/a2.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
+b1=$(jget "$tmp/b1.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
+[[ $a2 -gt 0 ]] || die "alpha's second call found nothing cached"
+[[ $b1 == 0 ]] || die "beta's first call reused $b1 tokens cached by alpha"
+ok "alpha again: $a2 cached; beta, same prompt: $b1 cached"
+stop_server
+
+say "--share-cache lets keys share prefixes"
+start_server shared --api-key alpha-key --api-key beta-key --share-cache
+post /v1/chat/completions "$chat" "$tmp/a1.json" -H 'Authorization: Bearer alpha-key' >/dev/null
+post /v1/chat/completions "$chat" "$tmp/b1.json" -H 'Authorization: Bearer beta-key' >/dev/null
+b1=$(jget "$tmp/b1.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
+[[ $b1 -gt 0 ]] || die "beta found nothing of alpha's prefix with --share-cache"
+ok "beta: $b1 cached"
+stop_server
+
+say "a full queue answers 503 with Retry-After; the server keeps serving"
+start_server busy --max-running 1 --max-queue 1 --ctx-size 8192 --kv-memory 33554432
+pids=()
+for i in $(seq 1 8); do
+  curl -s -m 60 -o "$tmp/q$i.json" -D "$tmp/q$i.hdr" -w '%{http_code}\n' "$base/v1/completions" \
+    -d '{"prompt":"busy '$i'","max_tokens":3000,"temperature":0}' >"$tmp/q$i.code" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+n503=$(cat "$tmp"/q*.code | grep -c '^503$' || true)
+n200=$(cat "$tmp"/q*.code | grep -c '^200$' || true)
+[[ $n503 -ge 1 ]] || die "no 503 among 8 concurrent requests with --max-queue 1: $(cat "$tmp"/q*.code | tr '\n' ' ')"
+[[ $((n503 + n200)) -eq 8 ]] || die "codes other than 200/503: $(cat "$tmp"/q*.code | tr '\n' ' ')"
+f=$(grep -l '^503$' "$tmp"/q*.code | head -1); f=${f%.code}
+grep -qi '^Retry-After: 1' "$f.hdr" || die "503 without Retry-After: $(cat "$f.hdr")"
+[[ $(jget "$f.json" "j['error']['type']") == server_error ]] || die "503 body: $(cat "$f.json")"
+[[ $(post /v1/completions '{"prompt":"after","max_tokens":2}' "$tmp/after.json") == 200 ]] || die "not serving after 503s"
+ok "$n200 x 200, $n503 x 503 (Retry-After: 1)"
+stop_server
+
+say "a client that disconnects mid-stream cancels its request and its blocks are freed"
+start_server disc --ctx-size 32768 --kv-memory 67108864
+curl -sN -m 1 "$base/v1/completions" -d '{"prompt":"never ending","max_tokens":30000,"temperature":0,"stream":true}' >"$tmp/d.sse" 2>/dev/null || true
+[[ -s $tmp/d.sse ]] || die "no streamed data before the disconnect"
+for _ in $(seq 1 50); do
+  [[ $(metric trellis_requests_cancelled_total) == 1 && $(metric trellis_requests_running) == 0 ]] && break
+  sleep 0.1
+done
+[[ $(metric trellis_client_disconnects_total) == 1 ]] || die "disconnect not counted: $(curl -s "$base/metrics" | grep -v '^#' | head -20)"
+[[ $(metric trellis_requests_cancelled_total) == 1 ]] || die "request not cancelled"
+[[ $(metric trellis_requests_running) == 0 ]] || die "request still running"
+gen=$(metric trellis_generated_tokens_total)
+[[ $gen -lt 30000 ]] || die "generated all $gen tokens: not cancelled"
+used=$(metric trellis_kv_blocks_used)
+# What stays in use is the radix cache's copy of the full blocks (evictable), not the session's.
+[[ $(metric trellis_queue_depth) == 0 ]] || die "queue not empty"
+ok "cancelled after $gen tokens; kv_blocks_used $used (cache), running 0"
+[[ $(post /v1/completions '{"prompt":"still alive","max_tokens":2}' "$tmp/alive.json") == 200 ]] || die "not serving after the disconnect"
+stop_server
+
+echo "PASS server_limits: $n_checks checks"
