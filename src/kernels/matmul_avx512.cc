@@ -377,4 +377,12 @@ TileKernel GetTileKernelAvx512(GgmlType type) {
   }
 }
 
+TileKernel GetGemvKernelAvx512(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, 1, 4};
+    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, 1, 4};
+    default: return GetTileKernelAvx512(type);
+  }
+}
+
 }  // namespace trellis::matmul_internal
