@@ -21,7 +21,7 @@ namespace {
 
 struct SpeedOpts {
   std::string model, csv;
-  int threads = 2, pp = 512, tg = 64, reps = 5, block_size = 32;
+  int threads = 2, pp = 512, tg = 64, reps = 5, block_size = 32, sessions = 1;
   bool json = false;
 };
 
@@ -45,7 +45,9 @@ int RunSpeed(const SpeedOpts& o) {
   eo.n_threads = o.threads;
   eo.block_size = o.block_size;
   eo.n_ctx = o.pp + o.tg + o.block_size;
-  eo.max_batch_tokens = std::max(o.pp, 1);
+  eo.kv_blocks = (o.pp + o.tg) / o.block_size + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / o.block_size + 2);
+  eo.max_batch_tokens = std::max({o.pp, o.sessions, 1});
+  eo.max_logit_rows = std::max(o.sessions, 1);
   auto engine = Engine::Create(**model, eo);
   if (!engine.ok()) return Fail(engine.status().ToString());
   Engine& e = **engine;
@@ -59,6 +61,12 @@ int RunSpeed(const SpeedOpts& o) {
   const int n_blocks = (o.pp + o.tg + o.block_size - 1) / o.block_size;
   for (int i = 0; i < n_blocks; ++i) table.push_back(e.pool().Allocate());
   if (table.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the benchmark");
+  // Batched decode: `sessions` sequences, each with its own blocks, one token each per step.
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(o.sessions > 1 ? o.sessions : 0));
+  for (auto& t : tables) {
+    for (int i = 0; i < (o.tg + o.block_size - 1) / o.block_size; ++i) t.push_back(e.pool().Allocate());
+    if (t.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the batched benchmark");
+  }
 
   auto run_pp = [&]() -> Result<double> {
     SeqBatch sb;
@@ -85,12 +93,36 @@ int RunSpeed(const SpeedOpts& o) {
     return o.tg / (NowSeconds() - t0);
   };
 
+  auto run_batched = [&]() -> Result<double> {
+    std::vector<int32_t> toks(tables.size(), 1);
+    std::vector<SeqBatch> batch(tables.size());
+    const double t0 = NowSeconds();
+    for (int i = 0; i < o.tg; ++i) {
+      for (size_t s = 0; s < tables.size(); ++s) {
+        batch[s].tokens = std::span<const int32_t>(&toks[s], 1);
+        batch[s].pos0 = i;
+        batch[s].block_table = tables[s];
+        batch[s].n_logits = 1;
+      }
+      TRELLIS_RETURN_IF_ERROR(e.forward().Run(batch));
+      for (size_t s = 0; s < tables.size(); ++s) {
+        toks[s] = Sampler::Greedy({e.forward().logits_row(static_cast<int>(s)), static_cast<size_t>(c.n_vocab)});
+      }
+    }
+    return static_cast<double>(o.tg) * static_cast<double>(tables.size()) / (NowSeconds() - t0);
+  };
+
   // Warm-up: touch every weight page once (the mmap faults in) before timing.
   if (o.tg > 0) {
     if (auto w = run_tg(); !w.ok()) return Fail(w.status().ToString());
   }
-  std::vector<double> pp, tg;
+  std::vector<double> pp, tg, tgb;
   for (int r = 0; r < o.reps; ++r) {
+    if (!tables.empty()) {
+      auto v = run_batched();
+      if (!v.ok()) return Fail(v.status().ToString());
+      tgb.push_back(*v);
+    }
     if (o.pp > 0) {
       auto v = run_pp();
       if (!v.ok()) return Fail(v.status().ToString());
@@ -103,6 +135,9 @@ int RunSpeed(const SpeedOpts& o) {
     }
   }
   for (int32_t b : table) e.pool().Release(b);
+  for (auto& t : tables) {
+    for (int32_t b : t) e.pool().Release(b);
+  }
 
   const double pp_med = pp.empty() ? 0 : Median(pp);
   const double tg_med = tg.empty() ? 0 : Median(tg);
@@ -113,6 +148,12 @@ int RunSpeed(const SpeedOpts& o) {
                         {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"reps", o.reps},
                         {"pp_tok_s", pp_med}, {"tg_tok_s", tg_med}, {"peak_rss_bytes", rss},
                         {"pp_runs", pp}, {"tg_runs", tg}};
+    if (!tgb.empty()) {
+      j["sessions"] = o.sessions;
+      j["tg_batched_tok_s"] = Median(tgb);
+      j["tg_batched_over_single"] = Median(tgb) / tg_med;
+      j["tg_batched_runs"] = tgb;
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("| model | type | threads | test | tokens/s (median of %d) | min | max |\n|---|---|---|---|---|---|---|\n", o.reps);
@@ -123,6 +164,11 @@ int RunSpeed(const SpeedOpts& o) {
     };
     row("pp", o.pp, pp);
     row("tg", o.tg, tg);
+    if (!tgb.empty()) {
+      const std::string name = "tg" + std::to_string(o.tg) + " x" + std::to_string(o.sessions) + " sessions, aggregate: tg";
+      row(name.c_str(), o.tg, tgb);
+      std::printf("batched decode: %d sessions give %.2fx the tokens/s of one\n", o.sessions, Median(tgb) / tg_med);
+    }
     std::printf("peak RSS: %.1f MiB (weights %.1f MiB mmapped)\n", static_cast<double>(rss) / (1 << 20),
                 static_cast<double>((*model)->WeightBytes()) / (1 << 20));
   }
@@ -181,6 +227,7 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("-n,--n-gen", o->tg, "generated tokens (tg test)")->capture_default_str();
   speed->add_option("-r,--reps", o->reps, "repetitions (median reported)")->capture_default_str();
   speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
+  speed->add_option("-s,--sessions", o->sessions, "also decode this many sessions at once (aggregate tok/s)")->capture_default_str();
   speed->add_flag("--json", o->json, "print one JSON object");
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   return [o, speed, prefix, po] {
@@ -195,6 +242,8 @@ Runner AddBenchCommand(CLI::App& app) {
     }
     if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
+    if (o->sessions < 1 || o->sessions > 256) return Fail("bench: --sessions must be in 1..256");
+    if (o->sessions > 1 && o->tg == 0) return Fail("bench: --sessions needs generated tokens (-n > 0)");
     // Both 0 would size an empty KV block table (table.back() on it crashed).
     if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");
     if (o->pp > (1 << 20) || o->tg > (1 << 20)) return Fail("bench: n-prompt and n-gen must be <= 1048576");

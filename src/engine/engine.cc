@@ -35,7 +35,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Model& model, const EngineO
   if (blocks > (int64_t{1} << 30)) return InvalidArgument("KV pool too large");
   std::unique_ptr<Engine> e(new Engine(model, o));
   TRELLIS_ASSIGN_OR_RETURN(e->pool_, BlockPool::Create(layout, static_cast<int32_t>(blocks)));
-  const int logit_rows = o.all_logits ? o.max_batch_tokens : 1;
+  const int logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : (o.all_logits ? o.max_batch_tokens : 1);
   e->forward_ = std::make_unique<Forward>(model, e->pool_->view(), o.max_batch_tokens, logit_rows, e->threads_);
   return e;
 }

@@ -31,6 +31,7 @@ struct EngineOptions {
   int64_t kv_memory_bytes = 0;  // pool size in bytes; 0 = enough for one full context
   int max_batch_tokens = 512;   // prefill chunk
   bool all_logits = false;      // keep logits for every prompt position (--dump-logits)
+  int max_logit_rows = 0;       // logit rows per forward pass; 0 = 1 (or max_batch_tokens with all_logits)
 };
 
 struct GenerateRequest {
