@@ -42,8 +42,8 @@ say "a full queue answers 503 with Retry-After; the server keeps serving"
 start_server busy --max-running 1 --max-queue 1 --ctx-size 8192 --kv-memory 33554432
 pids=()
 for i in $(seq 1 8); do
-  curl -s -m 60 -o "$tmp/q$i.json" -D "$tmp/q$i.hdr" -w '%{http_code}\n' "$base/v1/completions" \
-    -d '{"prompt":"busy '$i'","max_tokens":3000,"temperature":0}' >"$tmp/q$i.code" &
+  curl -s -m 150 -o "$tmp/q$i.json" -D "$tmp/q$i.hdr" -w '%{http_code}\n' "$base/v1/completions" \
+    -d '{"prompt":"busy '$i'","max_tokens":1000,"temperature":0}' >"$tmp/q$i.code" &
   pids+=($!)
 done
 wait "${pids[@]}"
