@@ -26,6 +26,28 @@ void* operator new(size_t n) { return CountedAlloc(n); }
 void* operator new[](size_t n) { return CountedAlloc(n); }
 void* operator new(size_t n, std::align_val_t a) { return CountedAlignedAlloc(n, a); }
 void* operator new[](size_t n, std::align_val_t a) { return CountedAlignedAlloc(n, a); }
+// The nothrow forms too: otherwise the library's nothrow new (std::stable_sort's buffer)
+// pairs with the free()-based delete below, an allocation/deallocation mismatch.
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void* operator new(size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  const size_t al = static_cast<size_t>(a);
+  return std::aligned_alloc(al, (n + al - 1) / al * al);
+}
+void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return operator new(n, a, t);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
