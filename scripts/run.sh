@@ -7,8 +7,9 @@
 # llama-quantize makes it, and cached in ${TRELLIS_CACHE:-~/.cache/trellis}. Random
 # weights cost exactly what trained ones cost, so the speed figures are real; the text
 # is gibberish.
-# Then: a short generation (text streamed, speed printed) and the speed benchmark
-# (pp512 / tg64, 2 threads, median of 5), printed as a table.
+# Then: a short generation (text streamed, speed printed), the speed benchmark
+# (pp512 / tg64, 2 threads, median of 5) printed as a table, and `trellis serve` with two
+# chat requests sharing a system prompt (the second reports its cached tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -29,3 +30,22 @@ build/trellis run -m "$MODEL" -p "${PROMPT:-Once upon a time, in a village by th
 echo "== trellis bench speed" >&2
 mkdir -p results
 build/trellis bench speed -m "$MODEL" --threads "$THREADS" -p 512 -n 64 -r 5 --csv results/speed.csv
+
+echo "== trellis serve: two chat requests sharing a system prompt" >&2
+PORT=${PORT:-18080}
+build/trellis serve -m "$MODEL" --port "$PORT" --threads "$THREADS" >/tmp/trellis-serve.log 2>&1 &
+SERVE_PID=$!
+trap 'kill $SERVE_PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+MODEL_ID=$(curl -sf "http://127.0.0.1:$PORT/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+SYSTEM="You are Trellis, a private assistant running on this machine. Answer in one short sentence, plainly and politely, and never invent facts you do not know."
+for question in "What is a radix tree?" "Why cache the prompt prefix?"; do
+  body=$(printf '{"model":"%s","max_tokens":16,"temperature":0,"messages":[{"role":"system","content":"%s"},{"role":"user","content":"%s"}]}' "$MODEL_ID" "$SYSTEM" "$question")
+  curl -sf "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); u=r["usage"]; print("  %-30s prompt_tokens=%d cached_tokens=%d completion_tokens=%d" % (sys.argv[1], u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"]))' "$question"
+done
+kill $SERVE_PID 2>/dev/null || true
+wait $SERVE_PID 2>/dev/null || true
