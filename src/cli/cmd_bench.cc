@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_prefix.h"
+#include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
 #include "engine/engine.h"
@@ -205,6 +206,32 @@ Result<std::string> DefaultModel(bool quick) {
   return path;
 }
 
+// `bench serve` (bench_serve.cc): its options; the runner checks parsed() on the app.
+std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App& app) {
+  CLI::App* s = app.add_subcommand("serve", "concurrent streamed chat clients sharing a system prompt against an "
+                                            "OpenAI-compatible server: requests/s, TTFT, cached-token share");
+  auto so = std::make_shared<ServeBenchOptions>();
+  s->add_option("--url", so->url, "server base URL, e.g. http://127.0.0.1:8080 (default: start trellis serve -m MODEL)");
+  s->add_option("-m,--model", so->model, "GGUF for the trellis serve started here (default: TinyLlama-shaped Q4_0)");
+  s->add_option("-t,--threads", so->threads, "--threads of the trellis serve started here")->capture_default_str();
+  s->add_option("--serve-args", so->serve_args, "extra arguments for the trellis serve started here, space-separated");
+  s->add_option("-C,--clients", so->clients, "concurrent clients C")->capture_default_str();
+  s->add_option("-R,--requests", so->requests, "requests per client R, sent one after another")->capture_default_str();
+  s->add_option("-S,--system-tokens", so->system_tokens, "shared system prompt tokens S (calibrated via /tokenize)")->capture_default_str();
+  s->add_option("-M,--max-tokens", so->max_tokens, "max_tokens M per request")->capture_default_str();
+  s->add_option("--warmup", so->warmup, "unmeasured requests with the system prompt sent first")->capture_default_str();
+  s->add_flag("--completions", so->completions, "use /v1/completions instead of /v1/chat/completions");
+  s->add_flag("--ban-bytes", so->ban_bytes, "send logit_bias banning token ids 0..258 (llama-server on random weights)");
+  s->add_flag("--keep-alive", so->keep_alive, "reuse each client's connection (default: one connection per request)");
+  s->add_option("--model-name", so->model_name, "\"model\" field of the requests (default: omitted)");
+  s->add_option("--api-key", so->api_key, "send Authorization: Bearer KEY");
+  s->add_option("--label", so->label, "server name in the table and CSV (default: trellis, or the URL)");
+  s->add_option("-o,--out", so->out_dir, "results folder (serve.csv, requests-LABEL.csv, server.log)")->capture_default_str();
+  s->add_option("--timeout", so->timeout_s, "seconds to wait for one answer")->capture_default_str();
+  s->add_flag("--json", so->json, "print one JSON object instead of the table");
+  return {s, so};
+}
+
 Runner AddBenchCommand(CLI::App& app) {
   app.require_subcommand(1);
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
@@ -230,7 +257,16 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("-s,--sessions", o->sessions, "also decode this many sessions at once (aggregate tok/s)")->capture_default_str();
   speed->add_flag("--json", o->json, "print one JSON object");
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
-  return [o, speed, prefix, po] {
+  auto serve = AddServeBench(app);
+  return [o, speed, prefix, po, serve] {
+    if (serve.first->parsed()) {
+      if (serve.second->url.empty() && serve.second->model.empty()) {
+        auto m = DefaultModel(false);
+        if (!m.ok()) return Fail(m.status().ToString());
+        serve.second->model = *m;
+      }
+      return RunServeBench(*serve.second);
+    }
     if (prefix->parsed()) {
       if (po->model.empty()) {
         auto m = DefaultModel(po->quick);
@@ -240,7 +276,7 @@ Runner AddBenchCommand(CLI::App& app) {
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
       return RunPrefixBench(*po);
     }
-    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix)");
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
     if (o->sessions < 1 || o->sessions > 256) return Fail("bench: --sessions must be in 1..256");
     if (o->sessions > 1 && o->tg == 0) return Fail("bench: --sessions needs generated tokens (-n > 0)");
