@@ -202,11 +202,13 @@ void WritePlots(const std::string& dir) {
   std::ofstream f(gp);
   f << "set terminal pngcairo size 900,540 noenhanced\nset datafile separator ','\nset key top left\nset grid\n"
     << "set output '" << dir << "/throughput.png'\n"
-    << "set title 'Generation throughput and heap allocations per op vs shared-prefix fraction'\n"
-    << "set xlabel 'phi (shared prefix fraction)'\nset ylabel 'generated tokens/s'\nset y2label 'heap allocations per op'\n"
-    << "set ytics nomirror\nset y2tics\n"
-    << "plot '" << dir << "/throughput.csv' using 1:3 skip 1 with linespoints lw 2 title 'tokens/s', "
-    << "'' using 1:4 skip 1 axes x1y2 with linespoints lw 2 title 'heap allocations/op'\n"
+    << "set title 'Generation throughput and KV blocks per op vs shared-prefix fraction'\n"
+    << "set xlabel 'phi (shared prefix fraction)'\nset ylabel 'generated tokens/s'\nset y2label 'KV blocks per op'\n"
+    << "set ytics nomirror\nset y2tics\nset yrange [0:*]\nset y2range [0:*]\n"
+    << "plot '" << dir << "/throughput.csv' using 1:3 skip 1 with linespoints lw 2 title 'generated tokens/s', "
+    << "'' using 1:5 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks allocated', "
+    << "'' using 1:6 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks acquired (shared)'\n"
+    << "set yrange [*:*]\nset y2range [*:*]\n"
     << "unset y2tics\nunset y2label\nset ytics mirror\n"
     << "set output '" << dir << "/ttft.png'\n"
     << "set title 'TTFT vs shared-prefix fraction (L = 512, concurrency 1)'\nset xlabel 'phi'\nset ylabel 'TTFT (ms)'\n"
@@ -241,8 +243,9 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
                    "), threads " + std::to_string(o.threads) + ", median of " + std::to_string(o.reps) + "\n\n";
   std::fprintf(stderr, "bench prefix: %s, L=%d D=%d N=%d B=%d, %d reps\n", o.model.c_str(), L, D, N, B, o.reps);
 
+  auto want = [&](const char* fig) { return o.only.empty() || o.only == fig; };
   // Figure 1: throughput and allocations vs phi.
-  {
+  if (want("throughput")) {
     std::ofstream csv(o.out_dir + "/throughput.csv");
     csv << "phi,prefix_tokens,tok_s,heap_allocs_per_op,blocks_allocated,blocks_acquired,computed_tokens,op_seconds\n";
     md += "## Throughput and allocations per op (L = " + std::to_string(L) + ", D = " + std::to_string(D) +
@@ -267,7 +270,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   // Figure 2: TTFT vs phi. llama.cpp's figures are for the TinyLlama shape only.
   const ModelConfig& mc = (*model)->config();
   const bool tinyllama_shape = mc.n_layer == 22 && mc.n_embd == 2048 && mc.n_head_kv == 4 && mc.n_ff == 5632 && L == 512;
-  {
+  if (want("ttft")) {
     auto cold = bench.Ttft(0, L, B, 1);
     std::vector<double> phis2 = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
     std::ofstream csv(o.out_dir + "/ttft.csv");
@@ -298,7 +301,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   }
 
   // Figure 3: leaves and TTFT vs block size.
-  {
+  if (want("blocksize")) {
     std::ofstream csv(o.out_dir + "/blocksize.csv");
     csv << "B,leaves_mean,leaves_sd,ttft_ms_mean,ttft_ms_sd,nodes_mean,nodes_sd\n";
     md += "\n## Radix-tree leaves and TTFT vs block size (N = " + std::to_string(N) +
@@ -337,7 +340,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
     }
   }
 
-  std::ofstream(o.out_dir + "/prefix.md") << md;
+  std::ofstream(o.out_dir + (o.only.empty() ? "/prefix.md" : "/prefix-" + o.only + ".md")) << md;
   WritePlots(o.out_dir);
   if (!o.json) std::printf("%s", md.c_str());
   std::fprintf(stderr, "bench prefix: results in %s/ (throughput.csv, ttft.csv, blocksize.csv, prefix.md, *.png)\n",

@@ -10,6 +10,7 @@ struct PrefixBenchOptions {
   std::string out_dir = "results/prefix";
   int L = 512, D = 64, N = 8, block_size = 32, reps = 3, threads = 2;
   bool quick = false, json = false;
+  std::string only;  // "throughput", "ttft" or "blocksize"; empty = all three
 };
 
 int RunPrefixBench(const PrefixBenchOptions& o);

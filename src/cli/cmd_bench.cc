@@ -246,6 +246,8 @@ Runner AddBenchCommand(CLI::App& app) {
   prefix->add_option("-t,--threads", po->threads, "threads")->capture_default_str();
   prefix->add_flag("--quick", po->quick, "the tiny model, fewer lengths: seconds");
   prefix->add_flag("--json", po->json, "print every measured point as a JSON line");
+  prefix->add_option("--only", po->only, "run one figure: throughput, ttft or blocksize")
+      ->check(CLI::IsMember({"throughput", "ttft", "blocksize"}));
   CLI::App* speed = app.add_subcommand("speed", "prompt processing and generation tokens/s (llama-bench style)");
   auto o = std::make_shared<SpeedOpts>();
   speed->add_option("-m,--model", o->model, "GGUF model")->required();
