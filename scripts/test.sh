@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, then
 #   1. Release build, every CTest test (unit, reference-logit and end-to-end tests);
-#   2. ASan + UBSan build, the unit tests again (label `unit`);
+#   2. ASan + UBSan build, the unit tests again (label `unit`) and the server load test;
 #   3. libFuzzer build (clang) of the GGUF reader, corpus replay plus a bounded run.
 # Benchmarks are programs (trellis bench ...), not tests: they do not run here.
 set -euo pipefail
@@ -18,6 +18,10 @@ echo "== [2/3] ASan + UBSan build + unit tests" >&2
 scripts/build.sh asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 1800
+# The server under load (64 concurrent clients sharing a system prompt): no errors, and
+# LeakSanitizer fails the server's exit if anything leaked.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -R '^server_load$' --timeout 600
 
 echo "== [3/3] libFuzzer: GGUF reader (${FUZZ_SECONDS}s)" >&2
 scripts/build.sh fuzz

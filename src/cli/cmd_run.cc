@@ -21,6 +21,7 @@ struct RunOpts {
   int block_size = 32;
   int batch = 512;
   int64_t kv_memory = 0;
+  int64_t kv_blocks = 0;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
   int top_k = 40, repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;
@@ -51,6 +52,7 @@ Result<std::vector<int32_t>> ParseIds(const std::string& s) {
 std::string CheckOpts(const RunOpts& o) {
   if (o.n_predict < 0) return "-n " + std::to_string(o.n_predict) + ": the number of tokens to generate must be >= 0";
   if (o.ctx < 0) return "--ctx-size " + std::to_string(o.ctx) + " must be >= 0 (0 = the model's)";
+  if (o.kv_blocks < 0) return "--kv-blocks must be >= 0 (0 = from --kv-memory)";
   if (o.kv_memory < 0) return "--kv-memory " + std::to_string(o.kv_memory) + " must be >= 0 (0 = one full context)";
   if (!std::isfinite(o.temp)) return "--temp must be a finite number (0 = greedy)";
   if (!(o.top_p >= 0.0f && o.top_p <= 1.0f)) return "--top-p must be in [0, 1]";
@@ -74,6 +76,7 @@ int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok) {
   so.block_size = o.block_size;
   so.n_ctx = o.ctx;
   so.kv_memory_bytes = o.kv_memory;
+  so.kv_blocks = o.kv_blocks;
   so.max_batch_tokens = o.batch;
   so.prefill_chunk = o.batch;
   so.max_running = static_cast<int>(prompts.size());
@@ -155,6 +158,7 @@ int Run(const RunOpts& o) {
   eo.n_ctx = o.ctx;
   eo.block_size = o.block_size;
   eo.kv_memory_bytes = o.kv_memory;
+  eo.kv_blocks = o.kv_blocks;
   eo.max_batch_tokens = o.batch;
   eo.all_logits = !o.dump_logits.empty();
   auto engine = Engine::Create(**model, eo);
@@ -249,6 +253,7 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_option("-c,--ctx-size", o->ctx, "context size (0 = model's, capped at 4096)");
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = one full context)");
+  app.add_option("--kv-blocks", o->kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
   app.add_option("-b,--batch", o->batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
   app.add_option("--temp", o->temp, "temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->top_k, "top-k (0 = off)")->capture_default_str();

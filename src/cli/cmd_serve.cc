@@ -24,6 +24,7 @@ struct ServeOpts {
   int ctx = 0;
   int block_size = 32;
   int64_t kv_memory = 0;
+  int64_t kv_blocks = 0;
   int max_queue = 256;
   int max_running = 16;
   int batch = 512;
@@ -37,6 +38,7 @@ std::string CheckOpts(const ServeOpts& o) {
   if (o.port < 0 || o.port > 65535) return "--port must be in 0..65535 (0 = any free port)";
   if (o.threads < 1) return "--threads must be >= 1";
   if (o.ctx < 0) return "--ctx-size must be >= 0 (0 = the model's, capped at 4096)";
+  if (o.kv_blocks < 0) return "--kv-blocks must be >= 0 (0 = from --kv-memory)";
   if (o.kv_memory < 0) return "--kv-memory must be >= 0 (0 = four full contexts)";
   if (o.max_queue < 1) return "--max-queue must be >= 1";
   if (o.max_running < 1) return "--max-running must be >= 1";
@@ -103,6 +105,7 @@ int Serve(const ServeOpts& opts) {
   SchedulerOptions so;
   so.block_size = o.block_size;
   so.kv_memory_bytes = o.kv_memory;
+  so.kv_blocks = o.kv_blocks;
   so.n_ctx = o.ctx;
   so.max_running = o.max_running;
   so.max_batch_tokens = o.batch;
@@ -158,6 +161,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("-c,--ctx-size", o->ctx, "context per request (0 = model's, capped at 4096)");
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = four full contexts)");
+  app.add_option("--kv-blocks", o->kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
   app.add_option("--max-queue", o->max_queue, "requests waiting for admission before 503")->capture_default_str();
   app.add_option("--max-running", o->max_running, "requests decoded together")->capture_default_str();
   app.add_option("-b,--batch", o->batch, "tokens per engine step")->capture_default_str();
