@@ -199,29 +199,35 @@ void WritePlots(const std::string& dir) {
     return;
   }
   const std::string gp = dir + "/plots.gp";
+  auto exists = [&](const char* name) { return std::ifstream(dir + "/" + name).good(); };
   std::ofstream f(gp);
-  f << "set terminal pngcairo size 900,540 noenhanced\nset datafile separator ','\nset key top left\nset grid\n"
-    << "set output '" << dir << "/throughput.png'\n"
-    << "set title 'Generation throughput and KV blocks per op vs shared-prefix fraction'\n"
-    << "set xlabel 'phi (shared prefix fraction)'\nset ylabel 'generated tokens/s'\nset y2label 'KV blocks per op'\n"
-    << "set ytics nomirror\nset y2tics\nset yrange [0:*]\nset y2range [0:*]\n"
-    << "plot '" << dir << "/throughput.csv' using 1:3 skip 1 with linespoints lw 2 title 'generated tokens/s', "
-    << "'' using 1:5 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks allocated', "
-    << "'' using 1:6 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks acquired (shared)'\n"
-    << "set yrange [*:*]\nset y2range [*:*]\n"
-    << "unset y2tics\nunset y2label\nset ytics mirror\n"
-    << "set output '" << dir << "/ttft.png'\n"
-    << "set title 'TTFT vs shared-prefix fraction (L = 512, concurrency 1)'\nset xlabel 'phi'\nset ylabel 'TTFT (ms)'\n"
-    << "set key top right\n"
-    << "plot '" << dir << "/ttft.csv' using 1:3 skip 1 with linespoints lw 2 title 'trellis', "
-    << "'' using 1:6 skip 1 with lines dt 2 title 'bound (1-hit)TTFT(0)+5%', "
-    << "'' using 1:7 skip 1 with linespoints title 'llama.cpp server (ANCHORS.md)'\n"
-    << "set output '" << dir << "/blocksize.png'\n"
-    << "set title 'Radix-tree leaves and TTFT vs block size (mean +- sd over prompt lengths)'\n"
-    << "set xlabel 'block size B (tokens)'\nset logscale x 2\nset ylabel 'leaves'\nset y2label 'TTFT (ms)'\n"
-    << "set ytics nomirror\nset y2tics\nset key top center\n"
-    << "plot '" << dir << "/blocksize.csv' using 1:2:3 skip 1 with yerrorlines lw 2 title 'leaves', "
-    << "'' using 1:4:5 skip 1 axes x1y2 with yerrorlines lw 2 title 'TTFT'\n";
+  f << "set terminal pngcairo size 900,540 noenhanced\nset datafile separator ','\nset key top left\nset grid\n";
+  if (exists("throughput.csv")) {
+    f << "set output '" << dir << "/throughput.png'\n"
+      << "set title 'Generation throughput and KV blocks per op vs shared-prefix fraction'\n"
+      << "set xlabel 'phi (shared prefix fraction)'\nset ylabel 'generated tokens/s'\nset y2label 'KV blocks per op'\n"
+      << "set ytics nomirror\nset y2tics\nset yrange [0:*]\nset y2range [0:*]\n"
+      << "plot '" << dir << "/throughput.csv' using 1:3 skip 1 with linespoints lw 2 title 'generated tokens/s', "
+      << "'' using 1:5 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks allocated', "
+      << "'' using 1:6 skip 1 axes x1y2 with linespoints lw 2 title 'KV blocks acquired (shared)'\n"
+      << "set yrange [*:*]\nset y2range [*:*]\nunset y2tics\nunset y2label\nset ytics mirror\n";
+  }
+  if (exists("ttft.csv")) {
+    f << "set output '" << dir << "/ttft.png'\n"
+      << "set title 'TTFT vs shared-prefix fraction (concurrency 1)'\nset xlabel 'phi'\nset ylabel 'TTFT (ms)'\n"
+      << "set key top right\n"
+      << "plot '" << dir << "/ttft.csv' using 1:3 skip 1 with linespoints lw 2 title 'trellis', "
+      << "'' using 1:6 skip 1 with lines dt 2 title 'bound (1-hit)TTFT(0)+5%'\n";
+  }
+  if (exists("blocksize.csv")) {
+    f << "set output '" << dir << "/blocksize.png'\n"
+      << "set title 'Radix-tree nodes and TTFT vs block size (mean +- sd over prompt lengths)'\n"
+      << "set xlabel 'block size B (tokens)'\nset logscale x 2\nset ylabel 'tree nodes'\nset y2label 'TTFT (ms)'\n"
+      << "set ytics nomirror\nset y2tics\nset key top center\n"
+      << "plot '" << dir << "/blocksize.csv' using 1:6:7 skip 1 with yerrorlines lw 2 title 'nodes', "
+      << "'' using 1:2:3 skip 1 with yerrorlines lw 2 title 'leaves', "
+      << "'' using 1:4:5 skip 1 axes x1y2 with yerrorlines lw 2 title 'TTFT'\n";
+  }
   f.close();
   if (std::system(("gnuplot '" + gp + "'").c_str()) != 0) std::fprintf(stderr, "bench prefix: gnuplot failed\n");
 }
