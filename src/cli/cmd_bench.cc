@@ -46,7 +46,9 @@ int RunSpeed(const SpeedOpts& o) {
   eo.n_threads = o.threads;
   eo.block_size = o.block_size;
   eo.n_ctx = o.pp + o.tg + o.block_size;
-  eo.kv_blocks = (o.pp + o.tg) / o.block_size + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / o.block_size + 2);
+  // Engine::Create validates the block size; only keep this arithmetic safe for it.
+  const int bs = std::max(o.block_size, 1);
+  eo.kv_blocks = (o.pp + o.tg) / bs + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / bs + 2);
   eo.max_batch_tokens = std::max({o.pp, o.sessions, 1});
   eo.max_logit_rows = std::max(o.sessions, 1);
   auto engine = Engine::Create(**model, eo);
