@@ -26,6 +26,18 @@ struct RunOpts {
   int top_k = 40, repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;
   bool print_ids = false, no_bos = false, ignore_eos = false, quiet = false;
+
+  SamplerParams Sampling() const {
+    SamplerParams p;
+    p.temperature = temp;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.repeat_penalty = repeat_penalty;
+    p.repeat_last_n = repeat_last_n;
+    p.seed = seed;
+    return p;
+  }
 };
 
 Result<std::vector<int32_t>> ParseIds(const std::string& s) {
@@ -89,13 +101,8 @@ int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok) {
     Request r;
     r.prompt = tok.Encode(prompts[i], !o.no_bos && tok.add_bos(), true);
     r.max_tokens = o.n_predict;
-    r.sampling.temperature = o.temp;
-    r.sampling.top_k = o.top_k;
-    r.sampling.top_p = o.top_p;
-    r.sampling.min_p = o.min_p;
-    r.sampling.repeat_penalty = o.repeat_penalty;
-    r.sampling.repeat_last_n = o.repeat_last_n;
-    r.sampling.seed = o.seed + i;
+    r.sampling = o.Sampling();
+    r.sampling.seed = o.seed + i;  // distinct streams per session
     if (!o.ignore_eos) r.is_stop = [&tok](int32_t id) { return tok.IsEog(id); };
     auto id = (*sched)->Submit(std::move(r), nullptr, [&results, i](RequestId, const RequestResult& res) { results[i] = res; });
     if (!id.ok()) return Fail("prompt " + std::to_string(i + 1) + ": " + id.status().ToString());
@@ -172,13 +179,7 @@ int Run(const RunOpts& o) {
   GenerateRequest req;
   req.prompt = prompt;
   req.n_predict = o.n_predict;
-  req.sampling.temperature = o.temp;
-  req.sampling.top_k = o.top_k;
-  req.sampling.top_p = o.top_p;
-  req.sampling.min_p = o.min_p;
-  req.sampling.repeat_penalty = o.repeat_penalty;
-  req.sampling.repeat_last_n = o.repeat_last_n;
-  req.sampling.seed = o.seed;
+  req.sampling = o.Sampling();
   if (tok && !o.ignore_eos) req.is_eog = [&](int32_t id) { return tok->IsEog(id); };
 
   std::unique_ptr<StreamDecoder> dec;
