@@ -227,7 +227,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   TRELLIS_CHECK(IsaSupported(isa));
   TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
   TileKernel k;
-  if (isa == KernelIsa::kAvx512) k = n_tokens <= kGemvMaxTokens ? GetGemvKernelAvx512(w.type) : GetTileKernelAvx512(w.type);
+  if (isa == KernelIsa::kAvx512) k = GetTileKernelAvx512(w.type, n_tokens);
   if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
   if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
   TRELLIS_CHECK(k.fn != nullptr);

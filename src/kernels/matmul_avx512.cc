@@ -374,24 +374,18 @@ template <int NT> struct KQ6_K { static constexpr TileFn Fn = TileQ6_K<NT>; };
 
 }  // namespace
 
-TileKernel GetTileKernelAvx512(GgmlType type) {
+TileKernel GetTileKernelAvx512(GgmlType type, int64_t n_tokens) {
+  // Small batches (decode) stream weights: one-row tiles (see kGemvMaxTokens).
+  const int q32_rows = n_tokens <= kGemvMaxTokens ? 1 : 3;
   switch (type) {
-    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, 3, 4};
-    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, 3, 4};
+    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, q32_rows, 4};
+    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, q32_rows, 4};
     case GgmlType::kQ4_K: return {Dispatch1x8<KQ4_K>::Run, 1, 8};
     case GgmlType::kQ6_K: return {Dispatch1x8<KQ6_K>::Run, 1, 8};
     case GgmlType::kF32: return {Dispatch4x4<KF32>::Run, 4, 4};
     case GgmlType::kF16: return {Dispatch4x4<KF16>::Run, 4, 4};
     case GgmlType::kBF16: return {Dispatch4x4<KBF16>::Run, 4, 4};
     default: return {};
-  }
-}
-
-TileKernel GetGemvKernelAvx512(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_0: return {Dispatch4x4<KQ4_0>::Run, 1, 4};
-    case GgmlType::kQ8_0: return {Dispatch4x4<KQ8_0>::Run, 1, 4};
-    default: return GetTileKernelAvx512(type);
   }
 }
 

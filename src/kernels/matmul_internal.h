@@ -51,13 +51,13 @@ void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* ds
 
 TileKernel GetTileKernelScalar(GgmlType type);
 TileKernel GetTileKernelAvx2(GgmlType type);    // matmul_avx2.cc
-TileKernel GetTileKernelAvx512(GgmlType type);  // matmul_avx512.cc
 // Decode-sized batches (n_tokens <= kGemvMaxTokens): tiles of one weight row for the
 // 32-element block types. Measured on Zen 4, one thread, a 64 MB Q4_0 matrix from DRAM:
 // 1 token 3-row tiles 7.7 GB/s vs 1-row 27 GB/s; 4 tokens 4.2 vs 3.2 ms; 8 tokens 9.6 vs
 // 7.0 ms. Prefill (larger batches) keeps the 3-row tiles, which reuse activations better.
 inline constexpr int64_t kGemvMaxTokens = 8;
-TileKernel GetGemvKernelAvx512(GgmlType type);
+// The AVX-512 tile for a weight type and a batch of n_tokens rows (matmul_avx512.cc).
+TileKernel GetTileKernelAvx512(GgmlType type, int64_t n_tokens);
 
 // MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
 // REQUIRES: IsaSupported(isa).
