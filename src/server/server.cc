@@ -1,5 +1,10 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <chrono>
 #include <cstdio>
 
@@ -83,6 +88,15 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
   http_->set_keep_alive_timeout(5);
   http_->set_read_timeout(30);
   http_->set_write_timeout(30);
+  // Remember the listening socket (and keep httplib's reuse option) so Bind can widen the
+  // accept backlog: Debian's cpp-httplib is a compiled library that listens with a
+  // backlog of 5, and a burst of clients connecting at once (64 in the load test) then
+  // overflows the accept queue and gets connections reset.
+  http_->set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
   Routes();
 }
 
@@ -96,6 +110,10 @@ Status Server::Bind() {
     port_ = opts_.port;
   } else {
     return Unavailable(fmt::format("cannot bind {}:{} (address in use or not local?)", opts_.host, opts_.port));
+  }
+  // Calling listen() again on a bound socket updates its backlog (Linux).
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0) {
+    return Unavailable(fmt::format("cannot widen the listen backlog: {}", std::strerror(errno)));
   }
   return Status::Ok();
 }

@@ -91,6 +91,7 @@ class Server {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> stopping_{false};
   int port_ = 0;
+  int listen_fd_ = -1;  // the listening socket, for the backlog (see Bind)
   ServerMetrics metrics_;
   std::unique_ptr<httplib::Server> http_;
   std::mutex mu_;
