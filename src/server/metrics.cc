@@ -63,8 +63,8 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
   Metric(out, "trellis_requests_total", "counter", "generation requests submitted to the engine", m.requests);
   Metric(out, "trellis_requests_finished_total", "counter", "generation requests finished", m.finished);
   Metric(out, "trellis_requests_cancelled_total", "counter", "generation requests cancelled", m.cancelled);
-  Metric(out, "trellis_client_disconnects_total", "counter", "streams whose client went away (request cancelled)",
-         disconnects_);
+  Metric(out, "trellis_client_disconnects_total", "counter",
+         "requests whose client went away before the answer was complete (request cancelled)", disconnects_);
   Metric(out, "trellis_stop_string_matches_total", "counter", "generations ended by a stop string", stop_strings_);
   Metric(out, "trellis_prompt_tokens_total", "counter", "prompt tokens of admitted requests", m.prompt_tokens);
   Metric(out, "trellis_cached_prompt_tokens_total", "counter", "prompt tokens taken from the prefix cache",
@@ -73,6 +73,8 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
   Metric(out, "trellis_generated_tokens_total", "counter", "tokens generated", m.generated_tokens);
   Metric(out, "trellis_cache_hit_rate", "gauge", "cached prompt tokens / prompt tokens", m.HitRate());
   Metric(out, "trellis_kv_blocks_used", "gauge", "KV pool blocks in use (sessions and cache)", m.pool_used);
+  Metric(out, "trellis_kv_blocks_cached", "gauge", "KV pool blocks held by the prefix cache (evictable unless shared)",
+         m.tree.n_cached_blocks);
   Metric(out, "trellis_kv_blocks_total", "gauge", "KV pool blocks", m.pool_total);
   Metric(out, "trellis_kv_pool_usage_ratio", "gauge", "KV pool blocks in use / total",
          m.pool_total ? static_cast<double>(m.pool_used) / m.pool_total : 0.0);

@@ -1,8 +1,12 @@
 #include "server/server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <chrono>
@@ -53,6 +57,67 @@ ApiError MakeError(int status, std::string message, std::string type = "invalid_
   e.code = std::move(code);
   return e;
 }
+
+// The address and port of one end of a socket, formatted as cpp-httplib formats
+// Request::remote_addr / local_addr (getnameinfo, NI_NUMERICHOST). False if not TCP/IP.
+bool SocketEnd(int fd, bool peer, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  auto* sa = reinterpret_cast<sockaddr*>(&addr);
+  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return false;
+  if (addr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  } else {
+    return false;
+  }
+  char host[NI_MAXHOST];
+  if (::getnameinfo(sa, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return false;
+  ip = host;
+  return true;
+}
+
+// The socket a request arrived on, or -1. cpp-httplib 0.11 shows a handler no socket, so
+// this looks through the process's descriptors for the one TCP connection with the
+// request's two ends: a connected 4-tuple belongs to one socket only, and this one stays
+// open while its handler runs. Costs two syscalls per open descriptor, once per request
+// that runs long enough to be watched.
+int FindConnectionSocket(const httplib::Request& req) {
+  if (req.remote_port <= 0 || req.local_port <= 0) return -1;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  std::string ip;
+  int port = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    const int s = static_cast<int>(fd);
+    if (SocketEnd(s, /*peer=*/true, ip, port) && port == req.remote_port && ip == req.remote_addr &&
+        SocketEnd(s, /*peer=*/false, ip, port) && port == req.local_port && ip == req.local_addr) {
+      found = s;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// False once the client has closed its end of the connection (or it failed). A client
+// that only shuts down its sending side is taken as gone too, as httplib's
+// DataSink::is_writable (what the streaming path relies on) does.
+bool PeerConnected(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return true;    // bytes waiting (a pipelined request): still there
+  if (n == 0) return false;  // orderly close
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+// How often a non-streamed request checks that its client is still connected.
+constexpr auto kPeerCheckInterval = 50ms;
 
 }  // namespace
 
@@ -256,7 +321,7 @@ void Server::HandleChat(const httplib::Request& req, httplib::Response& res) {
   const std::string& bos = chat_.tokens().bos;
   const bool has_bos = !bos.empty() && text->compare(0, bos.size(), bos) == 0;
   std::vector<int32_t> prompt = tok_.Encode(*text, tok_.add_bos() && !has_bos, /*parse_special=*/true);
-  Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", res);
+  Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", req, res);
 }
 
 void Server::HandleCompletion(const httplib::Request& req, httplib::Response& res) {
@@ -268,11 +333,11 @@ void Server::HandleCompletion(const httplib::Request& req, httplib::Response& re
       r->prompt_text ? tok_.Encode(*r->prompt_text, tok_.add_bos(), /*parse_special=*/true) : r->prompt_tokens;
   std::string echo;
   if (r->echo) echo = r->prompt_text ? *r->prompt_text : tok_.Decode(r->prompt_tokens);
-  Generate(Endpoint::kCompletion, std::move(prompt), r->gen, salt, echo, res);
+  Generate(Endpoint::kCompletion, std::move(prompt), r->gen, salt, echo, req, res);
 }
 
 void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                      const std::string& echo, httplib::Response& res) {
+                      const std::string& echo, const httplib::Request& req, httplib::Response& res) {
   if (stopping_) return SendError(res, MakeError(503, "the server is shutting down", "server_error"));
   const SchedulerOptions& so = engine_.options();
   const int n = static_cast<int>(prompt.size());
@@ -309,13 +374,34 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     out.model = opts_.model_id;
     out.text = echo;
     out.with_logprobs = gen.logprobs;
+    // The body is written only at the end (with its Content-Length and the final status),
+    // so a closed connection cannot show up as a failed write as it does for streams:
+    // look at the socket every kPeerCheckInterval instead, and cancel when the client is
+    // gone. The socket is looked up at the first check: short requests never pay for it.
+    int fd = -2;  // -2: not looked up yet; -1: not found (not watched)
+    bool client_gone = false;
+    auto next_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
     for (;;) {
-      GenerationDelta d = g->Next(1000ms);
+      GenerationDelta d = g->Next(kPeerCheckInterval);
       out.text += d.text;
       for (auto& lp : d.logprobs) out.logprobs.push_back(std::move(lp));
       if (d.done) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (client_gone || now < next_check) continue;
+      next_check = now + kPeerCheckInterval;
+      if (fd == -2) fd = FindConnectionSocket(req);
+      if (fd >= 0 && !PeerConnected(fd)) {
+        client_gone = true;
+        metrics_.CountDisconnect();
+        g->Cancel();  // Next() reports done once the engine has dropped the request
+      }
     }
     Track(g->id(), false);
+    if (client_gone) {
+      // Nobody reads this; 499 (nginx's "client closed request") labels it in the metrics.
+      return SendError(res, MakeError(499, "the client closed the connection", "invalid_request_error",
+                                      "client_closed_request"));
+    }
     if (g->failed()) return SendError(res, MakeError(stopping_ ? 503 : 500, g->error_message(), "server_error"));
     out.finish_reason = g->finish_reason();
     out.usage = g->usage();

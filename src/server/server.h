@@ -4,8 +4,11 @@
 // (api.h), rendered with the chat template, tokenized and checked against the context on
 // its HTTP thread, then handed to the engine thread as a Generation (EngineLoop::Submit).
 // Streaming answers are written as SSE by httplib's chunked content provider, which also
-// notices a closed connection and cancels the request. Endpoints, options and the
-// cache-salt design are in docs/server.md.
+// notices a closed connection and cancels the request. A non-streamed answer is one JSON
+// body written at the end; while it is generated, the handler watches the connection's
+// socket (found by its addresses, see FindConnectionSocket in server.cc) and cancels the
+// request when the client has closed it. Endpoints, options and the cache-salt design are
+// in docs/server.md.
 //
 // Tenancy: with API keys configured, every request must carry `Authorization: Bearer
 // <key>` (compared in constant time); the engine's cache salt is a hash of the key, so
@@ -74,9 +77,9 @@ class Server {
   void HandleCompletion(const httplib::Request& req, httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
-  // Tokenizes, checks the prompt against the context and answers (streamed or not).
+  // Checks the prompt against the context, runs it and answers (streamed or not).
   void Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                const std::string& echo, httplib::Response& res);
+                const std::string& echo, const httplib::Request& req, httplib::Response& res);
   void SendError(httplib::Response& res, const ApiError& e) const;
   void Track(RequestId id, bool add);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # server_limits: API keys (Bearer, per-key cache namespaces), 503 + Retry-After when the
-# queue is full, and a disconnecting client cancelling its request and freeing its blocks.
+# queue is full, and a disconnecting client (streamed, non-streamed or queued request)
+# cancelling its request and freeing its blocks.
 # usage: serve_limits.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
@@ -76,6 +77,61 @@ used=$(metric trellis_kv_blocks_used)
 [[ $(metric trellis_queue_depth) == 0 ]] || die "queue not empty"
 ok "cancelled after $gen tokens; kv_blocks_used $used (cache), running 0"
 [[ $(post /v1/completions '{"prompt":"still alive","max_tokens":2}' "$tmp/alive.json") == 200 ]] || die "not serving after the disconnect"
+stop_server
+
+say "a client that disconnects while a non-streamed request runs or waits cancels it; its blocks are freed"
+start_server ndisc --ctx-size 32768 --kv-memory 67108864 --max-running 1
+# A plain answer keeps its shape: application/json with a Content-Length, not chunked.
+curl -s -m 30 -D "$tmp/plain.hdr" -o "$tmp/plain.json" "$base/v1/completions" -d '{"prompt":"plain","max_tokens":4}'
+grep -qi '^Content-Type: application/json' "$tmp/plain.hdr" || die "plain answer: $(cat "$tmp/plain.hdr")"
+grep -qi '^Content-Length: ' "$tmp/plain.hdr" || die "plain answer without Content-Length: $(cat "$tmp/plain.hdr")"
+grep -qi '^Transfer-Encoding' "$tmp/plain.hdr" && die "plain answer is chunked: $(cat "$tmp/plain.hdr")"
+[[ $(jget "$tmp/plain.json" "j['usage']['completion_tokens']") == 4 ]] || die "plain answer: $(cat "$tmp/plain.json")"
+ok "a non-streamed answer: application/json, Content-Length"
+# wait_cancelled N: waits up to 2 s for N cancelled requests and none running or queued.
+wait_cancelled() {
+  local end=$(($(date +%s%N) + 2000000000))
+  while (($(date +%s%N) < end)); do
+    [[ $(metric trellis_requests_cancelled_total) == "$1" && $(metric trellis_requests_running) == 0 &&
+       $(metric trellis_queue_depth) == 0 ]] && return 0
+    sleep 0.05
+  done
+  die "$1 cancellation(s) expected within 2 s: $(curl -s "$base/metrics" | grep -E '^trellis_(requests|client|kv|queue)')"
+}
+curl -s -m 1 -o "$tmp/nd.json" "$base/v1/completions" \
+  -d '{"prompt":"never ending","max_tokens":30000,"temperature":0}' && die "the 30000-token answer came within 1 s"
+[[ -s $tmp/nd.json ]] && die "a body before the disconnect: $(head -c 200 "$tmp/nd.json")"
+wait_cancelled 1
+[[ $(metric trellis_client_disconnects_total) == 1 ]] || die "disconnect not counted"
+gen=$(metric trellis_generated_tokens_total)
+sleep 0.3
+[[ $(metric trellis_generated_tokens_total) == "$gen" ]] || die "tokens still being generated after the cancel"
+[[ $gen -lt 30000 ]] || die "generated all $gen tokens: not cancelled"
+used=$(metric trellis_kv_blocks_used) cached=$(metric trellis_kv_blocks_cached)
+[[ $used -gt 0 && $used == "$cached" ]] || die "kv_blocks_used $used != kv_blocks_cached $cached: a session still holds blocks"
+ok "/v1/completions cancelled after $gen tokens; kv_blocks_used $used = the prefix cache's; running 0"
+# A chat request queued behind a long one (--max-running 1) is cancelled while it waits.
+# (The same prompt as above: greedy, it generates no end-of-text token for thousands of tokens.)
+curl -s -m 2 -o /dev/null "$base/v1/completions" -d '{"prompt":"never ending","max_tokens":30000,"temperature":0}' &
+long=$!
+sleep 0.3
+curl -s -m 1 -o /dev/null "$base/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"queued"}],"max_tokens":30000,"temperature":0}' && die "chat answered"
+for _ in $(seq 1 10); do
+  [[ $(metric trellis_requests_cancelled_total) == 2 ]] && break
+  sleep 0.1
+done
+[[ $(metric trellis_requests_cancelled_total) == 2 && $(metric trellis_queue_depth) == 0 ]] \
+  || die "queued chat request not cancelled: $(curl -s "$base/metrics" | grep -E '^trellis_(requests|queue)')"
+[[ $(metric trellis_requests_running) == 1 ]] || die "the long request is not running any more"
+ok "/v1/chat/completions cancelled while queued; the long one still runs"
+wait "$long" && die "the long request answered"
+wait_cancelled 3
+[[ $(metric trellis_client_disconnects_total) == 3 ]] || die "disconnects: $(metric trellis_client_disconnects_total)"
+used=$(metric trellis_kv_blocks_used) cached=$(metric trellis_kv_blocks_cached)
+[[ $used == "$cached" ]] || die "kv_blocks_used $used != kv_blocks_cached $cached after the second disconnect"
+[[ $(post /v1/chat/completions "$chat" "$tmp/alive2.json") == 200 ]] || die "not serving after the disconnects"
+ok "the long one cancelled too; every block left is the cache's; the server still answers"
 stop_server
 
 echo "PASS server_limits: $n_checks checks"
