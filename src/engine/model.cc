@@ -1,10 +1,16 @@
 #include "engine/model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <thread>
 
 #include <fmt/core.h>
 
+#include "kernels/packed.h"
 #include "kernels/quant.h"
 
 namespace trellis {
@@ -113,7 +119,55 @@ Status Model::Init() {
     h = Fnv1a(h, t.data, std::min<uint64_t>(t.size_bytes, 64));
   }
   fingerprint_ = h;
+  Repack();
   return Status::Ok();
+}
+
+void Model::Repack() {
+  const char* env = std::getenv("TRELLIS_REPACK");
+  if (env != nullptr && std::string(env) == "0") return;
+  std::vector<WeightMatrix*> mats;
+  for (LayerWeights& l : layers_) {
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (PackingUseful(w->type)) mats.push_back(w);
+    }
+  }
+  if (PackingUseful(output_.type)) mats.push_back(&output_);
+  if (mats.empty()) return;
+  std::vector<size_t> offset;
+  size_t total = 0;
+  for (const WeightMatrix* w : mats) {
+    offset.push_back(total);
+    total += PackedBytes(*w);  // a multiple of 64
+  }
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t alloc = (total + kHuge - 1) / kHuge * kHuge;
+  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(kHuge, alloc));
+  if (buf == nullptr) return;  // keep the file layout: slower, still correct
+  // Huge pages cut TLB misses while kernels stream weights; a hint, so errors are ignored.
+  madvise(buf, alloc, MADV_HUGEPAGE);
+  packed_.reset(buf);
+  packed_bytes_ = total;
+  // Pack on all cores, one matrix at a time, and drop each matrix's file pages as soon as
+  // it is packed (clean pages: they re-read from the file if GetRow or another path
+  // touches them), so resident memory never holds much more than one copy of the model.
+  const int n_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  const long page = sysconf(_SC_PAGESIZE);
+  for (size_t i = 0; i < mats.size(); ++i) {
+    WeightMatrix& w = *mats[i];
+    const int64_t groups = (w.rows + kPackRows - 1) / kPackRows;
+    auto work = [&](int ith) { PackWeights(w, groups * ith / n_threads, groups * (ith + 1) / n_threads, buf + offset[i]); };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < n_threads; ++t) threads.emplace_back(work, t);
+    work(0);
+    for (std::thread& t : threads) t.join();
+    w.packed = buf + offset[i];
+    if (tied_output_ && &w == &output_) continue;  // token_embd rows are still read
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(w.data);
+    const uintptr_t end = begin + static_cast<uintptr_t>(w.rows * w.row_bytes);
+    const uintptr_t a = (begin + page - 1) / page * page, e = end / page * page;
+    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
+  }
 }
 
 std::string Model::TypeSummary() const {

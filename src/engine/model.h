@@ -1,7 +1,10 @@
 // Model: a llama-family model's config and weights, loaded from a GGUF file.
 //
 // Weight matrices are borrowed views into the read-only mmapped file: loading copies
-// nothing but the small norm vectors (converted to f32). Every tensor the forward pass
+// nothing but the small norm vectors (converted to f32), except where the CPU has faster
+// kernels for a repacked layout (kernels/packed.h): those matrices get a packed copy in
+// memory, built once at load, and their file pages are dropped from memory again, so
+// the resident size stays about the model's. TRELLIS_REPACK=0 turns repacking off. Every tensor the forward pass
 // uses is checked for presence, shape and a type Trellis can compute with, so a bad file
 // fails here with a message naming the tensor, not later inside a kernel.
 //
@@ -9,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,10 +59,17 @@ class Model {
   int64_t WeightBytes() const;
   // Identifies the weights for cache keys: hash of config and tensor table.
   uint64_t fingerprint() const { return fingerprint_; }
+  // Bytes of weights held in a repacked layout (0 if none).
+  size_t packed_bytes() const { return packed_bytes_; }
 
  private:
   explicit Model(GgufFile gguf) : gguf_(std::move(gguf)) {}
   Status Init();
+  void Repack();
+
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
 
   GgufFile gguf_;
   ModelConfig config_;
@@ -69,6 +80,8 @@ class Model {
   std::vector<LayerWeights> layers_;
   std::vector<float> rope_freqs_;
   uint64_t fingerprint_ = 0;
+  std::unique_ptr<uint8_t, FreeDeleter> packed_;
+  size_t packed_bytes_ = 0;
 };
 
 }  // namespace trellis

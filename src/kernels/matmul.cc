@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/matmul_internal.h"
+#include "kernels/packed.h"
 #include "kernels/quant.h"
 #include "util/fp16.h"
 #include "util/status.h"
@@ -159,7 +160,7 @@ void ScalarTile(const TileArgs& p) {
 size_t ActRowBytes(GgmlType type, int64_t cols) {
   switch (type) {
     case GgmlType::kQ4_0:
-    case GgmlType::kQ8_0: return RoundUp(cols + 4 * (cols / 32), 64);
+    case GgmlType::kQ8_0: return RoundUp(cols + 8 * (cols / 32), 64);
     case GgmlType::kQ4_K:
     case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
@@ -173,11 +174,15 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: {
       float* d = reinterpret_cast<float*>(dst + cols);
+      int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
       for (int64_t b = 0; b < cols / 32; ++b) {
         BlockQ8_0 blk;
         QuantizeRowQ8_0(x + 32 * b, &blk, 32);
         std::memcpy(dst + 32 * b, blk.qs, 32);
         d[b] = Fp16ToFp32(blk.d);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum += blk.qs[j];
+        sums[b] = sum;
       }
       break;
     }
@@ -231,6 +236,8 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
   if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
   TRELLIS_CHECK(k.fn != nullptr);
+  const PackedFn packed_fn =
+      w.packed != nullptr && isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w.type) : nullptr;
   if (n_tokens <= 0 || w.rows <= 0) return;
 
   // 1. Activations -> scratch (one row per token).
@@ -253,7 +260,37 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
     a = s;
   }
 
-  // 2. Rows split across threads in contiguous chunks of 16; each thread walks token chunks
+  // 2a. Packed x16 weights: threads take contiguous runs of 16-row groups; inside, token
+  // chunks that stay in L2, and per group tiles of up to kPackedMaxTokens tokens.
+  if (packed_fn != nullptr) {
+    const int64_t n_groups = (w.rows + kPackRows - 1) / kPackRows;
+    const int64_t group_bytes = static_cast<int64_t>(PackedGroupBytes(w.type, cols));
+    const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / a_stride / kPackedMaxTokens * kPackedMaxTokens);
+    pool.Run([&](int ith, int nth) {
+      const int64_t g_begin = n_groups * ith / nth;
+      const int64_t g_end = n_groups * (ith + 1) / nth;
+      PackedArgs p;
+      p.nb = cols / 32;
+      p.a_stride = a_stride;
+      p.cols = cols;
+      p.y_stride = y_stride;
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
+        const int64_t t1 = std::min(n_tokens, t0 + tc);
+        for (int64_t g = g_begin; g < g_end; ++g) {
+          p.g = w.packed + g * group_bytes;
+          p.nr = static_cast<int>(std::min<int64_t>(kPackRows, w.rows - g * kPackRows));
+          for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
+            p.a = a + t * a_stride;
+            p.y = y + t * y_stride + g * kPackRows;
+            p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
+            packed_fn(p);
+          }
+        }
+      }
+    });
+    return;
+  }
+  // 2b. Rows split across threads in contiguous chunks of 16; each thread walks token chunks
   // that stay in L2, and inside them row tiles x token tiles.
   constexpr int64_t kRowUnit = 16;
   const int64_t n_units = (w.rows + kRowUnit - 1) / kRowUnit;

@@ -26,6 +26,9 @@ struct WeightMatrix {
   int64_t rows;
   int64_t cols;
   int64_t row_bytes;
+  // Optional copy in the x16 layout of packed.h (borrowed, owned by whoever packed it).
+  // MatMul uses it where the CPU has the packed kernels, and `data` elsewhere.
+  const uint8_t* packed = nullptr;
 };
 
 // Bytes of scratch MatMul needs for n_tokens activation rows of `cols` against `type`.

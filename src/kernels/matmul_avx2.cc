@@ -296,6 +296,7 @@ inline __m256i RoundHalfAway(__m256 v) {
 
 void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
   float* dd = reinterpret_cast<float*>(dst + cols);
+  int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
     const float d = HmaxAbs(xb, 32) / 127.f;
@@ -304,6 +305,12 @@ void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
     const __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
     for (int k = 0; k < 4; ++k) q[k] = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
+    // Each q[k] holds 8 int32 values in -127..127: their sum is the block's sum.
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    sums[b] = _mm_cvtsi128_si32(s4);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), PackToInt8(q[0], q[1], q[2], q[3]));
   }
 }

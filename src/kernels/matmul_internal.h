@@ -1,7 +1,9 @@
 // Internals shared by the MatMul driver and its per-ISA tile kernels. Not a public API.
 //
 // Activation scratch layout, one row per token, each row padded to 64 bytes:
-//   Q4_0 / Q8_0 weights:  int8 qs[cols]; float d[cols / 32]        (Q8_0 values, d = f16(d))
+//   Q4_0 / Q8_0 weights:  int8 qs[cols]; float d[cols / 32]; int32 sum[cols / 32]
+//                         (Q8_0 values, d = f16(d); sum of each block's qs, for the
+//                         packed kernels' weight offset)
 //   Q4_K / Q6_K weights:  int8 qs[cols]; float d[cols / 256]; int16 bsums[cols / 16]  (Q8_K)
 //   F16 weights:          float x[cols], each rounded through f16
 //   BF16 weights:         uint16 x[cols], bf16 bits
@@ -58,6 +60,23 @@ TileKernel GetTileKernelAvx2(GgmlType type);    // matmul_avx2.cc
 inline constexpr int64_t kGemvMaxTokens = 8;
 // The AVX-512 tile for a weight type and a batch of n_tokens rows (matmul_avx512.cc).
 TileKernel GetTileKernelAvx512(GgmlType type, int64_t n_tokens);
+
+// Packed (x16, packed.h) kernels: y for one group of 16 weight rows x nt tokens.
+struct PackedArgs {
+  const uint8_t* g;  // the group's packed bytes
+  int64_t nb;        // 32-element blocks per row
+  const uint8_t* a;  // activation row t0 (Q4_0 / Q8_0 layout above)
+  int64_t a_stride;
+  int64_t cols;
+  float* y;          // y of (t0, first row of the group); element (t, r) at y[t * y_stride + r]
+  int64_t y_stride;
+  int nr;            // rows of the group that exist (1..16)
+  int nt;            // tokens (1..kPackedMaxTokens)
+};
+using PackedFn = void (*)(const PackedArgs&);
+inline constexpr int kPackedMaxTokens = 8;
+// Null for types without an x16 layout (packed_avx512.cc).
+PackedFn GetPackedKernelAvx512(GgmlType type);
 
 // MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
 // REQUIRES: IsaSupported(isa).

@@ -1,0 +1,73 @@
+#include "kernels/packed.h"
+
+#include <cstring>
+
+#include "kernels/cpu_features.h"
+#include "kernels/quant.h"
+#include "util/status.h"
+
+namespace trellis {
+namespace {
+
+constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// 64-byte lines per 32-element block.
+int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
+
+}  // namespace
+
+bool PackableType(GgmlType type) { return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0; }
+
+bool PackingUseful(GgmlType type) { return PackableType(type) && BestKernelIsa() == KernelIsa::kAvx512; }
+
+size_t PackedGroupBytes(GgmlType type, int64_t cols) {
+  if (!PackableType(type)) return 0;
+  const int64_t nb = cols / 32;
+  return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
+}
+
+size_t PackedBytes(const WeightMatrix& w) {
+  const int64_t groups = (w.rows + kPackRows - 1) / kPackRows;
+  return PackedGroupBytes(w.type, w.cols) * static_cast<size_t>(groups);
+}
+
+void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
+  TRELLIS_CHECK(PackableType(w.type) && w.cols % 32 == 0);
+  const int64_t nb = w.cols / 32;
+  const int lines = Lines(w.type);
+  const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
+    std::memset(out, 0, group_bytes);
+    uint16_t* scales = reinterpret_cast<uint16_t*>(out + nb * 64 * lines);
+    for (int r = 0; r < kPackRows; ++r) {
+      const int64_t row = g * kPackRows + r;
+      if (row >= w.rows) break;
+      const uint8_t* rp = src + row * w.row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* qs = out + b * 64 * lines;
+        if (w.type == GgmlType::kQ4_0) {
+          const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(rp) + b;
+          scales[16 * b + r] = blk->d;
+          auto nib = [&](int k) { return k < 16 ? blk->qs[k] & 0xF : blk->qs[k - 16] >> 4; };
+          for (int i = 0; i < 4; ++i) {
+            for (int q = 0; q < 4; ++q) {
+              qs[64 * i + 4 * r + q] = static_cast<uint8_t>(nib(8 * i + q) | nib(8 * i + 4 + q) << 4);
+            }
+          }
+        } else {
+          const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(rp) + b;
+          scales[16 * b + r] = blk->d;
+          for (int j = 0; j < 8; ++j) {
+            for (int q = 0; q < 4; ++q) {
+              qs[64 * j + 4 * r + q] = static_cast<uint8_t>(blk->qs[4 * j + q]) ^ 0x80;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace trellis

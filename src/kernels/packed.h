@@ -1,0 +1,51 @@
+// Weight layouts repacked at load time for the AVX-512 VNNI matmul kernels.
+//
+// GGUF stores a Q4_0 / Q8_0 matrix row by row, 32-element blocks one after the other.
+// A kernel over that layout vectorizes along a row: per 64 elements it needs one int8 dot
+// (vpdpbusd) plus a convert, a multiply and an add to apply the block scales, so three
+// quarters of the issued work is scale bookkeeping. The "x16" layout interleaves 16 rows
+// instead: one zmm holds 4 consecutive elements of each of 16 rows, so vpdpbusd against
+// 4 activation bytes broadcast to every lane accumulates 16 outputs at once, and the
+// scales of a 32-element block are applied once per 8 dots, to 16 rows at a time.
+//
+// Layout of one group of 16 rows (rows past the matrix end are zero, scale 0):
+//   qs:     nb blocks x kLines 64-byte lines, block b at qs + b * kLines * 64
+//     Q4_0 (4 lines per block): line i byte 4r+q = e(r, 8i+q) | e(r, 8i+4+q) << 4, where
+//          e(r, k) in 0..15 is row r's k-th nibble of the block (value e - 8).
+//     Q8_0 (8 lines per block): line j byte 4r+q = q(r, 4j+q) + 128 (as unsigned).
+//   scales: nb x 16 f16, scales[16 b + r] = row r's block b scale.
+//   padding to a multiple of 64 bytes.
+// The packed copy is as large as the original; the original stays mapped (GetRow, other
+// ISAs) and the loader may drop its pages from memory.
+//
+// Thread safety: pure functions; PackWeights writes only dst.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace trellis {
+
+inline constexpr int64_t kPackRows = 16;
+
+// True if `type` has an x16 layout (Q4_0, Q8_0). Whether MatMul uses it depends on the
+// CPU as well: see PackingUseful().
+bool PackableType(GgmlType type);
+
+// True if MatMul on this CPU (BestKernelIsa() == AVX-512) runs packed kernels, so
+// packing weights of `type` at load time pays off.
+bool PackingUseful(GgmlType type);
+
+// Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).
+size_t PackedGroupBytes(GgmlType type, int64_t cols);
+size_t PackedBytes(const WeightMatrix& w);
+
+// Writes row groups [g_begin, g_end) of w's packed copy into dst (the start of the whole
+// packed copy, 64-byte aligned, PackedBytes(w) bytes). Groups are independent, so
+// callers may split the range across threads.
+// REQUIRES: PackableType(w.type).
+void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst);
+
+}  // namespace trellis

@@ -1,0 +1,117 @@
+// AVX-512 VNNI kernels over the x16 packed Q4_0 / Q8_0 layout (packed.h).
+//
+// Per 32-element block and token: 8 vpdpbusd, each taking one packed zmm (4 unsigned
+// weight bytes of 16 rows) and 4 activation bytes broadcast to all lanes, into an int32
+// accumulator that starts at the weight offset's correction -offset * sum(a_block)
+// (weights are stored unsigned: Q4_0 as e = q + 8, Q8_0 as q + 128). Then one convert and
+// one FMA apply dw[16 rows] * da[token]. Q4_0 nibbles are split with one shift and two ands
+// per 64 bytes, shared by all tokens of the tile. A tile is 16 rows x up to 8 tokens:
+// 8 int32 + 8 f32 accumulators stay in registers.
+//
+// Measured on Zen 4 (one thread, 5632 x 2048 Q4_0, 512 tokens): ~550 GOP/s, against
+// ~250 for the row-major 3x4 tiles; from DRAM, one token streams at the bandwidth.
+//
+// Thread safety: pure functions.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/matmul_internal.h"
+#include "kernels/packed.h"
+
+namespace trellis::matmul_internal {
+namespace {
+
+inline int32_t Load32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Lines ahead of the current one to prefetch: about 1 KiB, measured best for streaming
+// weights from DRAM with 1..8 tokens.
+constexpr int64_t kPrefetchBytes = 1024;
+
+template <bool kQ4, int NT>
+void TilePacked(const PackedArgs& p) {
+  constexpr int kLines = kQ4 ? 4 : 8;
+  constexpr int32_t kOffset = kQ4 ? 8 : 128;
+  const uint8_t* qs = p.g;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* asum[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
+  }
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < p.nb; ++b) {
+    const uint8_t* wb = qs + b * 64 * kLines;
+    __m512i iacc[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(-kOffset * asum[t][b]);
+    if constexpr (kQ4) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
+        const __m512i packed = _mm512_load_si512(wb + 64 * i);
+        const __m512i lo = _mm512_and_si512(packed, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 32 * b + 8 * i;
+          iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
+          iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
+        }
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * j + kPrefetchBytes), _MM_HINT_T0);
+        const __m512i w = _mm512_load_si512(wb + 64 * j);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          iacc[t] = _mm512_dpbusd_epi32(iacc[t], w, _mm512_set1_epi32(Load32(arow[t] + 32 * b + 4 * j)));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da[t][b])), acc[t]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+}
+
+template <bool kQ4>
+void DispatchPacked(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kPackedMaxTokens] = {
+      TilePacked<kQ4, 1>, TilePacked<kQ4, 2>, TilePacked<kQ4, 3>, TilePacked<kQ4, 4>,
+      TilePacked<kQ4, 5>, TilePacked<kQ4, 6>, TilePacked<kQ4, 7>, TilePacked<kQ4, 8>};
+  kTable[p.nt - 1](p);
+}
+
+}  // namespace
+
+PackedFn GetPackedKernelAvx512(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return DispatchPacked<true>;
+    case GgmlType::kQ8_0: return DispatchPacked<false>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace trellis::matmul_internal
