@@ -160,7 +160,7 @@ void ScalarTile(const TileArgs& p) {
 size_t ActRowBytes(GgmlType type, int64_t cols) {
   switch (type) {
     case GgmlType::kQ4_0:
-    case GgmlType::kQ8_0: return RoundUp(cols + 8 * (cols / 32), 64);
+    case GgmlType::kQ8_0: return RoundUp(cols + 12 * (cols / 32), 64);
     case GgmlType::kQ4_K:
     case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
@@ -175,6 +175,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
     case GgmlType::kQ8_0: {
       float* d = reinterpret_cast<float*>(dst + cols);
       int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
+      float* dsums = reinterpret_cast<float*>(dst + cols + 8 * (cols / 32));
       for (int64_t b = 0; b < cols / 32; ++b) {
         BlockQ8_0 blk;
         QuantizeRowQ8_0(x + 32 * b, &blk, 32);
@@ -183,6 +184,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
         int32_t sum = 0;
         for (int j = 0; j < 32; ++j) sum += blk.qs[j];
         sums[b] = sum;
+        dsums[b] = d[b] * static_cast<float>(sum);
       }
       break;
     }
@@ -244,16 +246,18 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const int64_t cols = w.cols;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
+  // Packed Q4_K kernels take Q8_0-format activations (per-32 scales and sums).
+  const GgmlType act_type = packed_fn != nullptr ? GgmlType::kQ8_0 : w.type;
   if (w.type != GgmlType::kF32) {
     TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
-    a_stride = static_cast<int64_t>(ActRowBytes(w.type, cols));
+    a_stride = static_cast<int64_t>(ActRowBytes(act_type, cols));
     uint8_t* s = static_cast<uint8_t*>(scratch);
     pool.ParallelFor(n_tokens, [&](int64_t begin, int64_t end, int) {
       for (int64_t t = begin; t < end; ++t) {
         if (isa == KernelIsa::kScalar) {
-          QuantizeActRow(w.type, x + t * x_stride, cols, s + t * a_stride);
+          QuantizeActRow(act_type, x + t * x_stride, cols, s + t * a_stride);
         } else {
-          QuantizeActRowAvx2(w.type, x + t * x_stride, cols, s + t * a_stride);
+          QuantizeActRowAvx2(act_type, x + t * x_stride, cols, s + t * a_stride);
         }
       }
     });
@@ -324,7 +328,10 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
 }  // namespace matmul_internal
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
-  return matmul_internal::ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
+  size_t row = matmul_internal::ActRowBytes(type, cols);
+  // A packed copy's kernels may take Q8_0-format activations instead.
+  if (PackableType(type)) row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
+  return row * static_cast<size_t>(n_tokens);
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,

@@ -297,6 +297,7 @@ inline __m256i RoundHalfAway(__m256 v) {
 void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
   float* dd = reinterpret_cast<float*>(dst + cols);
   int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
+  float* dsums = reinterpret_cast<float*>(dst + cols + 8 * (cols / 32));
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
     const float d = HmaxAbs(xb, 32) / 127.f;
@@ -311,6 +312,7 @@ void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
     sums[b] = _mm_cvtsi128_si32(s4);
+    dsums[b] = dd[b] * static_cast<float>(sums[b]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), PackToInt8(q[0], q[1], q[2], q[3]));
   }
 }

@@ -1,9 +1,10 @@
 // Internals shared by the MatMul driver and its per-ISA tile kernels. Not a public API.
 //
 // Activation scratch layout, one row per token, each row padded to 64 bytes:
-//   Q4_0 / Q8_0 weights:  int8 qs[cols]; float d[cols / 32]; int32 sum[cols / 32]
-//                         (Q8_0 values, d = f16(d); sum of each block's qs, for the
-//                         packed kernels' weight offset)
+//   Q4_0 / Q8_0 weights:  int8 qs[cols]; float d[cols / 32]; int32 sum[cols / 32];
+//                         float dsum[cols / 32]  (Q8_0 values, d = f16(d); sum of each
+//                         block's qs and d * sum, for the packed kernels' weight offsets;
+//                         packed Q4_K weights take this format too)
 //   Q4_K / Q6_K weights:  int8 qs[cols]; float d[cols / 256]; int16 bsums[cols / 16]  (Q8_K)
 //   F16 weights:          float x[cols], each rounded through f16
 //   BF16 weights:         uint16 x[cols], bf16 bits

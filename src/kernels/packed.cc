@@ -16,12 +16,15 @@ int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
 
 }  // namespace
 
-bool PackableType(GgmlType type) { return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0; }
+bool PackableType(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+}
 
 bool PackingUseful(GgmlType type) { return PackableType(type) && BestKernelIsa() == KernelIsa::kAvx512; }
 
 size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (!PackableType(type)) return 0;
+  if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
 }
@@ -31,8 +34,56 @@ size_t PackedBytes(const WeightMatrix& w) {
   return PackedGroupBytes(w.type, w.cols) * static_cast<size_t>(groups);
 }
 
+namespace {
+
+// One 16-row group of a Q4_K matrix (layout in packed.h).
+void PackGroupQ4_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
+  const int64_t nsb = w.cols / kQkK;
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t row = g * kPackRows + r;
+    if (row >= w.rows) break;
+    const BlockQ4_K* blocks = reinterpret_cast<const BlockQ4_K*>(src + row * w.row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      const BlockQ4_K& blk = blocks[s];
+      uint8_t* sb = out + s * kPackedQ4KSuperBytes;
+      uint16_t* d = reinterpret_cast<uint16_t*>(sb + 2048);
+      uint16_t* dmin = d + 16;
+      uint8_t* sc = sb + 2048 + 64;
+      uint8_t* m = sc + 128;
+      d[r] = blk.d;
+      dmin[r] = blk.dmin;
+      // Element k of the super-block: chunk k / 64, low nibble for the first 32 of it.
+      auto nib = [&](int k) {
+        const uint8_t byte = blk.qs[32 * (k / 64) + k % 32];
+        return (k % 64) < 32 ? byte & 0xF : byte >> 4;
+      };
+      for (int j = 0; j < 8; ++j) {
+        GetScaleMinK4(j, blk.scales, &sc[16 * j + r], &m[16 * j + r]);
+        for (int i = 0; i < 4; ++i) {
+          for (int q = 0; q < 4; ++q) {
+            sb[256 * j + 64 * i + 4 * r + q] =
+                static_cast<uint8_t>(nib(32 * j + 8 * i + q) | nib(32 * j + 8 * i + 4 + q) << 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
   TRELLIS_CHECK(PackableType(w.type) && w.cols % 32 == 0);
+  if (w.type == GgmlType::kQ4_K) {
+    const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
+      std::memset(out, 0, group_bytes);
+      PackGroupQ4_K(w, g, out);
+    }
+    return;
+  }
   const int64_t nb = w.cols / 32;
   const int lines = Lines(w.type);
   const size_t group_bytes = PackedGroupBytes(w.type, w.cols);

@@ -15,7 +15,12 @@
 //     Q8_0 (8 lines per block): line j byte 4r+q = q(r, 4j+q) + 128 (as unsigned).
 //   scales: nb x 16 f16, scales[16 b + r] = row r's block b scale.
 //   padding to a multiple of 64 bytes.
-// The packed copy is as large as the original; the original stays mapped (GetRow, other
+// Q4_K (value d * sc_j * e - dmin * m_j, e in 0..15, 8 sub-blocks j of 32 per 256): per
+// super-block of 256 elements, 2368 bytes:
+//   qs[8 sub-blocks][4 lines][64], each sub-block packed as a Q4_0 block above;
+//   d[16] f16, dmin[16] f16; sc[8][16] u8, m[8][16] u8 (sc[16 j + r] is row r's 6-bit scale).
+// Its kernels take activations in the Q8_0 scratch format (per-32 scales), not Q8_K.
+// The packed copy is as large as the original (Q4_K: 2.8% larger); the original stays mapped (GetRow, other
 // ISAs) and the loader may drop its pages from memory.
 //
 // Thread safety: pure functions; PackWeights writes only dst.
@@ -29,8 +34,9 @@
 namespace trellis {
 
 inline constexpr int64_t kPackRows = 16;
+inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0). Whether MatMul uses it depends on the
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K). Whether MatMul uses it depends on the
 // CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 

@@ -96,6 +96,73 @@ void TilePacked(const PackedArgs& p) {
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
 }
 
+// Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset), then
+// acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t]. The
+// per-row f32 scale and min of a sub-block are built once per tile from the 6-bit ints.
+template <int NT>
+void TilePackedQ4_K(const PackedArgs& p) {
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const float* dsum[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 8 * p.nb);
+  }
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const int64_t nsb = p.cols / 256;
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048 + 32)));
+    const uint8_t* sc = sb + 2048 + 64;
+    const uint8_t* mins = sc + 128;
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;  // activation block
+      const uint8_t* wb = sb + 256 * j;
+      const __m512 scale = _mm512_mul_ps(
+          d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)))));
+      const __m512 min = _mm512_mul_ps(
+          dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)))));
+      __m512i iacc[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
+        const __m512i packed = _mm512_load_si512(wb + 64 * i);
+        const __m512i lo = _mm512_and_si512(packed, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 32 * b + 8 * i;
+          iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
+          iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
+        }
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][b])), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(min, _mm512_set1_ps(dsum[t][b]), acc[t]);
+      }
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+}
+
+void DispatchPackedQ4_K(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kPackedMaxTokens] = {
+      TilePackedQ4_K<1>, TilePackedQ4_K<2>, TilePackedQ4_K<3>, TilePackedQ4_K<4>,
+      TilePackedQ4_K<5>, TilePackedQ4_K<6>, TilePackedQ4_K<7>, TilePackedQ4_K<8>};
+  kTable[p.nt - 1](p);
+}
+
 template <bool kQ4>
 void DispatchPacked(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
@@ -110,6 +177,7 @@ PackedFn GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return DispatchPacked<true>;
     case GgmlType::kQ8_0: return DispatchPacked<false>;
+    case GgmlType::kQ4_K: return DispatchPackedQ4_K;
     default: return nullptr;
   }
 }
