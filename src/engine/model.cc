@@ -129,10 +129,10 @@ void Model::Repack() {
   std::vector<WeightMatrix*> mats;
   for (LayerWeights& l : layers_) {
     for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (PackingUseful(w->type)) mats.push_back(w);
+      if (PackingUseful(*w)) mats.push_back(w);
     }
   }
-  if (PackingUseful(output_.type)) mats.push_back(&output_);
+  if (PackingUseful(output_)) mats.push_back(&output_);
   if (mats.empty()) return;
   std::vector<size_t> offset;
   size_t total = 0;

@@ -238,8 +238,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
   if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
   TRELLIS_CHECK(k.fn != nullptr);
-  const PackedFn packed_fn =
-      w.packed != nullptr && isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w.type) : nullptr;
+  const PackedKernel pk = w.packed != nullptr && isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w.type) : PackedKernel{};
   if (n_tokens <= 0 || w.rows <= 0) return;
 
   // 1. Activations -> scratch (one row per token).
@@ -247,7 +246,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
   // Packed Q4_K kernels take Q8_0-format activations (per-32 scales and sums).
-  const GgmlType act_type = packed_fn != nullptr ? GgmlType::kQ8_0 : w.type;
+  const GgmlType act_type = pk.fn != nullptr ? pk.act_type : w.type;
   if (w.type != GgmlType::kF32) {
     TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
     a_stride = static_cast<int64_t>(ActRowBytes(act_type, cols));
@@ -266,28 +265,31 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
 
   // 2a. Packed x16 weights: threads take contiguous runs of 16-row groups; inside, token
   // chunks that stay in L2, and per group tiles of up to kPackedMaxTokens tokens.
-  if (packed_fn != nullptr) {
+  if (pk.fn != nullptr) {
     const int64_t n_groups = (w.rows + kPackRows - 1) / kPackRows;
+    const int64_t n_units = (n_groups + pk.groups - 1) / pk.groups;  // tiles of pk.groups groups
     const int64_t group_bytes = static_cast<int64_t>(PackedGroupBytes(w.type, cols));
     const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / a_stride / kPackedMaxTokens * kPackedMaxTokens);
     pool.Run([&](int ith, int nth) {
-      const int64_t g_begin = n_groups * ith / nth;
-      const int64_t g_end = n_groups * (ith + 1) / nth;
+      const int64_t g_begin = n_units * ith / nth * pk.groups;
+      const int64_t g_end = std::min(n_groups, n_units * (ith + 1) / nth * pk.groups);
       PackedArgs p;
+      p.group_bytes = group_bytes;
       p.nb = cols / 32;
       p.a_stride = a_stride;
       p.cols = cols;
       p.y_stride = y_stride;
       for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
         const int64_t t1 = std::min(n_tokens, t0 + tc);
-        for (int64_t g = g_begin; g < g_end; ++g) {
+        for (int64_t g = g_begin; g < g_end; g += pk.groups) {
           p.g = w.packed + g * group_bytes;
-          p.nr = static_cast<int>(std::min<int64_t>(kPackRows, w.rows - g * kPackRows));
+          p.ng = static_cast<int>(std::min<int64_t>(pk.groups, g_end - g));
+          p.nr = static_cast<int>(std::min<int64_t>(kPackRows * p.ng, w.rows - g * kPackRows));
           for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
             p.a = a + t * a_stride;
             p.y = y + t * y_stride + g * kPackRows;
             p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
-            packed_fn(p);
+            pk.fn(p);
           }
         }
       }
@@ -330,7 +332,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   size_t row = matmul_internal::ActRowBytes(type, cols);
   // A packed copy's kernels may take Q8_0-format activations instead.
-  if (PackableType(type)) row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
+  if (PackableType(type) && type != GgmlType::kF16) row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
   return row * static_cast<size_t>(n_tokens);
 }
 

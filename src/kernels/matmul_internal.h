@@ -62,22 +62,28 @@ inline constexpr int64_t kGemvMaxTokens = 8;
 // The AVX-512 tile for a weight type and a batch of n_tokens rows (matmul_avx512.cc).
 TileKernel GetTileKernelAvx512(GgmlType type, int64_t n_tokens);
 
-// Packed (x16, packed.h) kernels: y for one group of 16 weight rows x nt tokens.
+// Packed (x16, packed.h) kernels: y for ng consecutive groups of 16 weight rows x nt tokens.
 struct PackedArgs {
-  const uint8_t* g;  // the group's packed bytes
-  int64_t nb;        // 32-element blocks per row
-  const uint8_t* a;  // activation row t0 (Q4_0 / Q8_0 layout above)
+  const uint8_t* g;     // the first group's packed bytes
+  int64_t group_bytes;  // bytes between groups
+  int64_t nb;           // 32-element blocks per row
+  const uint8_t* a;     // activation row t0 (layout above)
   int64_t a_stride;
   int64_t cols;
-  float* y;          // y of (t0, first row of the group); element (t, r) at y[t * y_stride + r]
+  float* y;             // y of (t0, first row of the group); element (t, r) at y[t * y_stride + r]
   int64_t y_stride;
-  int nr;            // rows of the group that exist (1..16)
-  int nt;            // tokens (1..kPackedMaxTokens)
+  int ng;               // groups (1..PackedKernel::groups)
+  int nr;               // rows of those groups that exist (1..16 * ng)
+  int nt;               // tokens (1..kPackedMaxTokens)
 };
 using PackedFn = void (*)(const PackedArgs&);
 inline constexpr int kPackedMaxTokens = 8;
-// Null for types without an x16 layout (packed_avx512.cc).
-PackedFn GetPackedKernelAvx512(GgmlType type);
+struct PackedKernel {
+  PackedFn fn = nullptr;  // null: no x16 layout for the type
+  int groups = 1;         // max groups per tile
+  GgmlType act_type = GgmlType::kQ8_0;  // activation scratch format the kernel reads
+};
+PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
 
 // MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
 // REQUIRES: IsaSupported(isa).

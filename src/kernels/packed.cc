@@ -17,14 +17,17 @@ int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
 }  // namespace
 
 bool PackableType(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kF16;
 }
 
-bool PackingUseful(GgmlType type) { return PackableType(type) && BestKernelIsa() == KernelIsa::kAvx512; }
+bool PackingUseful(const WeightMatrix& w) {
+  return PackableType(w.type) && w.cols % 32 == 0 && BestKernelIsa() == KernelIsa::kAvx512;
+}
 
 size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (!PackableType(type)) return 0;
   if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
+  if (type == GgmlType::kF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
 }
@@ -75,6 +78,20 @@ void PackGroupQ4_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
 
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
   TRELLIS_CHECK(PackableType(w.type) && w.cols % 32 == 0);
+  if (w.type == GgmlType::kF16) {
+    const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
+    const uint8_t* src = static_cast<const uint8_t*>(w.data);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
+      std::memset(out, 0, group_bytes);
+      uint16_t* o = reinterpret_cast<uint16_t*>(out);
+      for (int r = 0; r < kPackRows && g * kPackRows + r < w.rows; ++r) {
+        const uint16_t* row = reinterpret_cast<const uint16_t*>(src + (g * kPackRows + r) * w.row_bytes);
+        for (int64_t k = 0; k < w.cols; ++k) o[16 * k + r] = row[k];
+      }
+    }
+    return;
+  }
   if (w.type == GgmlType::kQ4_K) {
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     for (int64_t g = g_begin; g < g_end; ++g) {

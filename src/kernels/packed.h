@@ -20,6 +20,8 @@
 //   qs[8 sub-blocks][4 lines][64], each sub-block packed as a Q4_0 block above;
 //   d[16] f16, dmin[16] f16; sc[8][16] u8, m[8][16] u8 (sc[16 j + r] is row r's 6-bit scale).
 // Its kernels take activations in the Q8_0 scratch format (per-32 scales), not Q8_K.
+// F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
+// of all 16 rows (kernels take the f16-rounded f32 activation scratch).
 // The packed copy is as large as the original (Q4_K: 2.8% larger); the original stays mapped (GetRow, other
 // ISAs) and the loader may drop its pages from memory.
 //
@@ -36,13 +38,13 @@ namespace trellis {
 inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K). Whether MatMul uses it depends on the
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, F16). Whether MatMul uses it depends on the
 // CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 
-// True if MatMul on this CPU (BestKernelIsa() == AVX-512) runs packed kernels, so
-// packing weights of `type` at load time pays off.
-bool PackingUseful(GgmlType type);
+// True if MatMul on this CPU (BestKernelIsa() == AVX-512) runs packed kernels for w, so
+// packing it at load time pays off.
+bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).
 size_t PackedGroupBytes(GgmlType type, int64_t cols);

@@ -18,6 +18,7 @@
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/matmul_internal.h"
@@ -163,6 +164,67 @@ void DispatchPackedQ4_K(const PackedArgs& p) {
   kTable[p.nt - 1](p);
 }
 
+// F16: outer products. Per column k, each group's 16 weights (32 bytes) widen to f32 and
+// meet every token's x[k] broadcast: G x NT FMAs per G conversions. 3 groups x 8 tokens
+// keep 24 accumulators in registers (Zen 5, one thread: ~230 GFLOP/s, vs ~140 for one
+// group x 12 tokens). Columns are taken in pairs, one prefetch per 64-byte line.
+constexpr int kF16Groups = 3;
+constexpr int64_t kF16PrefetchCols = 64;  // 2 KiB ahead per group stream
+
+template <int G, int NT>
+void TilePackedF16(const PackedArgs& p) {
+  const uint16_t* w[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) w[g] = reinterpret_cast<const uint16_t*>(p.g + g * p.group_bytes);
+  const float* x[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const float*>(p.a + t * p.a_stride);
+  __m512 acc[G][NT];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < p.cols; k += 2) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) _mm_prefetch(reinterpret_cast<const char*>(w[g] + 16 * (k + kF16PrefetchCols)), _MM_HINT_T0);
+#pragma GCC unroll 2
+    for (int kk = 0; kk < 2; ++kk) {
+      __m512 wv[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) wv[g] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 16 * (k + kk))));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const __m512 xv = _mm512_set1_ps(x[t][k + kk]);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[g][t] = _mm512_fmadd_ps(wv[g], xv, acc[g][t]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const int rows = std::clamp(p.nr - 16 * g, 0, 16);
+    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride + 16 * g, mask, acc[g][t]);
+  }
+}
+
+template <int G>
+struct F16Table {
+  static constexpr PackedFn kFns[kPackedMaxTokens] = {TilePackedF16<G, 1>, TilePackedF16<G, 2>, TilePackedF16<G, 3>,
+                                                      TilePackedF16<G, 4>, TilePackedF16<G, 5>, TilePackedF16<G, 6>,
+                                                      TilePackedF16<G, 7>, TilePackedF16<G, 8>};
+};
+
+void DispatchPackedF16(const PackedArgs& p) {
+  static_assert(kF16Groups == 3);
+  switch (p.ng) {
+    case 1: F16Table<1>::kFns[p.nt - 1](p); break;
+    case 2: F16Table<2>::kFns[p.nt - 1](p); break;
+    default: F16Table<3>::kFns[p.nt - 1](p); break;
+  }
+}
+
 template <bool kQ4>
 void DispatchPacked(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
@@ -173,12 +235,13 @@ void DispatchPacked(const PackedArgs& p) {
 
 }  // namespace
 
-PackedFn GetPackedKernelAvx512(GgmlType type) {
+PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return DispatchPacked<true>;
-    case GgmlType::kQ8_0: return DispatchPacked<false>;
-    case GgmlType::kQ4_K: return DispatchPackedQ4_K;
-    default: return nullptr;
+    case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, GgmlType::kQ8_0};
+    case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, GgmlType::kQ8_0};
+    case GgmlType::kQ4_K: return {DispatchPackedQ4_K, 1, GgmlType::kQ8_0};
+    case GgmlType::kF16: return {DispatchPackedF16, kF16Groups, GgmlType::kF16};
+    default: return {};
   }
 }
 

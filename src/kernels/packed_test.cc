@@ -132,7 +132,9 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_TRUE(PackableType(GgmlType::kQ8_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ4_K));
   EXPECT_FALSE(PackableType(GgmlType::kQ6_K));
-  EXPECT_FALSE(PackingUseful(GgmlType::kF16));
+  EXPECT_TRUE(PackableType(GgmlType::kF16));
+  EXPECT_FALSE(PackingUseful(WeightMatrix{GgmlType::kF16, nullptr, 16, 100, 200}));  // cols % 32 != 0
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kF16, 2048), 16u * 2 * 2048);
   // Same size as the original: 16 rows x 18 bytes per Q4_0 block, 16 x 34 per Q8_0 block.
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_0, 2048), 16u * 18 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ8_0, 2048), 16u * 34 * 64);
@@ -152,7 +154,7 @@ TEST(PackedTest, KernelsMatchReference) {
   const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17}};
   ThreadPool pool(2);
   uint32_t seed = 10;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " rows=" << s.rows << " cols=" << s.cols
                                       << " n_tokens=" << s.n_tokens);
@@ -166,14 +168,21 @@ TEST(PackedTest, KernelsMatchReference) {
       }
       std::vector<float> y_ref(static_cast<size_t>(s.n_tokens * y_stride), -7.f);
       std::vector<uint8_t> act(matmul_internal::ActRowBytes(GgmlType::kQ8_0, s.cols));
+      std::vector<double> xa(static_cast<size_t>(s.cols));  // the activation the kernel sees
       double scale = 0;
       for (int64_t t = 0; t < s.n_tokens; ++t) {
-        matmul_internal::QuantizeActRow(GgmlType::kQ8_0, x.data() + t * x_stride, s.cols, act.data());
-        const int8_t* q = reinterpret_cast<const int8_t*>(act.data());
-        const float* d = reinterpret_cast<const float*>(act.data() + s.cols);
+        const float* xt = x.data() + t * x_stride;
+        if (type == GgmlType::kF16) {
+          for (int64_t c = 0; c < s.cols; ++c) xa[c] = Fp16ToFp32(Fp32ToFp16(xt[c]));
+        } else {
+          matmul_internal::QuantizeActRow(GgmlType::kQ8_0, xt, s.cols, act.data());
+          const int8_t* q = reinterpret_cast<const int8_t*>(act.data());
+          const float* d = reinterpret_cast<const float*>(act.data() + s.cols);
+          for (int64_t c = 0; c < s.cols; ++c) xa[c] = static_cast<double>(q[c]) * d[c / 32];
+        }
         for (int64_t r = 0; r < s.rows; ++r) {
           double sum = 0;
-          for (int64_t c = 0; c < s.cols; ++c) sum += static_cast<double>(wdq[r * s.cols + c]) * q[c] * d[c / 32];
+          for (int64_t c = 0; c < s.cols; ++c) sum += static_cast<double>(wdq[r * s.cols + c]) * xa[c];
           y_ref[static_cast<size_t>(t * y_stride + r)] = static_cast<float>(sum);
           scale = std::max(scale, std::fabs(sum));
         }
@@ -203,9 +212,9 @@ TEST(PackedTest, KernelsMatchReference) {
 TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
   if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI";
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
-    const int64_t rows = 64, cols = 1024, n_tokens = 12;
+    const int64_t rows = 100, cols = 1024, n_tokens = 12;
     const Packed m = MakePacked(type, rows, cols, 77);
     const std::vector<float> x = Gaussian(n_tokens * cols, 78);
     std::vector<float> y_ref(static_cast<size_t>(n_tokens * rows)), y(y_ref.size());
