@@ -47,10 +47,15 @@ CpuFeatures DetectCpuFeatures() {
   return f;
 }
 
+// cpuid traps to the hypervisor in a VM (microseconds), and MatMul asks on every call:
+// read it once.
 bool HasAvx512Dq() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  __cpuid_count(7, 0, a, b, c, d);
-  return (b >> 17) & 1;
+  static const bool dq = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return ((b >> 17) & 1) != 0;
+  }();
+  return dq;
 }
 
 }  // namespace
