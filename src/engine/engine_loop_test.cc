@@ -87,18 +87,22 @@ TEST(EngineLoopTest, ShutdownCancelsInFlightRequests) {
   ASSERT_TRUE(m.ok());
   ThreadPool threads(2);
   std::atomic<int> cancelled{0};
+  std::atomic<int> tokens{0};
   {
-    auto loop = EngineLoop::Start(**m, SchedulerOptions{.n_ctx = 512}, threads);
+    auto loop = EngineLoop::Start(**m, SchedulerOptions{.n_ctx = 8192}, threads);
     ASSERT_TRUE(loop.ok());
     for (int i = 0; i < 3; ++i) {
       Request r;
       r.prompt = {1, 2, 3};
-      r.max_tokens = 400;
-      ASSERT_TRUE((*loop)->Submit(r, nullptr, [&](RequestId, const RequestResult& res) {
-        if (res.reason == FinishReason::kCancelled) cancelled++;
-      }).ok());
+      r.max_tokens = 8000;
+      ASSERT_TRUE((*loop)->Submit(r, [&](RequestId, int32_t, std::span<const float>) { tokens++; },
+                                  [&](RequestId, const RequestResult& res) {
+                                    if (res.reason == FinishReason::kCancelled) cancelled++;
+                                  }).ok());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Shut down once all three are decoding (a fixed sleep raced the faster kernels: three
+    // 400-token requests on the small model finished within 50 ms).
+    while (tokens.load() < 6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(cancelled.load(), 3);
 }

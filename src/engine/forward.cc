@@ -135,9 +135,8 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
     const LayerWeights& l = model_.layer(li);
     // Attention block.
     RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
-    MatMul(l.wq, xn_.data(), E, n_rows, q_.data(), QD, pool_, scratch_);
-    MatMul(l.wk, xn_.data(), E, n_rows, k_.data(), KD, pool_, scratch_);
-    MatMul(l.wv, xn_.data(), E, n_rows, v_.data(), KD, pool_, scratch_);
+    const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
+    MatMulShared(qkv, xn_.data(), E, n_rows, pool_, scratch_);
     Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope_);
     Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope_);
     KvWrite(kv_, li, attn_seqs_, k_.data(), KD, v_.data(), KD);
@@ -148,8 +147,8 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
 
     // Feed-forward block (SwiGLU).
     RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
-    MatMul(l.w_gate, xn_.data(), E, n_rows, gate_.data(), F, pool_, scratch_);
-    MatMul(l.w_up, xn_.data(), E, n_rows, up_.data(), F, pool_, scratch_);
+    const MatMulOut gate_up[] = {{&l.w_gate, gate_.data(), F}, {&l.w_up, up_.data(), F}};
+    MatMulShared(gate_up, xn_.data(), E, n_rows, pool_, scratch_);
     const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
     auto swiglu = [&](int64_t b, int64_t e, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b); };
     if (n_ff_total < kMinParallelFloats) {

@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <span>
 #include <cstring>
 #include <vector>
 
@@ -229,6 +230,81 @@ TileKernel GetTileKernelScalar(GgmlType type) {
   }
 }
 
+namespace {
+
+// Packed x16 tiles for one or more matrices of the same type and cols reading the same
+// activation scratch: all their tiles (units of pk.groups 16-row groups) are split across
+// threads in one pass, contiguous runs per thread; inside, token chunks that stay in L2,
+// and per unit tiles of up to kPackedMaxTokens tokens.
+void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const uint8_t* a, int64_t a_stride,
+               int64_t n_tokens, ThreadPool& pool) {
+  const WeightMatrix& w0 = *outs[0].w;
+  const int64_t cols = w0.cols;
+  const int64_t group_bytes = static_cast<int64_t>(PackedGroupBytes(w0.type, cols));
+  const int64_t unit_rows = kPackRows * pk.groups;
+  int64_t total_units = 0;
+  for (const MatMulOut& o : outs) total_units += (o.w->rows + unit_rows - 1) / unit_rows;
+  const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / a_stride / kPackedMaxTokens * kPackedMaxTokens);
+  pool.Run([&](int ith, int nth) {
+    const int64_t u_begin = total_units * ith / nth, u_end = total_units * (ith + 1) / nth;
+    PackedArgs p;
+    p.group_bytes = group_bytes;
+    p.nb = cols / 32;
+    p.a_stride = a_stride;
+    p.cols = cols;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
+      const int64_t t1 = std::min(n_tokens, t0 + tc);
+      int64_t u0 = 0;  // first unit of the current matrix
+      for (const MatMulOut& o : outs) {
+        const WeightMatrix& w = *o.w;
+        const int64_t n_units = (w.rows + unit_rows - 1) / unit_rows;
+        const int64_t b = std::max(u_begin, u0) - u0, e = std::min(u_end, u0 + n_units) - u0;
+        u0 += n_units;
+        p.y_stride = o.y_stride;
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t g = u * pk.groups;
+          p.g = w.packed + g * group_bytes;
+          p.nr = static_cast<int>(std::min<int64_t>(unit_rows, w.rows - g * kPackRows));
+          p.ng = static_cast<int>((p.nr + kPackRows - 1) / kPackRows);
+          for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
+            p.a = a + t * a_stride;
+            p.y = o.y + t * o.y_stride + g * kPackRows;
+            p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
+            pk.fn(p);
+          }
+        }
+      }
+    }
+  });
+}
+
+// Activation rows x[t] -> scratch in `type`'s layout; returns the row stride.
+int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
+                            int64_t cols, ThreadPool& pool, void* scratch) {
+  TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
+  const int64_t a_stride = static_cast<int64_t>(ActRowBytes(type, cols));
+  uint8_t* s = static_cast<uint8_t*>(scratch);
+  auto quantize = [&](int64_t begin, int64_t end, int) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (isa == KernelIsa::kScalar) {
+        QuantizeActRow(type, x + t * x_stride, cols, s + t * a_stride);
+      } else {
+        QuantizeActRowAvx2(type, x + t * x_stride, cols, s + t * a_stride);
+      }
+    }
+  };
+  // A decode-sized batch takes ~1 us per row to convert: cheaper here than a round trip
+  // through the pool (a wake-up and a barrier).
+  if (n_tokens * cols <= 8 * 8192) {
+    quantize(0, n_tokens, 0);
+  } else {
+    pool.ParallelFor(n_tokens, quantize);
+  }
+  return a_stride;
+}
+
+}  // namespace
+
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
                    int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
   TRELLIS_CHECK(IsaSupported(isa));
@@ -248,52 +324,14 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   // Packed Q4_K kernels take Q8_0-format activations (per-32 scales and sums).
   const GgmlType act_type = pk.fn != nullptr ? pk.act_type : w.type;
   if (w.type != GgmlType::kF32) {
-    TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
-    a_stride = static_cast<int64_t>(ActRowBytes(act_type, cols));
-    uint8_t* s = static_cast<uint8_t*>(scratch);
-    pool.ParallelFor(n_tokens, [&](int64_t begin, int64_t end, int) {
-      for (int64_t t = begin; t < end; ++t) {
-        if (isa == KernelIsa::kScalar) {
-          QuantizeActRow(act_type, x + t * x_stride, cols, s + t * a_stride);
-        } else {
-          QuantizeActRowAvx2(act_type, x + t * x_stride, cols, s + t * a_stride);
-        }
-      }
-    });
-    a = s;
+    a_stride = QuantizeActivations(isa, act_type, x, x_stride, n_tokens, cols, pool, scratch);
+    a = static_cast<const uint8_t*>(scratch);
   }
 
-  // 2a. Packed x16 weights: threads take contiguous runs of 16-row groups; inside, token
-  // chunks that stay in L2, and per group tiles of up to kPackedMaxTokens tokens.
+  // 2a. Packed x16 weights.
   if (pk.fn != nullptr) {
-    const int64_t n_groups = (w.rows + kPackRows - 1) / kPackRows;
-    const int64_t n_units = (n_groups + pk.groups - 1) / pk.groups;  // tiles of pk.groups groups
-    const int64_t group_bytes = static_cast<int64_t>(PackedGroupBytes(w.type, cols));
-    const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / a_stride / kPackedMaxTokens * kPackedMaxTokens);
-    pool.Run([&](int ith, int nth) {
-      const int64_t g_begin = n_units * ith / nth * pk.groups;
-      const int64_t g_end = std::min(n_groups, n_units * (ith + 1) / nth * pk.groups);
-      PackedArgs p;
-      p.group_bytes = group_bytes;
-      p.nb = cols / 32;
-      p.a_stride = a_stride;
-      p.cols = cols;
-      p.y_stride = y_stride;
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
-        const int64_t t1 = std::min(n_tokens, t0 + tc);
-        for (int64_t g = g_begin; g < g_end; g += pk.groups) {
-          p.g = w.packed + g * group_bytes;
-          p.ng = static_cast<int>(std::min<int64_t>(pk.groups, g_end - g));
-          p.nr = static_cast<int>(std::min<int64_t>(kPackRows * p.ng, w.rows - g * kPackRows));
-          for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
-            p.a = a + t * a_stride;
-            p.y = y + t * y_stride + g * kPackRows;
-            p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
-            pk.fn(p);
-          }
-        }
-      }
-    });
+    const MatMulOut out{&w, y, y_stride};
+    RunPacked(pk, std::span<const MatMulOut>(&out, 1), a, a_stride, n_tokens, pool);
     return;
   }
   // 2b. Rows split across threads in contiguous chunks of 16; each thread walks token chunks
@@ -327,6 +365,24 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   });
 }
 
+void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,
+                         int64_t n_tokens, ThreadPool& pool, void* scratch) {
+  if (outs.empty()) return;
+  const WeightMatrix& w0 = *outs[0].w;
+  const PackedKernel pk = isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w0.type) : PackedKernel{};
+  bool shared = pk.fn != nullptr && n_tokens > 0;
+  for (const MatMulOut& o : outs) {
+    shared = shared && o.w->packed != nullptr && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;
+  }
+  if (!shared) {
+    for (const MatMulOut& o : outs) MatMulWithIsa(isa, *o.w, x, x_stride, n_tokens, o.y, o.y_stride, pool, scratch);
+    return;
+  }
+  TRELLIS_CHECK(IsaSupported(isa));
+  const int64_t a_stride = QuantizeActivations(isa, pk.act_type, x, x_stride, n_tokens, w0.cols, pool, scratch);
+  RunPacked(pk, outs, static_cast<const uint8_t*>(scratch), a_stride, n_tokens, pool);
+}
+
 }  // namespace matmul_internal
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
@@ -339,6 +395,11 @@ size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
             int64_t y_stride, ThreadPool& pool, void* scratch) {
   matmul_internal::MatMulWithIsa(BestKernelIsa(), w, x, x_stride, n_tokens, y, y_stride, pool, scratch);
+}
+
+void MatMulShared(std::span<const MatMulOut> outs, const float* x, int64_t x_stride, int64_t n_tokens,
+                  ThreadPool& pool, void* scratch) {
+  matmul_internal::MatMulSharedWithIsa(BestKernelIsa(), outs, x, x_stride, n_tokens, pool, scratch);
 }
 
 void MatMulRef(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,

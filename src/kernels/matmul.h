@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "model/ggml_type.h"
 #include "util/thread_pool.h"
@@ -41,6 +42,20 @@ size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens);
 // Runs on all threads of `pool` (the caller is thread 0); performs no heap allocation.
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
             int64_t y_stride, ThreadPool& pool, void* scratch);
+
+// One product of MatMulShared: y[t * y_stride + r] = sum_c w[r][c] * x[t][c].
+struct MatMulOut {
+  const WeightMatrix* w;
+  float* y;
+  int64_t y_stride;
+};
+
+// Several matrices applied to the same x (q/k/v, gate/up): the same results as one MatMul
+// per output, but where all are packed alike (packed.h) x is converted once and all their
+// tiles run in one parallel pass: one barrier instead of two per matrix.
+// REQUIRES: as MatMul for each output; scratch sized for the largest.
+void MatMulShared(std::span<const MatMulOut> outs, const float* x, int64_t x_stride, int64_t n_tokens,
+                  ThreadPool& pool, void* scratch);
 
 // Same math, single-threaded scalar reference: quantizes activations the same way and
 // uses an integer dot per block. Allocates; for tests and tools only.

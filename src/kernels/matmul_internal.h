@@ -85,6 +85,10 @@ struct PackedKernel {
 };
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
 
+// MatMulShared with a forced kernel family.
+void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,
+                         int64_t n_tokens, ThreadPool& pool, void* scratch);
+
 // MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
 // REQUIRES: IsaSupported(isa).
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu_features.h"
@@ -228,6 +229,50 @@ TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
     }
     EXPECT_LT(std::sqrt(err / ref), type == GgmlType::kQ4_K ? 1e-2 : 1e-5);
   }
+}
+
+}  // namespace
+}  // namespace trellis
+
+namespace trellis {
+namespace {
+
+// MatMulShared (one conversion of x, one parallel pass over every matrix's tiles) gives
+// exactly what one MatMul per matrix gives, packed or not, whatever the thread count.
+TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    for (int64_t n_tokens : {1, 5, 21}) {
+      SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " n_tokens=" << n_tokens);
+      const int64_t cols = 512;
+      const Packed a = MakePacked(type, 37, cols, 1), b = MakePacked(type, 16, cols, 2), c = MakePacked(type, 100, cols, 3);
+      const std::vector<float> x = Gaussian(n_tokens * cols, 4);
+      Aligned scratch(MatMulScratchBytes(type, cols, n_tokens));
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> ya(static_cast<size_t>(n_tokens * 40), -7.f), yb(static_cast<size_t>(n_tokens * 16), -7.f),
+            yc(static_cast<size_t>(n_tokens * 100), -7.f);
+        const MatMulOut outs[] = {{&a.w, ya.data(), 40}, {&b.w, yb.data(), 16}, {&c.w, yc.data(), 100}};
+        MatMulShared(outs, x.data(), cols, n_tokens, pool, scratch.ptr);
+        for (const auto& [m, y, stride] : {std::tuple{&a, &ya, 40}, std::tuple{&b, &yb, 16}, std::tuple{&c, &yc, 100}}) {
+          std::vector<float> want(y->size(), -7.f);
+          MatMul(m->w, x.data(), cols, n_tokens, want.data(), stride, pool, scratch.ptr);
+          EXPECT_EQ(*y, want) << "threads=" << threads << " rows=" << m->w.rows;
+        }
+      }
+    }
+  }
+  // Mixed types cannot share a conversion: each runs on its own, same results.
+  const Packed q4 = MakePacked(GgmlType::kQ4_0, 20, 256, 5), f16 = MakePacked(GgmlType::kF16, 20, 256, 6);
+  const std::vector<float> x = Gaussian(3 * 256, 7);
+  Aligned scratch(std::max(MatMulScratchBytes(GgmlType::kQ4_0, 256, 3), MatMulScratchBytes(GgmlType::kF16, 256, 3)));
+  ThreadPool pool(2);
+  std::vector<float> y1(60), y2(60), w1(60), w2(60);
+  const MatMulOut outs[] = {{&q4.w, y1.data(), 20}, {&f16.w, y2.data(), 20}};
+  MatMulShared(outs, x.data(), 256, 3, pool, scratch.ptr);
+  MatMul(q4.w, x.data(), 256, 3, w1.data(), 20, pool, scratch.ptr);
+  MatMul(f16.w, x.data(), 256, 3, w2.data(), 20, pool, scratch.ptr);
+  EXPECT_EQ(y1, w1);
+  EXPECT_EQ(y2, w2);
 }
 
 }  // namespace
