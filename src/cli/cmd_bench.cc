@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_prefix.h"
+#include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
@@ -262,7 +263,9 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_flag("--json", o->json, "print one JSON object");
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   auto serve = AddServeBench(app);
-  return [o, speed, prefix, po, serve] {
+  auto roofline = AddRooflineBench(app);
+  return [o, speed, prefix, po, serve, roofline] {
+    if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
     if (serve.first->parsed()) {
       if (serve.second->url.empty() && serve.second->model.empty()) {
         auto m = DefaultModel(false);
@@ -280,7 +283,7 @@ Runner AddBenchCommand(CLI::App& app) {
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
       return RunPrefixBench(*po);
     }
-    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve)");
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, roofline)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
     if (o->sessions < 1 || o->sessions > 256) return Fail("bench: --sessions must be in 1..256");
     if (o->sessions > 1 && o->tg == 0) return Fail("bench: --sessions needs generated tokens (-n > 0)");
