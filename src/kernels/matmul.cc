@@ -163,7 +163,7 @@ size_t ActRowBytes(GgmlType type, int64_t cols) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: return RoundUp(cols + 12 * (cols / 32), 64);
     case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16), 64);
+    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
     case GgmlType::kBF16: return RoundUp(2 * cols, 64);
     default: return 0;
@@ -201,6 +201,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
         d[b] = blk.d;
         std::memcpy(bsums + 16 * b, blk.bsums, sizeof(blk.bsums));
       }
+      FillQ8KBlockSums(dst, cols);
       break;
     }
     case GgmlType::kF16: {
@@ -321,7 +322,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const int64_t cols = w.cols;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
-  // Packed Q4_K kernels take Q8_0-format activations (per-32 scales and sums).
+  // The packed kernel names the activation format it reads.
   const GgmlType act_type = pk.fn != nullptr ? pk.act_type : w.type;
   if (w.type != GgmlType::kF32) {
     a_stride = QuantizeActivations(isa, act_type, x, x_stride, n_tokens, cols, pool, scratch);
@@ -387,7 +388,7 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   size_t row = matmul_internal::ActRowBytes(type, cols);
-  // A packed copy's kernels may take Q8_0-format activations instead.
+  // A packed copy's kernels may take another activation format (packed_avx512.cc).
   if (PackableType(type) && type != GgmlType::kF16) row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
   return row * static_cast<size_t>(n_tokens);
 }

@@ -354,6 +354,7 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
     }
     dd[b] = 1.f / iscale;
   }
+  FillQ8KBlockSums(dst, cols);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 // super-block of 256 elements, 2368 bytes:
 //   qs[8 sub-blocks][4 lines][64], each sub-block packed as a Q4_0 block above;
 //   d[16] f16, dmin[16] f16; sc[8][16] u8, m[8][16] u8 (sc[16 j + r] is row r's 6-bit scale).
-// Its kernels take activations in the Q8_0 scratch format (per-32 scales), not Q8_K.
+// Its kernels take llama.cpp's Q8_K activations, as the row-major Q4_K kernels do.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
 // The packed copy is as large as the original (Q4_K: 2.8% larger); the original stays mapped (GetRow, other

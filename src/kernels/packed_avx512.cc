@@ -98,10 +98,12 @@ void TilePacked(const PackedArgs& p) {
 }
 
 // Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset), then
-// acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t]. The
+// acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t], with
+// llama.cpp's Q8_K activations (one scale per 256, so results match its rounding). The
 // per-row f32 scale and min of a sub-block are built once per tile from the 6-bit ints.
 template <int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
+  const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
   const float* da[NT];
   const float* dsum[NT];
@@ -109,13 +111,12 @@ void TilePackedQ4_K(const PackedArgs& p) {
   for (int t = 0; t < NT; ++t) {
     arow[t] = p.a + t * p.a_stride;
     da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 8 * p.nb);
+    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16));
   }
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const int64_t nsb = p.cols / 256;
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
@@ -147,7 +148,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
       }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][b])), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][s])), acc[t]);
         acc[t] = _mm512_fnmadd_ps(min, _mm512_set1_ps(dsum[t][b]), acc[t]);
       }
     }
@@ -239,7 +240,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, GgmlType::kQ8_0};
-    case GgmlType::kQ4_K: return {DispatchPackedQ4_K, 1, GgmlType::kQ8_0};
+    case GgmlType::kQ4_K: return {DispatchPackedQ4_K, 1, GgmlType::kQ4_K};
     case GgmlType::kF16: return {DispatchPackedF16, kF16Groups, GgmlType::kF16};
     default: return {};
   }
