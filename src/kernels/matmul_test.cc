@@ -9,20 +9,16 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/kernels_test_util.h"
 #include "kernels/quant.h"
 
 namespace trellis {
 namespace {
 
-using matmul_internal::MatMulWithIsa;
+using testing_util::AlignedBuffer;
+using testing_util::Gaussian;
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
+using matmul_internal::MatMulWithIsa;
 
 // Quantized weights plus their exact f32 dequantization.
 struct TestMatrix {
@@ -44,15 +40,6 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) 
   m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};
   return m;
 }
-
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t n) : storage(n + 64) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(storage.data());
-    ptr = storage.data() + ((64 - p % 64) % 64);
-  }
-  std::vector<uint8_t> storage;
-  uint8_t* ptr;
-};
 
 ThreadPool& Pool(int n) {
   static ThreadPool p1(1), p2(2), p3(3);

@@ -37,6 +37,28 @@ inline int32_t Load32(const uint8_t* p) {
 // weights from DRAM with 1..8 tokens.
 constexpr int64_t kPrefetchBytes = 1024;
 
+// One 32-element block of 4-bit x16 weights (4 lines at wb, packed.h) against NT tokens'
+// activation bytes at arow[t] + offset: iacc[t] (16 rows) += sum of e * a. The nibbles
+// are split once per line and shared by all tokens.
+template <int NT>
+__attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, const uint8_t* const (&arow)[NT],
+                                                          int64_t offset, __m512i (&iacc)[NT]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i packed = _mm512_load_si512(wb + 64 * i);
+    const __m512i lo = _mm512_and_si512(packed, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = arow[t] + offset + 8 * i;
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
+    }
+  }
+}
+
 template <bool kQ4, int NT>
 void TilePacked(const PackedArgs& p) {
   constexpr int kLines = kQ4 ? 4 : 8;
@@ -55,26 +77,13 @@ void TilePacked(const PackedArgs& p) {
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < p.nb; ++b) {
     const uint8_t* wb = qs + b * 64 * kLines;
     __m512i iacc[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(-kOffset * asum[t][b]);
     if constexpr (kQ4) {
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
-        const __m512i packed = _mm512_load_si512(wb + 64 * i);
-        const __m512i lo = _mm512_and_si512(packed, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = arow[t] + 32 * b + 8 * i;
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
-        }
-      }
+      DotNibbleBlock<NT>(wb, arow, 32 * b, iacc);
     } else {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
@@ -116,7 +125,6 @@ void TilePackedQ4_K(const PackedArgs& p) {
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
@@ -133,19 +141,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
       __m512i iacc[NT];
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
-        const __m512i packed = _mm512_load_si512(wb + 64 * i);
-        const __m512i lo = _mm512_and_si512(packed, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = arow[t] + 32 * b + 8 * i;
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
-        }
-      }
+      DotNibbleBlock<NT>(wb, arow, 32 * b, iacc);
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][s])), acc[t]);

@@ -9,32 +9,19 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/kernels_test_util.h"
 #include "kernels/quant.h"
 #include "util/fp16.h"
 
 namespace trellis {
 namespace {
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& f : v) f = dist(rng);
-  return v;
-}
-
-struct Aligned {
-  explicit Aligned(size_t n) : storage(n + 64) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(storage.data());
-    ptr = storage.data() + ((64 - p % 64) % 64);
-  }
-  std::vector<uint8_t> storage;
-  uint8_t* ptr;
-};
+using testing_util::AlignedBuffer;
+using testing_util::Gaussian;
 
 struct Packed {
   std::vector<uint8_t> bytes;  // original rows
-  Aligned packed{0};
+  AlignedBuffer packed{0};
   WeightMatrix w;
 };
 
@@ -45,7 +32,7 @@ Packed MakePacked(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   m.bytes.resize(static_cast<size_t>(rb * rows));
   for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, m.bytes.data() + r * rb, cols).ok());
   m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};
-  m.packed = Aligned(PackedBytes(m.w));
+  m.packed = AlignedBuffer(PackedBytes(m.w));
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
   // Two calls over disjoint ranges: the result must not depend on how packing is split.
   PackWeights(m.w, 0, groups / 2, m.packed.ptr);
@@ -194,7 +181,7 @@ TEST(PackedTest, KernelsMatchReference) {
           scale = std::max(scale, std::fabs(sum));
         }
       }
-      Aligned scratch(MatMulScratchBytes(type, s.cols, s.n_tokens));
+      AlignedBuffer scratch(MatMulScratchBytes(type, s.cols, s.n_tokens));
       std::vector<float> y(y_ref.size(), -7.f);
       matmul_internal::MatMulWithIsa(KernelIsa::kAvx512, m.w, x.data(), x_stride, s.n_tokens, y.data(), y_stride, pool,
                                      scratch.ptr);
@@ -226,7 +213,7 @@ TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
     const std::vector<float> x = Gaussian(n_tokens * cols, 78);
     std::vector<float> y_ref(static_cast<size_t>(n_tokens * rows)), y(y_ref.size());
     MatMulRef(m.w, x.data(), cols, n_tokens, y_ref.data(), rows);
-    Aligned scratch(MatMulScratchBytes(type, cols, n_tokens));
+    AlignedBuffer scratch(MatMulScratchBytes(type, cols, n_tokens));
     matmul_internal::MatMulWithIsa(KernelIsa::kAvx512, m.w, x.data(), cols, n_tokens, y.data(), rows, pool, scratch.ptr);
     double err = 0, ref = 0;
     for (size_t i = 0; i < y.size(); ++i) {
@@ -243,6 +230,9 @@ TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
 namespace trellis {
 namespace {
 
+using testing_util::AlignedBuffer;
+using testing_util::Gaussian;
+
 // MatMulShared (one conversion of x, one parallel pass over every matrix's tiles) gives
 // exactly what one MatMul per matrix gives, packed or not, whatever the thread count.
 TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
@@ -252,7 +242,7 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
       const int64_t cols = 512;
       const Packed a = MakePacked(type, 37, cols, 1), b = MakePacked(type, 16, cols, 2), c = MakePacked(type, 100, cols, 3);
       const std::vector<float> x = Gaussian(n_tokens * cols, 4);
-      Aligned scratch(MatMulScratchBytes(type, cols, n_tokens));
+      AlignedBuffer scratch(MatMulScratchBytes(type, cols, n_tokens));
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         std::vector<float> ya(static_cast<size_t>(n_tokens * 40), -7.f), yb(static_cast<size_t>(n_tokens * 16), -7.f),
@@ -270,7 +260,7 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
   // Mixed types cannot share a conversion: each runs on its own, same results.
   const Packed q4 = MakePacked(GgmlType::kQ4_0, 20, 256, 5), f16 = MakePacked(GgmlType::kF16, 20, 256, 6);
   const std::vector<float> x = Gaussian(3 * 256, 7);
-  Aligned scratch(std::max(MatMulScratchBytes(GgmlType::kQ4_0, 256, 3), MatMulScratchBytes(GgmlType::kF16, 256, 3)));
+  AlignedBuffer scratch(std::max(MatMulScratchBytes(GgmlType::kQ4_0, 256, 3), MatMulScratchBytes(GgmlType::kF16, 256, 3)));
   ThreadPool pool(2);
   std::vector<float> y1(60), y2(60), w1(60), w2(60);
   const MatMulOut outs[] = {{&q4.w, y1.data(), 20}, {&f16.w, y2.data(), 20}};

@@ -7,18 +7,13 @@
 #include <random>
 #include <vector>
 
+#include "kernels/kernels_test_util.h"
 #include "util/fp16.h"
 
 namespace trellis {
 namespace {
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
+using testing_util::Gaussian;
 
 TEST(QuantTest, BlockSizesMatchGgml) {
   EXPECT_EQ(sizeof(BlockQ4_0), 18u);
