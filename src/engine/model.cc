@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "kernels/packed.h"
 #include "kernels/quant.h"
+#include "util/log.h"
 
 namespace trellis {
 namespace {
@@ -55,6 +57,23 @@ Result<std::vector<float>> GetVector(const GgufFile& g, const std::string& name,
   std::vector<float> out(static_cast<size_t>(n));
   TRELLIS_RETURN_IF_ERROR(DequantizeRow(t->type, t->data, out.data(), n));
   return out;
+}
+
+// MemAvailable from /proc/meminfo in bytes, or -1 if unknown.
+int64_t MemAvailableBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) {
+      kib = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
 }
 
 }  // namespace
@@ -139,6 +158,14 @@ void Model::Repack() {
   for (const WeightMatrix* w : mats) {
     offset.push_back(total);
     total += PackedBytes(*w);  // a multiple of 64
+  }
+  // The packed copy is anonymous memory: where it would not fit in what the system has
+  // available, keep running from the file (its pages can be evicted and re-read).
+  const int64_t available = MemAvailableBytes();
+  if (available >= 0 && static_cast<double>(total) > 0.8 * static_cast<double>(available)) {
+    TRELLIS_LOG_WARN("not repacking weights: {} MiB needed, {} MiB available; using the slower file layout",
+                     total >> 20, available >> 20);
+    return;
   }
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t alloc = (total + kHuge - 1) / kHuge * kHuge;
