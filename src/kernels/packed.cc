@@ -1,5 +1,6 @@
 #include "kernels/packed.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu_features.h"
@@ -84,10 +85,14 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
       std::memset(out, 0, group_bytes);
+      // Column-major within the group: read the 16 rows side by side and write the
+      // output in order (a write stride of 32 bytes per element was ~6x slower).
       uint16_t* o = reinterpret_cast<uint16_t*>(out);
-      for (int r = 0; r < kPackRows && g * kPackRows + r < w.rows; ++r) {
-        const uint16_t* row = reinterpret_cast<const uint16_t*>(src + (g * kPackRows + r) * w.row_bytes);
-        for (int64_t k = 0; k < w.cols; ++k) o[16 * k + r] = row[k];
+      const int n = static_cast<int>(std::min<int64_t>(kPackRows, w.rows - g * kPackRows));
+      const uint16_t* rows[kPackRows];
+      for (int r = 0; r < n; ++r) rows[r] = reinterpret_cast<const uint16_t*>(src + (g * kPackRows + r) * w.row_bytes);
+      for (int64_t k = 0; k < w.cols; ++k) {
+        for (int r = 0; r < n; ++r) o[16 * k + r] = rows[r][k];
       }
     }
     return;
