@@ -306,6 +306,14 @@ int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_
 
 }  // namespace
 
+PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type) {
+  switch (isa) {
+    case KernelIsa::kAvx512: return GetPackedKernelAvx512(type);
+    case KernelIsa::kAvx2: return GetPackedKernelAvx2(type);
+    default: return {};
+  }
+}
+
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
                    int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
   TRELLIS_CHECK(IsaSupported(isa));
@@ -315,7 +323,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
   if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
   TRELLIS_CHECK(k.fn != nullptr);
-  const PackedKernel pk = w.packed != nullptr && isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w.type) : PackedKernel{};
+  const PackedKernel pk = w.packed != nullptr ? GetPackedKernel(isa, w.type) : PackedKernel{};
   if (n_tokens <= 0 || w.rows <= 0) return;
 
   // 1. Activations -> scratch (one row per token).
@@ -370,7 +378,7 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
                          int64_t n_tokens, ThreadPool& pool, void* scratch) {
   if (outs.empty()) return;
   const WeightMatrix& w0 = *outs[0].w;
-  const PackedKernel pk = isa == KernelIsa::kAvx512 ? GetPackedKernelAvx512(w0.type) : PackedKernel{};
+  const PackedKernel pk = GetPackedKernel(isa, w0.type);
   bool shared = pk.fn != nullptr && n_tokens > 0;
   for (const MatMulOut& o : outs) {
     shared = shared && o.w->packed != nullptr && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;

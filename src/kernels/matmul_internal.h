@@ -95,6 +95,9 @@ struct PackedKernel {
   GgmlType act_type = GgmlType::kQ8_0;  // activation scratch format the kernel reads
 };
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
+PackedKernel GetPackedKernelAvx2(GgmlType type);    // packed_avx2.cc (Q4_0)
+// The packed kernel for an ISA family ({} for scalar or a type without one).
+PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type);
 
 // MatMulShared with a forced kernel family.
 void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,

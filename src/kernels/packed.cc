@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu_features.h"
+#include "kernels/matmul_internal.h"
 #include "kernels/quant.h"
 #include "util/status.h"
 
@@ -22,7 +23,8 @@ bool PackableType(GgmlType type) {
 }
 
 bool PackingUseful(const WeightMatrix& w) {
-  return PackableType(w.type) && w.cols % 32 == 0 && BestKernelIsa() == KernelIsa::kAvx512;
+  if (!PackableType(w.type) || w.cols % 32 != 0) return false;
+  return matmul_internal::GetPackedKernel(BestKernelIsa(), w.type).fn != nullptr;
 }
 
 size_t PackedGroupBytes(GgmlType type, int64_t cols) {

@@ -134,8 +134,7 @@ TEST(PackedTest, SizesAndTypes) {
 // The packed AVX-512 kernels against a double-precision reference built from the
 // dequantized weights and the quantized activations the packed kernels consume: the
 // integer dots are exact, so only f32 rounding of scales and sums differs.
-TEST(PackedTest, KernelsMatchReference) {
-  if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+void KernelsMatchReferenceFor(KernelIsa isa) {
   struct Shape {
     int64_t rows, cols, n_tokens;
   };
@@ -143,6 +142,7 @@ TEST(PackedTest, KernelsMatchReference) {
   ThreadPool pool(2);
   uint32_t seed = 10;
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " rows=" << s.rows << " cols=" << s.cols
                                       << " n_tokens=" << s.n_tokens);
@@ -183,7 +183,7 @@ TEST(PackedTest, KernelsMatchReference) {
       }
       AlignedBuffer scratch(MatMulScratchBytes(type, s.cols, s.n_tokens));
       std::vector<float> y(y_ref.size(), -7.f);
-      matmul_internal::MatMulWithIsa(KernelIsa::kAvx512, m.w, x.data(), x_stride, s.n_tokens, y.data(), y_stride, pool,
+      matmul_internal::MatMulWithIsa(isa, m.w, x.data(), x_stride, s.n_tokens, y.data(), y_stride, pool,
                                      scratch.ptr);
       int bad = 0;
       for (int64_t t = 0; t < s.n_tokens; ++t) {
@@ -203,10 +203,10 @@ TEST(PackedTest, KernelsMatchReference) {
 // Packed kernels against the original-layout reference (MatMulRef, which quantizes
 // activations as llama.cpp does: Q8_0 for Q4_0/Q8_0, Q8_K for Q4_K): the same integer
 // dots, so equal up to f32 rounding.
-TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
-  if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+void KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa isa) {
   ThreadPool pool(2);
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
     const int64_t rows = 100, cols = 1024, n_tokens = 12;
     const Packed m = MakePacked(type, rows, cols, 77);
@@ -214,7 +214,7 @@ TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
     std::vector<float> y_ref(static_cast<size_t>(n_tokens * rows)), y(y_ref.size());
     MatMulRef(m.w, x.data(), cols, n_tokens, y_ref.data(), rows);
     AlignedBuffer scratch(MatMulScratchBytes(type, cols, n_tokens));
-    matmul_internal::MatMulWithIsa(KernelIsa::kAvx512, m.w, x.data(), cols, n_tokens, y.data(), rows, pool, scratch.ptr);
+    matmul_internal::MatMulWithIsa(isa, m.w, x.data(), cols, n_tokens, y.data(), rows, pool, scratch.ptr);
     double err = 0, ref = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       err += (y[i] - y_ref[i]) * static_cast<double>(y[i] - y_ref[i]);
@@ -222,6 +222,19 @@ TEST(PackedTest, KernelsAgreeWithOriginalLayoutReference) {
     }
     EXPECT_LT(std::sqrt(err / ref), 1e-5);
   }
+}
+
+TEST(PackedTest, Avx512KernelsMatchReference) {
+  if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  KernelsMatchReferenceFor(KernelIsa::kAvx512);
+  KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kAvx512);
+}
+
+TEST(PackedTest, Avx2KernelsMatchReference) {
+  if (!IsaSupported(KernelIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  ASSERT_NE(matmul_internal::GetPackedKernel(KernelIsa::kAvx2, GgmlType::kQ4_0).fn, nullptr);
+  KernelsMatchReferenceFor(KernelIsa::kAvx2);
+  KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kAvx2);
 }
 
 }  // namespace
@@ -256,6 +269,22 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
         }
       }
     }
+  }
+  // The AVX2 packed kernels share the same way.
+  if (IsaSupported(KernelIsa::kAvx2)) {
+    const int64_t cols = 512, n_tokens = 7;
+    const Packed a = MakePacked(GgmlType::kQ4_0, 24, cols, 8), b = MakePacked(GgmlType::kQ4_0, 40, cols, 9);
+    const std::vector<float> x = Gaussian(n_tokens * cols, 10);
+    AlignedBuffer scratch(MatMulScratchBytes(GgmlType::kQ4_0, cols, n_tokens));
+    ThreadPool pool(2);
+    std::vector<float> ya(static_cast<size_t>(n_tokens * 24)), yb(static_cast<size_t>(n_tokens * 40));
+    std::vector<float> wa(ya.size()), wb(yb.size());
+    const MatMulOut outs[] = {{&a.w, ya.data(), 24}, {&b.w, yb.data(), 40}};
+    matmul_internal::MatMulSharedWithIsa(KernelIsa::kAvx2, outs, x.data(), cols, n_tokens, pool, scratch.ptr);
+    matmul_internal::MatMulWithIsa(KernelIsa::kAvx2, a.w, x.data(), cols, n_tokens, wa.data(), 24, pool, scratch.ptr);
+    matmul_internal::MatMulWithIsa(KernelIsa::kAvx2, b.w, x.data(), cols, n_tokens, wb.data(), 40, pool, scratch.ptr);
+    EXPECT_EQ(ya, wa);
+    EXPECT_EQ(yb, wb);
   }
   // Mixed types cannot share a conversion: each runs on its own, same results.
   const Packed q4 = MakePacked(GgmlType::kQ4_0, 20, 256, 5), f16 = MakePacked(GgmlType::kF16, 20, 256, 6);
