@@ -95,7 +95,7 @@ struct PackedKernel {
   GgmlType act_type = GgmlType::kQ8_0;  // activation scratch format the kernel reads
 };
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
-PackedKernel GetPackedKernelAvx2(GgmlType type);    // packed_avx2.cc (Q4_0)
+PackedKernel GetPackedKernelAvx2(GgmlType type);    // packed_avx2.cc (Q4_0, Q4_K)
 // The packed kernel for an ISA family ({} for scalar or a type without one).
 PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type);
 

@@ -43,7 +43,7 @@ inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 col
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// F16; AVX2: Q4_0), so packing it at load time pays off.
+// F16; AVX2: Q4_0, Q4_K), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).
