@@ -163,7 +163,7 @@ size_t ActRowBytes(GgmlType type, int64_t cols) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: return RoundUp(cols + 12 * (cols / 32), 64);
     case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32), 64);
+    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32) + 4 * (cols / 16), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
     case GgmlType::kBF16: return RoundUp(2 * cols, 64);
     default: return 0;

@@ -6,8 +6,10 @@
 //                         block's qs and d * sum, for the packed kernels' weight offsets;
 //                         packed Q4_K weights take this format too)
 //   Q4_K / Q6_K weights:  int8 qs[cols]; float d[cols / 256]; int16 bsums[cols / 16];
-//                         float dsum32[cols / 32]  (Q8_K; dsum32[j] = d * sum of the 32
-//                         qs of block j, for the packed Q4_K kernels' mins)
+//                         float dsum32[cols / 32]; int32 bias16[cols / 16]  (Q8_K;
+//                         dsum32[j] = d * sum of the 32 qs of block j, for the packed
+//                         Q4_K kernels' mins; bias16[g] = -32 * bsums[g], the packed Q6_K
+//                         kernels' weight offset)
 //   F16 weights:          float x[cols], each rounded through f16
 //   BF16 weights:         uint16 x[cols], bf16 bits
 //   F32 weights:          none; kernels read x directly.
@@ -44,13 +46,15 @@ struct TileKernel {
   int nt = 1;           // max tokens per tile
 };
 
-// Fills dsum32 of a Q8_K activation row whose qs, d and bsums are written.
+// Fills dsum32 and bias16 of a Q8_K activation row whose qs, d and bsums are written.
 inline void FillQ8KBlockSums(uint8_t* row, int64_t cols) {
   const int64_t nb = cols / 256;
   const float* d = reinterpret_cast<const float*>(row + cols);
   const int16_t* bsums = reinterpret_cast<const int16_t*>(row + cols + 4 * nb);
   float* dsum32 = reinterpret_cast<float*>(row + cols + 4 * nb + 2 * (cols / 16));
   for (int64_t j = 0; j < cols / 32; ++j) dsum32[j] = d[j / 8] * static_cast<float>(bsums[2 * j] + bsums[2 * j + 1]);
+  int32_t* bias16 = reinterpret_cast<int32_t*>(row + cols + 4 * nb + 2 * (cols / 16) + 4 * (cols / 32));
+  for (int64_t g = 0; g < cols / 16; ++g) bias16[g] = -32 * bsums[g];
 }
 
 // Bytes of one activation row in scratch (0 for F32).

@@ -19,7 +19,8 @@ int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
 }  // namespace
 
 bool PackableType(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kF16;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
+         type == GgmlType::kF16;
 }
 
 bool PackingUseful(const WeightMatrix& w) {
@@ -30,6 +31,7 @@ bool PackingUseful(const WeightMatrix& w) {
 size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (!PackableType(type)) return 0;
   if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
+  if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
   if (type == GgmlType::kF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
@@ -77,6 +79,50 @@ void PackGroupQ4_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
   }
 }
 
+// Q6_K element k (0..255) of a block as 0..63 (value q - 32), and its group scale.
+int Q6Element(const BlockQ6_K& blk, int k) {
+  const int h = k / 128, e = k % 128, quarter = e / 32, l = e % 32;
+  const uint8_t ql = blk.ql[64 * h + 32 * (quarter & 1) + l];
+  const int low = quarter < 2 ? ql & 0xF : ql >> 4;
+  const int high = (blk.qh[32 * h + l] >> (2 * quarter)) & 3;
+  return low | high << 4;
+}
+
+// One 16-row group of a Q6_K matrix (layout in packed.h).
+void PackGroupQ6_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
+  const int64_t nsb = w.cols / kQkK;
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t row = g * kPackRows + r;
+    if (row >= w.rows) break;
+    const BlockQ6_K* blocks = reinterpret_cast<const BlockQ6_K*>(src + row * w.row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      const BlockQ6_K& blk = blocks[s];
+      uint8_t* sb = out + s * kPackedQ6KSuperBytes;
+      int8_t* sc = reinterpret_cast<int8_t*>(sb + 8 * 384);
+      uint16_t* d = reinterpret_cast<uint16_t*>(sb + 8 * 384 + 256);
+      d[r] = blk.d;
+      for (int grp = 0; grp < 16; ++grp) sc[16 * grp + r] = blk.scales[grp];
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* bl = sb + 384 * j;
+        auto q = [&](int e) { return Q6Element(blk, 32 * j + e); };
+        for (int i = 0; i < 4; ++i) {
+          for (int qq = 0; qq < 4; ++qq) {
+            bl[64 * i + 4 * r + qq] = static_cast<uint8_t>((q(8 * i + qq) & 0xF) | (q(8 * i + 4 + qq) & 0xF) << 4);
+          }
+        }
+        for (int m = 0; m < 2; ++m) {
+          for (int qq = 0; qq < 4; ++qq) {
+            int bits = 0;
+            for (int f = 0; f < 4; ++f) bits |= (q(16 * m + 4 * f + qq) >> 4) << (2 * f);
+            bl[256 + 64 * m + 4 * r + qq] = static_cast<uint8_t>(bits);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
@@ -99,12 +145,16 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     }
     return;
   }
-  if (w.type == GgmlType::kQ4_K) {
+  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) {
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
       std::memset(out, 0, group_bytes);
-      PackGroupQ4_K(w, g, out);
+      if (w.type == GgmlType::kQ4_K) {
+        PackGroupQ4_K(w, g, out);
+      } else {
+        PackGroupQ6_K(w, g, out);
+      }
     }
     return;
   }

@@ -20,6 +20,11 @@
 //   qs[8 sub-blocks][4 lines][64], each sub-block packed as a Q4_0 block above;
 //   d[16] f16, dmin[16] f16; sc[8][16] u8, m[8][16] u8 (sc[16 j + r] is row r's 6-bit scale).
 // Its kernels take llama.cpp's Q8_K activations, as the row-major Q4_K kernels do.
+// Q6_K (value d * sc_g * (q - 32), q in 0..63, 16 groups g of 16 per 256): per super-block,
+// 3392 bytes: per 32-element block j, 4 lines of low nibbles packed as a Q4_0 block, then 2
+// lines of high bit pairs: line m byte 4r+q holds, from bit 0, the high bits of the
+// elements 16m+q, 16m+4+q, 16m+8+q, 16m+12+q of the block (the lo and hi nibbles of
+// nibble lines 2m and 2m+1); then sc[16 groups][16 rows] int8, d[16] f16, 32 bytes pad.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
 // The packed copy is as large as the original (Q4_K: 2.8% larger); the original stays mapped (GetRow, other
@@ -37,8 +42,9 @@ namespace trellis {
 
 inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
+inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, F16). Whether MatMul uses it depends on the
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16). Whether MatMul uses it depends on the
 // CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 

@@ -154,6 +154,81 @@ void TilePackedQ4_K(const PackedArgs& p) {
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
 }
 
+// Q6_K: per group of 16 elements, 4 vpdpbusd of the 6-bit weights (nibble | high pair
+// << 4, unpacked once per tile) against Q8_K activations, starting from -32 * bsum; the
+// group's int8 scale multiplies in int32 (|sum| < 2^27 over a super-block), and one
+// convert + FMA per super-block applies d[rows] * da[t].
+template <int NT>
+void TilePackedQ6_K(const PackedArgs& p) {
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    bias16[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16) + 4 * (p.cols / 32));
+  }
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * 384 + 256)));
+    __m512i isum[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* bl = sb + 384 * j;
+      _mm_prefetch(reinterpret_cast<const char*>(bl + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 256 + kPrefetchBytes), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int x = 0; x < 2; ++x) {
+        const __m512i l0 = _mm512_load_si512(bl + 128 * x);
+        const __m512i l1 = _mm512_load_si512(bl + 128 * x + 64);
+        const __m512i h = _mm512_load_si512(bl + 256 + 64 * x);
+        const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+        const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+                                           _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+        const __m512i w2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
+        const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+        const int grp = 2 * j + x;  // group in the super-block
+        const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
+          __m512i g = _mm512_set1_epi32(bias16[t][16 * s + grp]);
+          g = _mm512_dpbusd_epi32(g, w0, _mm512_set1_epi32(Load32(a)));
+          g = _mm512_dpbusd_epi32(g, w1, _mm512_set1_epi32(Load32(a + 4)));
+          g = _mm512_dpbusd_epi32(g, w2, _mm512_set1_epi32(Load32(a + 8)));
+          g = _mm512_dpbusd_epi32(g, w3, _mm512_set1_epi32(Load32(a + 12)));
+          isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(g, scale));
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t][s])), acc[t]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+}
+
+void DispatchPackedQ6_K(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kPackedMaxTokens] = {
+      TilePackedQ6_K<1>, TilePackedQ6_K<2>, TilePackedQ6_K<3>, TilePackedQ6_K<4>,
+      TilePackedQ6_K<5>, TilePackedQ6_K<6>, TilePackedQ6_K<7>, TilePackedQ6_K<8>};
+  kTable[p.nt - 1](p);
+}
+
 void DispatchPackedQ4_K(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
       TilePackedQ4_K<1>, TilePackedQ4_K<2>, TilePackedQ4_K<3>, TilePackedQ4_K<4>,
@@ -237,6 +312,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K, 1, GgmlType::kQ4_K};
+    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, GgmlType::kQ6_K};
     case GgmlType::kF16: return {DispatchPackedF16, kF16Groups, GgmlType::kF16};
     default: return {};
   }

@@ -119,7 +119,9 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_TRUE(PackableType(GgmlType::kQ4_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ8_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ4_K));
-  EXPECT_FALSE(PackableType(GgmlType::kQ6_K));
+  EXPECT_TRUE(PackableType(GgmlType::kQ6_K));
+  EXPECT_FALSE(PackableType(GgmlType::kBF16));
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ6_K, 512), 2u * 3392);  // 16 x 210 + 32 per super-block
   EXPECT_TRUE(PackableType(GgmlType::kF16));
   EXPECT_FALSE(PackingUseful(WeightMatrix{GgmlType::kF16, nullptr, 16, 100, 200}));  // cols % 32 != 0
   EXPECT_EQ(PackedGroupBytes(GgmlType::kF16, 2048), 16u * 2 * 2048);
@@ -141,7 +143,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
   const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17}};
   ThreadPool pool(2);
   uint32_t seed = 10;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}) {
     if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " rows=" << s.rows << " cols=" << s.cols
@@ -162,9 +164,9 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
         const float* xt = x.data() + t * x_stride;
         if (type == GgmlType::kF16) {
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = Fp16ToFp32(Fp32ToFp16(xt[c]));
-        } else if (type == GgmlType::kQ4_K) {  // Q8_K activations: one scale per 256
-          std::vector<uint8_t> k8(matmul_internal::ActRowBytes(GgmlType::kQ4_K, s.cols));
-          matmul_internal::QuantizeActRow(GgmlType::kQ4_K, xt, s.cols, k8.data());
+        } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) {  // Q8_K: one scale per 256
+          std::vector<uint8_t> k8(matmul_internal::ActRowBytes(type, s.cols));
+          matmul_internal::QuantizeActRow(type, xt, s.cols, k8.data());
           const int8_t* q = reinterpret_cast<const int8_t*>(k8.data());
           const float* d = reinterpret_cast<const float*>(k8.data() + s.cols);
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = static_cast<double>(q[c]) * d[c / 256];
@@ -205,7 +207,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
 // dots, so equal up to f32 rounding.
 void KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa isa) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}) {
     if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
     const int64_t rows = 100, cols = 1024, n_tokens = 12;
@@ -249,7 +251,7 @@ using testing_util::Gaussian;
 // MatMulShared (one conversion of x, one parallel pass over every matrix's tiles) gives
 // exactly what one MatMul per matrix gives, packed or not, whatever the thread count.
 TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}) {
     for (int64_t n_tokens : {1, 5, 21}) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " n_tokens=" << n_tokens);
       const int64_t cols = 512;
