@@ -1,4 +1,4 @@
-// Weight layouts repacked at load time for the AVX-512 VNNI matmul kernels.
+// Weight layouts repacked at load time for the AVX-512 VNNI (and AVX2) matmul kernels.
 //
 // GGUF stores a Q4_0 / Q8_0 matrix row by row, 32-element blocks one after the other.
 // A kernel over that layout vectorizes along a row: per 64 elements it needs one int8 dot
@@ -27,8 +27,8 @@
 // nibble lines 2m and 2m+1); then sc[16 groups][16 rows] int8, d[16] f16, 32 bytes pad.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
-// The packed copy is as large as the original (Q4_K: 2.8% larger); the original stays mapped (GetRow, other
-// ISAs) and the loader may drop its pages from memory.
+// The packed copy is as large as the original (Q4_K 2.8%, Q6_K 1% larger); the original
+// stays mapped (GetRow, other ISAs) and the loader may drop its pages from memory.
 //
 // Thread safety: pure functions; PackWeights writes only dst.
 #pragma once
@@ -44,12 +44,12 @@ inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16). Whether MatMul uses it depends on the
-// CPU as well: see PackingUseful().
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16). Whether MatMul uses it
+// depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// F16; AVX2: Q4_0, Q4_K), so packing it at load time pays off.
+// Q6_K, F16; AVX2: Q4_0, Q4_K), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).
