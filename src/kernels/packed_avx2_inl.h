@@ -1,0 +1,190 @@
+// AVX2 kernels over the x16 packed Q4_0 and Q4_K layouts (packed.h), for CPUs without
+// AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
+// vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
+// at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
+// saturating, <= 30480) and by packed_avxvnni.cc (AVX-VNNI, e.g. Intel Alder Lake and
+// later: vpdpbusd on ymm, one instruction per 4-byte dot), which defines
+// TRELLIS_PACKED_AVXVNNI 1. A ymm holds one half of a group (8 rows); a tile is one half x
+// up to 4 tokens (16 ymm registers: 4 sums, 4 f32 accumulators, weights).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/matmul_internal.h"
+#include "kernels/packed.h"
+
+#ifndef TRELLIS_PACKED_AVXVNNI
+#define TRELLIS_PACKED_AVXVNNI 0
+#endif
+
+namespace trellis::matmul_internal {
+namespace {
+
+inline int32_t Load32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+constexpr int kAvx2PackedTokens = 4;
+
+// One 32-element block of 4-bit x16 weights, the half of the group at wb (4 lines of 64
+// bytes, this half's 32 bytes in each), against NT tokens' activation bytes at
+// arow[t] + offset, into sum[t]: with AVX-VNNI int32 dots per row (vpdpbusd ymm), else
+// int16 pair sums (vpmaddubsw; ToInt32 finishes them).
+template <int NT>
+__attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, const uint8_t* const (&arow)[NT],
+                                                          int64_t offset, __m256i (&sum)[NT]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
+    const __m256i lo = _mm256_and_si256(packed, m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = arow[t] + offset + 8 * i;
+#if TRELLIS_PACKED_AVXVNNI
+      sum[t] = _mm256_dpbusd_avx_epi32(sum[t], lo, _mm256_set1_epi32(Load32(a)));
+      sum[t] = _mm256_dpbusd_avx_epi32(sum[t], hi, _mm256_set1_epi32(Load32(a + 4)));
+#else
+      sum[t] = _mm256_add_epi16(sum[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(Load32(a))));
+      sum[t] = _mm256_add_epi16(sum[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load32(a + 4))));
+#endif
+    }
+  }
+}
+
+// The int32 row dots of a SumNibbleBlock result.
+inline __m256i ToInt32(__m256i sum) {
+#if TRELLIS_PACKED_AVXVNNI
+  return sum;
+#else
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+#endif
+}
+
+// Lanes < rows set: the store mask of a half with `rows` (1..8) rows.
+inline __m256i RowMask(int rows) {
+  alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
+}
+
+// Rows [8 h, 8 h + 8) of the group x NT tokens.
+template <int NT>
+void HalfQ4_0(const PackedArgs& p, int h) {
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* asum[NT];
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
+  }
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 256);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.nb; ++b) {
+    __m256i sum[NT];
+    SumNibbleBlock<NT>(p.g + b * 256 + 32 * h, arow, 32 * b, sum);
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const __m256i isum = _mm256_add_epi32(ToInt32(sum[t]), _mm256_set1_epi32(-8 * asum[t][b]));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[t]);
+    }
+  }
+  const __m256i mask = RowMask(p.nr - 8 * h);
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+}
+
+// Q4_K (layout in packed.h), llama.cpp's Q8_K activations: per 32-element sub-block the
+// same int16 sums as Q4_0, then acc += f(isum) * (d * sc_j)[rows] * da[t] -
+// (dmin * m_j)[rows] * (da * sum)[t], as the AVX-512 kernel.
+template <int NT>
+void HalfQ4_K(const PackedArgs& p, int h) {
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const float* dsum[NT];
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16));
+  }
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 32 + 16 * h)));
+    const uint8_t* sc = sb + 2048 + 64;
+    const uint8_t* mins = sc + 128;
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;
+      const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)))));
+      const __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + 16 * j + 8 * h)))));
+      __m256i sum[NT];
+      SumNibbleBlock<NT>(sb + 256 * j + 32 * h, arow, 32 * b, sum);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const __m256i isum = ToInt32(sum[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(da[t][s])), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(min, _mm256_set1_ps(dsum[t][b]), acc[t]);
+      }
+    }
+  }
+  const __m256i mask = RowMask(p.nr - 8 * h);
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+}
+
+template <template <int> class Half, int NT>
+void TileHalves(const PackedArgs& p) {
+  Half<NT>::Run(p, 0);
+  if (p.nr > 8) Half<NT>::Run(p, 1);
+}
+
+template <int NT>
+struct Q4_0Half {
+  static void Run(const PackedArgs& p, int h) { HalfQ4_0<NT>(p, h); }
+};
+template <int NT>
+struct Q4_KHalf {
+  static void Run(const PackedArgs& p, int h) { HalfQ4_K<NT>(p, h); }
+};
+
+// The driver hands tiles of up to kPackedMaxTokens tokens: run them 4 at a time.
+template <template <int> class Half>
+void DispatchHalves(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kAvx2PackedTokens] = {TileHalves<Half, 1>, TileHalves<Half, 2>,
+                                                         TileHalves<Half, 3>, TileHalves<Half, 4>};
+  PackedArgs q = p;
+  for (int t0 = 0; t0 < p.nt; t0 += kAvx2PackedTokens) {
+    q.a = p.a + t0 * p.a_stride;
+    q.y = p.y + t0 * p.y_stride;
+    q.nt = std::min(kAvx2PackedTokens, p.nt - t0);
+    kTable[q.nt - 1](q);
+  }
+}
+
+}  // namespace
+
+// The packed kernel for `type` built by the including file ({} if none).
+inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1, GgmlType::kQ8_0};
+    case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1, GgmlType::kQ4_K};
+    default: return {};
+  }
+}
+
+}  // namespace trellis::matmul_internal
