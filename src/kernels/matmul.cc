@@ -397,7 +397,9 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   size_t row = matmul_internal::ActRowBytes(type, cols);
   // A packed copy's kernels may take another activation format (packed_avx512.cc).
-  if (PackableType(type) && type != GgmlType::kF16) row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
+  if (PackableType(type) && type != GgmlType::kF16 && type != GgmlType::kBF16) {
+    row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
+  }
   return row * static_cast<size_t>(n_tokens);
 }
 

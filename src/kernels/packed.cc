@@ -20,7 +20,7 @@ int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
 
 bool PackableType(GgmlType type) {
   return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
-         type == GgmlType::kF16;
+         type == GgmlType::kF16 || type == GgmlType::kBF16;
 }
 
 bool PackingUseful(const WeightMatrix& w) {
@@ -32,7 +32,7 @@ size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (!PackableType(type)) return 0;
   if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
   if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
-  if (type == GgmlType::kF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
+  if (type == GgmlType::kF16 || type == GgmlType::kBF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
 }
@@ -127,7 +127,8 @@ void PackGroupQ6_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
 
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
   TRELLIS_CHECK(PackableType(w.type) && w.cols % 32 == 0);
-  if (w.type == GgmlType::kF16) {
+  if (w.type == GgmlType::kF16 || w.type == GgmlType::kBF16) {
+    // F16: element (r, k) at 16 k + r. BF16: column pairs, (r, k) at 32 (k / 2) + 2 r + k % 2.
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     const uint8_t* src = static_cast<const uint8_t*>(w.data);
     for (int64_t g = g_begin; g < g_end; ++g) {
@@ -139,8 +140,17 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
       const int n = static_cast<int>(std::min<int64_t>(kPackRows, w.rows - g * kPackRows));
       const uint16_t* rows[kPackRows];
       for (int r = 0; r < n; ++r) rows[r] = reinterpret_cast<const uint16_t*>(src + (g * kPackRows + r) * w.row_bytes);
-      for (int64_t k = 0; k < w.cols; ++k) {
-        for (int r = 0; r < n; ++r) o[16 * k + r] = rows[r][k];
+      if (w.type == GgmlType::kF16) {
+        for (int64_t k = 0; k < w.cols; ++k) {
+          for (int r = 0; r < n; ++r) o[16 * k + r] = rows[r][k];
+        }
+      } else {
+        for (int64_t k = 0; k < w.cols; k += 2) {
+          for (int r = 0; r < n; ++r) {
+            o[16 * k + 2 * r] = rows[r][k];
+            o[16 * k + 2 * r + 1] = rows[r][k + 1];
+          }
+        }
       }
     }
     return;

@@ -27,6 +27,8 @@
 // nibble lines 2m and 2m+1); then sc[16 groups][16 rows] int8, d[16] f16, 32 bytes pad.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
+// BF16: per group, column pairs: element (r, k) at 32 (k / 2) + 2 r + k % 2 (u16 units), so
+// one 64-byte load holds columns k, k+1 of 16 rows as vdpbf16ps pairs (bf16 activations).
 // The packed copy is as large as the original (Q4_K 2.8%, Q6_K 1% larger); the original
 // stays mapped (GetRow, other ISAs) and the loader may drop its pages from memory.
 //
@@ -44,12 +46,12 @@ inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16). Whether MatMul uses it
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16, BF16). Whether MatMul uses it
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// Q6_K, F16; AVX2: Q4_0, Q4_K), so packing it at load time pays off.
+// Q6_K, F16, BF16; AVX2: Q4_0, Q4_K), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).
