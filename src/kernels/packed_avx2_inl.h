@@ -1,4 +1,4 @@
-// AVX2 kernels over the x16 packed Q4_0 and Q4_K layouts (packed.h), for CPUs without
+// AVX2 kernels over the x16 packed Q4_0, Q4_K and Q6_K layouts (packed.h), for CPUs without
 // AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
@@ -147,6 +147,78 @@ void HalfQ4_K(const PackedArgs& p, int h) {
   for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
 }
 
+// Q6_K (layout in packed.h), Q8_K activations: per 16-element group, 4 dots of the 6-bit
+// weights (nibble | high pair << 4) from -32 * bsum, times the group's int8 scale in
+// int32; one convert + FMA per super-block. Without AVX-VNNI the int16 pair sums are
+// finished every two vpmaddubsw (two pairs of 63 * 127 * 2 fit int16, four do not).
+template <int NT>
+void HalfQ6_K(const PackedArgs& p, int h) {
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    bias16[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16) + 4 * (p.cols / 32));
+  }
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * 384 + 256 + 16 * h)));
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* bl = sb + 384 * j;
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024 + 128), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024 + 256), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int x = 0; x < 2; ++x) {
+        const __m256i l0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128 * x + 32 * h));
+        const __m256i l1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128 * x + 64 + 32 * h));
+        const __m256i hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 256 + 64 * x + 32 * h));
+        const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+        const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+        const __m256i w2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(hb, m30));
+        const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        const int grp = 2 * j + x;
+        const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
+          __m256i g = _mm256_set1_epi32(bias16[t][16 * s + grp]);
+#if TRELLIS_PACKED_AVXVNNI
+          g = _mm256_dpbusd_avx_epi32(g, w0, _mm256_set1_epi32(Load32(a)));
+          g = _mm256_dpbusd_avx_epi32(g, w1, _mm256_set1_epi32(Load32(a + 4)));
+          g = _mm256_dpbusd_avx_epi32(g, w2, _mm256_set1_epi32(Load32(a + 8)));
+          g = _mm256_dpbusd_avx_epi32(g, w3, _mm256_set1_epi32(Load32(a + 12)));
+#else
+          const __m256i ones = _mm256_set1_epi16(1);
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(Load32(a))),
+                                               _mm256_maddubs_epi16(w1, _mm256_set1_epi32(Load32(a + 4))));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, _mm256_set1_epi32(Load32(a + 8))),
+                                               _mm256_maddubs_epi16(w3, _mm256_set1_epi32(Load32(a + 12))));
+          g = _mm256_add_epi32(g, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
+#endif
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(g, scale));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[t]);
+    }
+  }
+  const __m256i mask = RowMask(p.nr - 8 * h);
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+}
+
 template <template <int> class Half, int NT>
 void TileHalves(const PackedArgs& p) {
   Half<NT>::Run(p, 0);
@@ -160,6 +232,10 @@ struct Q4_0Half {
 template <int NT>
 struct Q4_KHalf {
   static void Run(const PackedArgs& p, int h) { HalfQ4_K<NT>(p, h); }
+};
+template <int NT>
+struct Q6_KHalf {
+  static void Run(const PackedArgs& p, int h) { HalfQ6_K<NT>(p, h); }
 };
 
 // The driver hands tiles of up to kPackedMaxTokens tokens: run them 4 at a time.
@@ -183,6 +259,7 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1, GgmlType::kQ4_K};
+    case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1, GgmlType::kQ6_K};
     default: return {};
   }
 }
