@@ -119,7 +119,7 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
 
 std::vector<Case> AllCases() {
   std::vector<Case> v;
-  for (const char* m : {"ref-a-f16", "ref-a-q8_0", "ref-a-q4_0", "ref-a-q4_k_m", "ref-b-bf16", "ref-b-q6_k"}) {
+  for (const char* m : {"ref-a-f16", "ref-a-q8_0", "ref-a-q4_0", "ref-a-q4_k_m", "ref-a-q5_k_m", "ref-b-bf16", "ref-b-q6_k"}) {
     for (int p : {8, 67, 300}) v.push_back({m, p});
   }
   return v;

@@ -77,6 +77,30 @@ float DotQ4_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
   return sum;
 }
 
+float DotQ5_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ5_K* wb = reinterpret_cast<const BlockQ5_K*>(w);
+  const int64_t nb = cols / kQkK;
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  const int16_t* bsums = reinterpret_cast<const int16_t*>(a + cols + 4 * nb);
+  float sum = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* q8 = aq + kQkK * b;
+    int isum = 0, msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      GetScaleMinK4(j, wb[b].scales, &sc, &m);
+      int dot = 0;
+      for (int l = 0; l < 32; ++l) dot += Q5KElement(wb[b], 32 * j + l) * q8[32 * j + l];
+      isum += sc * dot;
+      msum += m * (bsums[16 * b + 2 * j] + bsums[16 * b + 2 * j + 1]);
+    }
+    sum += Fp16ToFp32(wb[b].d) * ad[b] * static_cast<float>(isum) -
+           Fp16ToFp32(wb[b].dmin) * ad[b] * static_cast<float>(msum);
+  }
+  return sum;
+}
+
 float DotQ6_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
   const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w);
   const int64_t nb = cols / kQkK;
@@ -139,6 +163,7 @@ DotFn GetDotScalar(GgmlType type) {
     case GgmlType::kQ4_0: return DotQ4_0;
     case GgmlType::kQ8_0: return DotQ8_0;
     case GgmlType::kQ4_K: return DotQ4_K;
+    case GgmlType::kQ5_K: return DotQ5_K;
     case GgmlType::kQ6_K: return DotQ6_K;
     case GgmlType::kF16: return DotF16;
     case GgmlType::kBF16: return DotBF16;
@@ -163,6 +188,7 @@ size_t ActRowBytes(GgmlType type, int64_t cols) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: return RoundUp(cols + 12 * (cols / 32), 64);
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32) + 4 * (cols / 16), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
     case GgmlType::kBF16: return RoundUp(2 * cols, 64);
@@ -190,6 +216,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
       break;
     }
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: {
       const int64_t nb = cols / kQkK;
       float* d = reinterpret_cast<float*>(dst + cols);
@@ -223,6 +250,7 @@ TileKernel GetTileKernelScalar(GgmlType type) {
     case GgmlType::kQ4_0: return {ScalarTile<DotQ4_0>, 4, 4};
     case GgmlType::kQ8_0: return {ScalarTile<DotQ8_0>, 4, 4};
     case GgmlType::kQ4_K: return {ScalarTile<DotQ4_K>, 4, 4};
+    case GgmlType::kQ5_K: return {ScalarTile<DotQ5_K>, 4, 4};
     case GgmlType::kQ6_K: return {ScalarTile<DotQ6_K>, 4, 4};
     case GgmlType::kF16: return {ScalarTile<DotF16>, 4, 4};
     case GgmlType::kBF16: return {ScalarTile<DotBF16>, 4, 4};

@@ -364,6 +364,7 @@ void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* ds
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: QuantizeActQ8_0(x, cols, dst); break;
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: QuantizeActQ8_K(x, cols, dst); break;
     case GgmlType::kF16: {
       float* o = reinterpret_cast<float*>(dst);

@@ -126,7 +126,7 @@ TEST_P(MatMulTest, MatchesReferenceForEveryIsaAndThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(MatMulTypes, MatMulTest,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K),
+                                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(GetGgmlTypeTraits(info.param).name); });
 
 // Column counts that are not a multiple of the SIMD width: float tails and an odd number

@@ -45,6 +45,19 @@ void DequantizeQ4_K(const BlockQ4_K* x, float* y, int64_t n) {
   }
 }
 
+void DequantizeQ5_K(const BlockQ5_K* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQkK; ++b) {
+    const float d = Fp16ToFp32(x[b].d);
+    const float dmin = Fp16ToFp32(x[b].dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      GetScaleMinK4(j, x[b].scales, &sc, &m);
+      const float dj = d * sc, mj = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = dj * static_cast<float>(Q5KElement(x[b], 32 * j + l)) - mj;
+    }
+  }
+}
+
 // Q6_K element order: each half of 128 uses ql[64], qh[32]; for l < 32
 //   elem l      = ql[l] & 15      | (qh[l] >> 0 & 3) << 4
 //   elem l + 32 = ql[l + 32] & 15 | (qh[l] >> 2 & 3) << 4
@@ -142,11 +155,13 @@ void FitAsymmetric(const float* x, int n, int nmax, float* s_out, float* m_out) 
   *m_out = best_m;
 }
 
-void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t n) {
+// Q4_K and Q5_K share scales and mins (6 bits each, 8 sub-blocks of 32); qmax is 15 or 31.
+template <int kQmax, typename Block>
+void QuantizeRowK45(const float* x, Block* y, int64_t n) {
   for (int64_t b = 0; b < n / kQkK; ++b, x += kQkK) {
     float s[8], m[8], max_s = 0, max_m = 0;
     for (int j = 0; j < 8; ++j) {
-      FitAsymmetric(x + 32 * j, 32, 15, &s[j], &m[j]);
+      FitAsymmetric(x + 32 * j, 32, kQmax, &s[j], &m[j]);
       max_s = std::max(max_s, s[j]);
       max_m = std::max(max_m, m[j]);
     }
@@ -171,16 +186,27 @@ void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t n) {
       const float es = dq * sc[j], em = dminq * mn[j];
       const float ies = es > 0 ? 1.f / es : 0.f;
       for (int i = 0; i < 32; ++i) {
-        q[32 * j + i] = static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + i] + em) * ies), 0, 15));
+        q[32 * j + i] = static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + i] + em) * ies), 0, kQmax));
       }
     }
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
-        y[b].qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+        y[b].qs[32 * c + l] = static_cast<uint8_t>((q[64 * c + l] & 0xF) | ((q[64 * c + 32 + l] & 0xF) << 4));
+      }
+    }
+    if constexpr (kQmax == 31) {
+      for (int l = 0; l < 32; ++l) {
+        uint8_t h = 0;
+        for (int j = 0; j < 8; ++j) h |= static_cast<uint8_t>(((q[32 * j + l] >> 4) & 1) << j);
+        y[b].qh[l] = h;
       }
     }
   }
 }
+
+void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t n) { QuantizeRowK45<15>(x, y, n); }
+
+void QuantizeRowQ5_K(const float* x, BlockQ5_K* y, int64_t n) { QuantizeRowK45<31>(x, y, n); }
 
 // Symmetric least-squares scale for q in [-nmax, nmax - 1]; returns s with x ~ s*q.
 float FitSymmetric(const float* x, int n, int nmax) {
@@ -318,6 +344,7 @@ Status DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::kQ4_0: DequantizeQ4_0(static_cast<const BlockQ4_0*>(src), dst, n); break;
     case GgmlType::kQ8_0: DequantizeQ8_0(static_cast<const BlockQ8_0*>(src), dst, n); break;
     case GgmlType::kQ4_K: DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), dst, n); break;
+    case GgmlType::kQ5_K: DequantizeQ5_K(static_cast<const BlockQ5_K*>(src), dst, n); break;
     case GgmlType::kQ6_K: DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), dst, n); break;
     default: return Unsupported("quant: dequantize " + std::string(GetGgmlTypeTraits(type).name));
   }
@@ -343,6 +370,7 @@ Status QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::kQ4_0: QuantizeRowQ4_0(src, static_cast<BlockQ4_0*>(dst), n); break;
     case GgmlType::kQ8_0: QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n); break;
     case GgmlType::kQ4_K: QuantizeRowQ4_K(src, static_cast<BlockQ4_K*>(dst), n); break;
+    case GgmlType::kQ5_K: QuantizeRowQ5_K(src, static_cast<BlockQ5_K*>(dst), n); break;
     case GgmlType::kQ6_K: QuantizeRowQ6_K(src, static_cast<BlockQ6_K*>(dst), n); break;
     default: return Unsupported("quant: quantize " + std::string(GetGgmlTypeTraits(type).name));
   }

@@ -46,6 +46,22 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144);
 
+struct BlockQ5_K {
+  uint16_t d;           // f16 super-block scale for the 6-bit scales
+  uint16_t dmin;        // f16 super-block scale for the 6-bit mins
+  uint8_t scales[12];   // 8 scales + 8 mins, 6 bits each (as Q4_K)
+  uint8_t qh[32];       // 5th bits: element k's is bit k / 32 of qh[k % 32]
+  uint8_t qs[128];      // low nibbles, ordered as Q4_K's
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+// Element k (0..255) of a Q5_K block as 0..31 (value d * sc_j * q - dmin * m_j, j = k / 32).
+inline int Q5KElement(const BlockQ5_K& b, int k) {
+  const uint8_t byte = b.qs[32 * (k / 64) + k % 32];
+  const int low = (k % 64) < 32 ? byte & 0xF : byte >> 4;
+  return low | ((b.qh[k % 32] >> (k / 32)) & 1) << 4;
+}
+
 struct BlockQ6_K {
   uint8_t ql[128];    // low 4 bits
   uint8_t qh[64];     // high 2 bits
@@ -73,11 +89,11 @@ inline void GetScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
 }
 
 // Reference dequantization of n elements (n a multiple of the type's block size).
-// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K.
+// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K.
 Status DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
 
 // Quantizes n elements (multiple of the block size) into dst (RowBytes(type, n) bytes).
-// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K.
+// Types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K.
 Status QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
 
 // Activation quantizers, numerically as llama.cpp's reference ones.

@@ -135,9 +135,12 @@ double RelRmsError(GgmlType type, const std::vector<float>& x) {
 
 TEST(QuantTest, RoundTripErrorBounds) {
   const std::vector<float> x = Gaussian(8192, 1, 0.7f);
-  // Measured on N(0,1) data: q4_0 0.086, q4_K 0.071, q6_K 0.017, q8_0 0.0054, bf16 0.0017.
+  // Measured on N(0,1) data: q4_0 0.086, q4_K 0.071, q5_K 0.035, q6_K 0.017, q8_0 0.0054,
+  // bf16 0.0017.
   EXPECT_LT(RelRmsError(GgmlType::kQ4_0, x), 0.15);
   EXPECT_LT(RelRmsError(GgmlType::kQ4_K, x), 0.12);
+  EXPECT_LT(RelRmsError(GgmlType::kQ5_K, x), 0.06);
+  EXPECT_LT(RelRmsError(GgmlType::kQ5_K, x), RelRmsError(GgmlType::kQ4_K, x) * 0.7);
   EXPECT_LT(RelRmsError(GgmlType::kQ6_K, x), 0.03);
   EXPECT_LT(RelRmsError(GgmlType::kQ8_0, x), 0.01);
   EXPECT_LT(RelRmsError(GgmlType::kF16, x), 1e-3);
@@ -147,11 +150,33 @@ TEST(QuantTest, RoundTripErrorBounds) {
   std::vector<float> shifted = Gaussian(4096, 2, 0.5f);
   for (float& f : shifted) f += 1.5f;
   EXPECT_LT(RelRmsError(GgmlType::kQ4_K, shifted), 0.05);
+  EXPECT_LT(RelRmsError(GgmlType::kQ5_K, shifted), 0.025);
+}
+
+TEST(QuantTest, DequantizeQ5_KKnownValues) {
+  // Q4_K's scales (see above); the 5th bit of element k is bit k / 32 of qh[k % 32].
+  BlockQ5_K b;
+  b.d = 0x3C00;     // 1.0
+  b.dmin = 0x3800;  // 0.5
+  const uint8_t packed[12] = {65, 66, 131, 196, 69, 134, 7, 200, 65, 66, 145, 15};
+  std::memcpy(b.scales, packed, 12);
+  for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<uint8_t>(i);
+  std::memset(b.qh, 0, sizeof(b.qh));
+  b.qh[0] = 0x01;  // element 0 (sub-block 0)
+  b.qh[1] = 0x80;  // element 7 * 32 + 1 = 225 (sub-block 7)
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ5_K, &b, y, 256).ok());
+  EXPECT_EQ(y[0], 13.5f);              // 1*1*(0 + 16) - 0.5*5
+  EXPECT_EQ(y[33], -3.f);              // qs[1] high nibble 0, no 5th bit: 0 - 0.5*6
+  EXPECT_EQ(y[225], 63.f * 22 - 24);   // qs[97] high nibble 6, + 16: 63*22 - 0.5*48
+  EXPECT_EQ(y[255], 63.f * 7 - 24);    // qs[127] high nibble 7, no 5th bit
+  EXPECT_EQ(sizeof(BlockQ5_K), 176u);
+  EXPECT_EQ(RowBytes(GgmlType::kQ5_K, 512), 2 * 176);
 }
 
 TEST(QuantTest, ZeroBlocksQuantizeToZero) {
   std::vector<float> x(256, 0.f), y(256, 1.f);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     std::vector<uint8_t> q(RowBytes(t, 256));
     ASSERT_TRUE(QuantizeRow(t, x.data(), q.data(), 256).ok());
     ASSERT_TRUE(DequantizeRow(t, q.data(), y.data(), 256).ok());

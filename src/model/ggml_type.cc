@@ -15,7 +15,7 @@ GgmlTypeTraits GetGgmlTypeTraits(uint32_t id) {
     case GgmlType::kQ2_K: return {"q2_K", 256, 84, false};
     case GgmlType::kQ3_K: return {"q3_K", 256, 110, false};
     case GgmlType::kQ4_K: return {"q4_K", 256, 144, true};
-    case GgmlType::kQ5_K: return {"q5_K", 256, 176, false};
+    case GgmlType::kQ5_K: return {"q5_K", 256, 176, true};
     case GgmlType::kQ6_K: return {"q6_K", 256, 210, true};
     case GgmlType::kQ8_K: return {"q8_K", 256, 292, false};
     case GgmlType::kIQ2_XXS: return {"iq2_xxs", 256, 66, false};
