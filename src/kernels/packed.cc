@@ -19,8 +19,8 @@ int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
 }  // namespace
 
 bool PackableType(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
-         type == GgmlType::kF16 || type == GgmlType::kBF16;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
+         type == GgmlType::kQ6_K || type == GgmlType::kF16 || type == GgmlType::kBF16;
 }
 
 bool PackingUseful(const WeightMatrix& w) {
@@ -31,6 +31,7 @@ bool PackingUseful(const WeightMatrix& w) {
 size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (!PackableType(type)) return 0;
   if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
+  if (type == GgmlType::kQ5_K) return static_cast<size_t>(cols / kQkK * kPackedQ5KSuperBytes);
   if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
   if (type == GgmlType::kF16 || type == GgmlType::kBF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
@@ -73,6 +74,39 @@ void PackGroupQ4_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
             sb[256 * j + 64 * i + 4 * r + q] =
                 static_cast<uint8_t>(nib(32 * j + 8 * i + q) | nib(32 * j + 8 * i + 4 + q) << 4);
           }
+        }
+      }
+    }
+  }
+}
+
+// One 16-row group of a Q5_K matrix (layout in packed.h).
+void PackGroupQ5_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
+  const int64_t nsb = w.cols / kQkK;
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t row = g * kPackRows + r;
+    if (row >= w.rows) break;
+    const BlockQ5_K* blocks = reinterpret_cast<const BlockQ5_K*>(src + row * w.row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      const BlockQ5_K& blk = blocks[s];
+      uint8_t* sb = out + s * kPackedQ5KSuperBytes;
+      uint16_t* d = reinterpret_cast<uint16_t*>(sb + 8 * 320);
+      uint8_t* sc = sb + 8 * 320 + 64;
+      uint8_t* m = sc + 128;
+      d[r] = blk.d;
+      d[16 + r] = blk.dmin;
+      for (int j = 0; j < 8; ++j) {
+        GetScaleMinK4(j, blk.scales, &sc[16 * j + r], &m[16 * j + r]);
+        uint8_t* bl = sb + 320 * j;
+        auto e = [&](int k) { return Q5KElement(blk, 32 * j + k); };
+        for (int q = 0; q < 4; ++q) {
+          int high = 0;
+          for (int i = 0; i < 4; ++i) {
+            bl[64 * i + 4 * r + q] = static_cast<uint8_t>((e(8 * i + q) & 0xF) | (e(8 * i + 4 + q) & 0xF) << 4);
+            high |= (e(8 * i + q) >> 4) << (2 * i) | (e(8 * i + 4 + q) >> 4) << (2 * i + 1);
+          }
+          bl[256 + 4 * r + q] = static_cast<uint8_t>(high);
         }
       }
     }
@@ -155,13 +189,15 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     }
     return;
   }
-  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) {
+  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K) {
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
       std::memset(out, 0, group_bytes);
       if (w.type == GgmlType::kQ4_K) {
         PackGroupQ4_K(w, g, out);
+      } else if (w.type == GgmlType::kQ5_K) {
+        PackGroupQ5_K(w, g, out);
       } else {
         PackGroupQ6_K(w, g, out);
       }

@@ -20,6 +20,9 @@
 //   qs[8 sub-blocks][4 lines][64], each sub-block packed as a Q4_0 block above;
 //   d[16] f16, dmin[16] f16; sc[8][16] u8, m[8][16] u8 (sc[16 j + r] is row r's 6-bit scale).
 // Its kernels take llama.cpp's Q8_K activations, as the row-major Q4_K kernels do.
+// Q5_K (Q4_K plus a 5th bit, e in 0..31): per super-block, 2880 bytes: per sub-block j of
+// 32, 320 bytes: 4 nibble lines as Q4_0, then a line whose byte 4r+q holds the 5th bits of
+// elements 8i+q (bit 2i) and 8i+4+q (bit 2i+1), i = 0..3; then d, dmin, sc, m as Q4_K.
 // Q6_K (value d * sc_g * (q - 32), q in 0..63, 16 groups g of 16 per 256): per super-block,
 // 3392 bytes: per 32-element block j, 4 lines of low nibbles packed as a Q4_0 block, then 2
 // lines of high bit pairs: line m byte 4r+q holds, from bit 0, the high bits of the
@@ -44,14 +47,15 @@ namespace trellis {
 
 inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
+inline constexpr int64_t kPackedQ5KSuperBytes = 8 * 320 + 64 + 256;       // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q6_K, F16, BF16). Whether MatMul uses it
+// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16). Whether MatMul uses it
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// Q6_K, F16, BF16; AVX2: Q4_0, Q4_K, Q6_K), so packing it at load time pays off.
+// Q5_K, Q6_K, F16, BF16; AVX2: Q4_0, Q4_K, Q5_K, Q6_K), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).

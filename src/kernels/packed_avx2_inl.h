@@ -1,4 +1,4 @@
-// AVX2 kernels over the x16 packed Q4_0, Q4_K and Q6_K layouts (packed.h), for CPUs without
+// AVX2 kernels over the x16 packed Q4_0, Q4_K, Q5_K and Q6_K layouts (packed.h), for CPUs without
 // AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/matmul_internal.h"
 #include "kernels/packed.h"
@@ -71,6 +72,57 @@ inline __m256i ToInt32(__m256i sum) {
 #endif
 }
 
+// Bit `src` of every byte moved to bit 4 (other bits of the result are garbage).
+template <int kSrc>
+__attribute__((always_inline)) inline __m256i BitTo4(__m256i v) {
+  if constexpr (kSrc < 4) return _mm256_slli_epi16(v, 4 - kSrc);
+  else if constexpr (kSrc == 4) return v;
+  else return _mm256_srli_epi16(v, kSrc - 4);
+}
+
+// A Q5_K sub-block's half (4 nibble lines + the 5th-bit line at wb + 256, packed.h; this
+// half's 32 bytes of each) against NT tokens: isum[t] = int32 row dots of e * a, e in
+// 0..31. Without AVX-VNNI the int16 pair sums are finished every 4 vpmaddubsw (products
+// up to 31 * 127 * 2 = 7874 per pair).
+template <int NT>
+__attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const uint8_t* const (&arow)[NT],
+                                                     int64_t offset, __m256i (&isum)[NT]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m10 = _mm256_set1_epi8(0x10);
+  const __m256i high = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 256));
+  for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+#if !TRELLIS_PACKED_AVXVNNI
+  __m256i pairs[NT];
+  for (int t = 0; t < NT; ++t) pairs[t] = _mm256_setzero_si256();
+#endif
+  auto line = [&](auto i_const) {
+    constexpr int i = decltype(i_const)::value;
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(packed, m4), _mm256_and_si256(BitTo4<2 * i>(high), m10));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4),
+                                       _mm256_and_si256(BitTo4<2 * i + 1>(high), m10));
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = arow[t] + offset + 8 * i;
+#if TRELLIS_PACKED_AVXVNNI
+      isum[t] = _mm256_dpbusd_avx_epi32(isum[t], lo, _mm256_set1_epi32(Load32(a)));
+      isum[t] = _mm256_dpbusd_avx_epi32(isum[t], hi, _mm256_set1_epi32(Load32(a + 4)));
+#else
+      pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(Load32(a))),
+                                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load32(a + 4)))));
+      if constexpr (i % 2 == 1) {
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], _mm256_set1_epi16(1)));
+        pairs[t] = _mm256_setzero_si256();
+      }
+#endif
+    }
+  };
+  line(std::integral_constant<int, 0>{});
+  line(std::integral_constant<int, 1>{});
+  line(std::integral_constant<int, 2>{});
+  line(std::integral_constant<int, 3>{});
+}
+
 // Lanes < rows set: the store mask of a half with `rows` (1..8) rows.
 inline __m256i RowMask(int rows) {
   alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -108,7 +160,7 @@ void HalfQ4_0(const PackedArgs& p, int h) {
 // Q4_K (layout in packed.h), llama.cpp's Q8_K activations: per 32-element sub-block the
 // same int16 sums as Q4_0, then acc += f(isum) * (d * sc_j)[rows] * da[t] -
 // (dmin * m_j)[rows] * (da * sum)[t], as the AVX-512 kernel.
-template <int NT>
+template <bool kQ5, int NT>
 void HalfQ4_K(const PackedArgs& p, int h) {
   const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
@@ -122,10 +174,11 @@ void HalfQ4_K(const PackedArgs& p, int h) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * h)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 32 + 16 * h)));
-    const uint8_t* sc = sb + 2048 + 64;
+    constexpr int64_t kSub = kQ5 ? 320 : 256;  // bytes per sub-block
+    const uint8_t* sb = p.g + s * (kQ5 ? kPackedQ5KSuperBytes : kPackedQ4KSuperBytes);
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 32 + 16 * h)));
+    const uint8_t* sc = sb + 8 * kSub + 64;
     const uint8_t* mins = sc + 128;
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;
@@ -134,10 +187,14 @@ void HalfQ4_K(const PackedArgs& p, int h) {
       const __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + 16 * j + 8 * h)))));
       __m256i sum[NT];
-      SumNibbleBlock<NT>(sb + 256 * j + 32 * h, arow, 32 * b, sum);
+      if constexpr (kQ5) {
+        DotQ5Half<NT>(sb + kSub * j + 32 * h, arow, 32 * b, sum);
+      } else {
+        SumNibbleBlock<NT>(sb + kSub * j + 32 * h, arow, 32 * b, sum);
+      }
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
-        const __m256i isum = ToInt32(sum[t]);
+        const __m256i isum = kQ5 ? sum[t] : ToInt32(sum[t]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(da[t][s])), acc[t]);
         acc[t] = _mm256_fnmadd_ps(min, _mm256_set1_ps(dsum[t][b]), acc[t]);
       }
@@ -231,7 +288,11 @@ struct Q4_0Half {
 };
 template <int NT>
 struct Q4_KHalf {
-  static void Run(const PackedArgs& p, int h) { HalfQ4_K<NT>(p, h); }
+  static void Run(const PackedArgs& p, int h) { HalfQ4_K<false, NT>(p, h); }
+};
+template <int NT>
+struct Q5_KHalf {
+  static void Run(const PackedArgs& p, int h) { HalfQ4_K<true, NT>(p, h); }
 };
 template <int NT>
 struct Q6_KHalf {
@@ -259,6 +320,7 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1, GgmlType::kQ4_K};
+    case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1, GgmlType::kQ5_K};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1, GgmlType::kQ6_K};
     default: return {};
   }

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 
 #include "kernels/matmul_internal.h"
@@ -111,7 +112,44 @@ void TilePacked(const PackedArgs& p) {
 // acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t], with
 // llama.cpp's Q8_K activations (one scale per 256, so results match its rounding). The
 // per-row f32 scale and min of a sub-block are built once per tile from the 6-bit ints.
+// Bit `src` of every byte moved to bit 4 (other bits of the result are garbage).
+template <int kSrc>
+__attribute__((always_inline)) inline __m512i BitTo4(__m512i v) {
+  if constexpr (kSrc < 4) return _mm512_slli_epi16(v, 4 - kSrc);
+  else if constexpr (kSrc == 4) return v;
+  else return _mm512_srli_epi16(v, kSrc - 4);
+}
+
+// A Q5_K sub-block (4 nibble lines + the 5th-bit line at wb + 256, packed.h) against NT
+// tokens: iacc[t] += sum of e * a, e in 0..31.
 template <int NT>
+__attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, const uint8_t* const (&arow)[NT],
+                                                      int64_t offset, __m512i (&iacc)[NT]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m10 = _mm512_set1_epi8(0x10);
+  _mm_prefetch(reinterpret_cast<const char*>(wb + 256 + kPrefetchBytes), _MM_HINT_T0);
+  const __m512i high = _mm512_load_si512(wb + 256);
+  auto line = [&](auto i_const) {
+    constexpr int i = decltype(i_const)::value;
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i packed = _mm512_load_si512(wb + 64 * i);
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
+    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
+                                       _mm512_and_si512(BitTo4<2 * i + 1>(high), m10));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = arow[t] + offset + 8 * i;
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
+    }
+  };
+  line(std::integral_constant<int, 0>{});
+  line(std::integral_constant<int, 1>{});
+  line(std::integral_constant<int, 2>{});
+  line(std::integral_constant<int, 3>{});
+}
+
+template <bool kQ5, int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
   const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
@@ -127,14 +165,15 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* sb = p.g + s * kPackedQ4KSuperBytes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048 + 32)));
-    const uint8_t* sc = sb + 2048 + 64;
+    constexpr int64_t kSub = kQ5 ? 320 : 256;  // bytes per sub-block
+    const uint8_t* sb = p.g + s * (kQ5 ? kPackedQ5KSuperBytes : kPackedQ4KSuperBytes);
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
+    const uint8_t* sc = sb + 8 * kSub + 64;
     const uint8_t* mins = sc + 128;
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;  // activation block
-      const uint8_t* wb = sb + 256 * j;
+      const uint8_t* wb = sb + kSub * j;
       const __m512 scale = _mm512_mul_ps(
           d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)))));
       const __m512 min = _mm512_mul_ps(
@@ -142,7 +181,11 @@ void TilePackedQ4_K(const PackedArgs& p) {
       __m512i iacc[NT];
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
-      DotNibbleBlock<NT>(wb, arow, 32 * b, iacc);
+      if constexpr (kQ5) {
+        DotQ5Block<NT>(wb, arow, 32 * b, iacc);
+      } else {
+        DotNibbleBlock<NT>(wb, arow, 32 * b, iacc);
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][s])), acc[t]);
@@ -230,10 +273,11 @@ void DispatchPackedQ6_K(const PackedArgs& p) {
   kTable[p.nt - 1](p);
 }
 
+template <bool kQ5>
 void DispatchPackedQ4_K(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
-      TilePackedQ4_K<1>, TilePackedQ4_K<2>, TilePackedQ4_K<3>, TilePackedQ4_K<4>,
-      TilePackedQ4_K<5>, TilePackedQ4_K<6>, TilePackedQ4_K<7>, TilePackedQ4_K<8>};
+      TilePackedQ4_K<kQ5, 1>, TilePackedQ4_K<kQ5, 2>, TilePackedQ4_K<kQ5, 3>, TilePackedQ4_K<kQ5, 4>,
+      TilePackedQ4_K<kQ5, 5>, TilePackedQ4_K<kQ5, 6>, TilePackedQ4_K<kQ5, 7>, TilePackedQ4_K<kQ5, 8>};
   kTable[p.nt - 1](p);
 }
 
@@ -330,7 +374,8 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, GgmlType::kQ8_0};
     case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, GgmlType::kQ8_0};
-    case GgmlType::kQ4_K: return {DispatchPackedQ4_K, 1, GgmlType::kQ4_K};
+    case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, GgmlType::kQ4_K};
+    case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, GgmlType::kQ5_K};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, GgmlType::kQ6_K};
     case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups, GgmlType::kF16};
     case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups, GgmlType::kBF16};

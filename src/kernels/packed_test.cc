@@ -120,6 +120,8 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_TRUE(PackableType(GgmlType::kQ8_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ4_K));
   EXPECT_TRUE(PackableType(GgmlType::kQ6_K));
+  EXPECT_TRUE(PackableType(GgmlType::kQ5_K));
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_K, 512), 2u * 2880);  // 16 x 176 + 64 per super-block
   EXPECT_TRUE(PackableType(GgmlType::kBF16));
   EXPECT_FALSE(PackableType(GgmlType::kF32));
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ6_K, 512), 2u * 3392);  // 16 x 210 + 32 per super-block
@@ -144,8 +146,8 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
   const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17}};
   ThreadPool pool(2);
   uint32_t seed = 10;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
-                        GgmlType::kBF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
     if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " rows=" << s.rows << " cols=" << s.cols
@@ -168,7 +170,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = Fp16ToFp32(Fp32ToFp16(xt[c]));
         } else if (type == GgmlType::kBF16) {
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = Bf16ToFp32(Fp32ToBf16(xt[c]));
-        } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) {  // Q8_K: one scale per 256
+        } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K) {  // Q8_K
           std::vector<uint8_t> k8(matmul_internal::ActRowBytes(type, s.cols));
           matmul_internal::QuantizeActRow(type, xt, s.cols, k8.data());
           const int8_t* q = reinterpret_cast<const int8_t*>(k8.data());
@@ -211,8 +213,8 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
 // dots, so equal up to f32 rounding.
 void KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa isa) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
-                        GgmlType::kBF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
     if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
     const int64_t rows = 100, cols = 1024, n_tokens = 12;
@@ -256,8 +258,8 @@ using testing_util::Gaussian;
 // MatMulShared (one conversion of x, one parallel pass over every matrix's tiles) gives
 // exactly what one MatMul per matrix gives, packed or not, whatever the thread count.
 TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
-                        GgmlType::kBF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
     for (int64_t n_tokens : {1, 5, 21}) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " n_tokens=" << n_tokens);
       const int64_t cols = 512;
