@@ -143,7 +143,7 @@ TEST_P(EngineInvariance, BatchMixDoesNotChangeResults) {
   EXPECT_EQ(off, en.forward().logits().size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, EngineInvariance, ::testing::Values("f32", "q4_0", "q4_k_m"));
+INSTANTIATE_TEST_SUITE_P(Types, EngineInvariance, ::testing::Values("f32", "q4_0", "q4_k_m", "q5_k_m"));
 
 TEST(EngineTest, BadRequestsAreRefusedAndLeakNothing) {
   auto m = Model::Load(testing::WriteSmallModel("bad.gguf"));

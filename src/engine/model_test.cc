@@ -36,7 +36,7 @@ std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, 
 }
 
 TEST(ModelTest, EveryWeightTypeLoadsAndRuns) {
-  for (const char* type : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k"}) {
+  for (const char* type : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"}) {
     const std::string path = WriteSmallModel(std::string("m_") + type + ".gguf", type);
     auto m = Model::Load(path);
     ASSERT_TRUE(m.ok()) << type << ": " << m.status().ToString();

@@ -28,10 +28,14 @@ Result<TypeChoice> ParseType(const std::string& t, bool pure) {
     return TypeChoice{GgmlType::kQ4_K, pure ? GgmlType::kQ4_K : GgmlType::kQ6_K,
                       pure ? GgmlType::kQ4_K : GgmlType::kQ6_K};
   }
-  return InvalidArgument(fmt::format("unknown model type '{}' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q6_k)", t));
+  if (t == "q5_k_m") {
+    return TypeChoice{GgmlType::kQ5_K, pure ? GgmlType::kQ5_K : GgmlType::kQ6_K,
+                      pure ? GgmlType::kQ5_K : GgmlType::kQ6_K};
+  }
+  return InvalidArgument(fmt::format("unknown model type '{}' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k)", t));
 }
 
-// llama.cpp's Q4_K_M rule for which layers' attn_v / ffn_down get more bits.
+// llama.cpp's Q4_K_M / Q5_K_M rule for which layers' attn_v / ffn_down get more bits.
 bool UseMoreBits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 // SplitMix64: a fast, well-mixed stream per (seed, tensor, row).
@@ -112,7 +116,7 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   w.SetUint32("general.quantization_version", 2);
   // llama.cpp's file-type code (enum llama_ftype), so tools name the mix instead of guessing.
   const uint32_t ftype = o.type == "f32" ? 0 : o.type == "f16" ? 1 : o.type == "q4_0" ? 2 : o.type == "q8_0" ? 7
-                       : o.type == "q4_k_m" ? 15 : o.type == "q6_k" ? 18 : o.type == "bf16" ? 32 : 0;
+                       : o.type == "q4_k_m" ? 15 : o.type == "q5_k_m" ? 17 : o.type == "q6_k" ? 18 : o.type == "bf16" ? 32 : 0;
   w.SetUint32("general.file_type", ftype);
 
   uint64_t tensor_seed = o.seed;

@@ -25,9 +25,9 @@ Result<ModelShape> ModelShapeByName(const std::string& name);
 
 struct RandomModelOptions {
   ModelShape shape;
-  // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q6_k". As llama-quantize does,
-  // q4_0 and q4_k_m keep output.weight in q6_K unless `pure`; q4_k_m also uses q6_K for
-  // attn_v and ffn_down in the layers llama.cpp gives more bits.
+  // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k". As llama-quantize
+  // does, q4_0, q4_k_m and q5_k_m keep output.weight in q6_K unless `pure`; the K_M types
+  // also use q6_K for attn_v and ffn_down in the layers llama.cpp gives more bits.
   std::string type = "q4_0";
   bool pure = false;
   uint64_t seed = 1;

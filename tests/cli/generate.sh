@@ -6,7 +6,7 @@ set -euo pipefail
 TRELLIS=$1 DATA=$2
 source "$(dirname "$0")/lib.sh"
 
-for type in q4_0 q8_0 f16 q4_k_m; do
+for type in q4_0 q8_0 f16 q4_k_m q5_k_m; do
   m=$tmp/tiny-$type.gguf
   say "gen-model --shape tiny --type $type"
   timeout 30 "$TRELLIS" gen-model --shape tiny --type "$type" -o "$m" 2>"$tmp/gen.err" || die "gen-model $type: $(cat "$tmp/gen.err")"
