@@ -348,7 +348,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
   TileKernel k;
   if (isa == KernelIsa::kAvx512) k = GetTileKernelAvx512(w.type, n_tokens);
-  if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type);
+  if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type, n_tokens);
   if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
   TRELLIS_CHECK(k.fn != nullptr);
   const PackedKernel pk = w.packed != nullptr ? GetPackedKernel(isa, w.type) : PackedKernel{};

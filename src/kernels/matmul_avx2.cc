@@ -380,15 +380,17 @@ void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* ds
   }
 }
 
-TileKernel GetTileKernelAvx2(GgmlType type) {
+TileKernel GetTileKernelAvx2(GgmlType type, int64_t n_tokens) {
+  // Decode-sized batches stream weights one row at a time (see kGemvMaxTokens).
+  const int rows = n_tokens <= kGemvMaxTokens ? 1 : 4;
   switch (type) {
-    case GgmlType::kQ4_0: return {Dispatch4x2<KQ4_0>, 4, 2};
-    case GgmlType::kQ8_0: return {Dispatch4x2<KQ8_0>, 4, 2};
+    case GgmlType::kQ4_0: return {Dispatch4x2<KQ4_0>, rows, 2};
+    case GgmlType::kQ8_0: return {Dispatch4x2<KQ8_0>, rows, 2};
     case GgmlType::kQ4_K: return {Dispatch1x4<KQ4_K>, 1, 4};
     case GgmlType::kQ6_K: return {Dispatch1x4<KQ6_K>, 1, 4};
-    case GgmlType::kF32: return {Dispatch4x2<KF32>, 4, 2};
-    case GgmlType::kF16: return {Dispatch4x2<KF16>, 4, 2};
-    case GgmlType::kBF16: return {Dispatch4x2<KBF16>, 4, 2};
+    case GgmlType::kF32: return {Dispatch4x2<KF32>, rows, 2};
+    case GgmlType::kF16: return {Dispatch4x2<KF16>, rows, 2};
+    case GgmlType::kBF16: return {Dispatch4x2<KBF16>, rows, 2};
     default: return {};
   }
 }

@@ -68,7 +68,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst);
 void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst);
 
 TileKernel GetTileKernelScalar(GgmlType type);
-TileKernel GetTileKernelAvx2(GgmlType type);    // matmul_avx2.cc
+TileKernel GetTileKernelAvx2(GgmlType type, int64_t n_tokens);  // matmul_avx2.cc
 // Decode-sized batches (n_tokens <= kGemvMaxTokens): tiles of one weight row for the
 // 32-element block types. Measured on Zen 4, one thread, a 64 MB Q4_0 matrix from DRAM:
 // 1 token 3-row tiles 7.7 GB/s vs 1-row 27 GB/s; 4 tokens 4.2 vs 3.2 ms; 8 tokens 9.6 vs
