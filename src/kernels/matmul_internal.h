@@ -99,7 +99,7 @@ struct PackedKernel {
   GgmlType act_type = GgmlType::kQ8_0;  // activation scratch format the kernel reads
 };
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
-// packed_avx2.cc (Q4_0, Q4_K, Q5_K, Q6_K): the AVX-VNNI build where the CPU has it and
+// packed_avx2.cc (Q4_0, Q4_K, Q5_K, Q6_K; Q8_0 with AVX-VNNI): the AVX-VNNI build where the CPU has it and
 // TRELLIS_AVXVNNI is not 0, else plain AVX2.
 PackedKernel GetPackedKernelAvx2(GgmlType type);
 // REQUIRES: GetCpuFeatures().avxvnni.

@@ -55,7 +55,8 @@ inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// Q5_K, Q6_K, F16, BF16; AVX2: Q4_0, Q4_K, Q5_K, Q6_K), so packing it at load time pays off.
+// Q5_K, Q6_K, F16, BF16; AVX2: Q4_0, Q4_K, Q5_K, Q6_K, and Q8_0 with AVX-VNNI), so packing it
+// at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).

@@ -157,6 +157,47 @@ void HalfQ4_0(const PackedArgs& p, int h) {
   for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
 }
 
+#if TRELLIS_PACKED_AVXVNNI
+// Q8_0 (AVX-VNNI only: plain AVX2 would need a sign trick costing as much as the
+// row-major tiles): weights stored as q + 128, so 8 vpdpbusd per block from
+// -128 * sum(a), then one convert + FMA per block.
+template <int NT>
+void HalfQ8_0(const PackedArgs& p, int h) {
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* asum[NT];
+  for (int t = 0; t < NT; ++t) {
+    arow[t] = p.a + t * p.a_stride;
+    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
+    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
+  }
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 512);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.nb; ++b) {
+    const uint8_t* wb = p.g + b * 512 + 32 * h;
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-128 * asum[t][b]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * j + 1024), _MM_HINT_T0);
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * j));
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        isum[t] = _mm256_dpbusd_avx_epi32(isum[t], w, _mm256_set1_epi32(Load32(arow[t] + 32 * b + 4 * j)));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[t]);
+    }
+  }
+  const __m256i mask = RowMask(p.nr - 8 * h);
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+}
+#endif
+
 // Q4_K (layout in packed.h), llama.cpp's Q8_K activations: per 32-element sub-block the
 // same int16 sums as Q4_0, then acc += f(isum) * (d * sc_j)[rows] * da[t] -
 // (dmin * m_j)[rows] * (da * sum)[t], as the AVX-512 kernel.
@@ -294,6 +335,12 @@ template <int NT>
 struct Q5_KHalf {
   static void Run(const PackedArgs& p, int h) { HalfQ4_K<true, NT>(p, h); }
 };
+#if TRELLIS_PACKED_AVXVNNI
+template <int NT>
+struct Q8_0Half {
+  static void Run(const PackedArgs& p, int h) { HalfQ8_0<NT>(p, h); }
+};
+#endif
 template <int NT>
 struct Q6_KHalf {
   static void Run(const PackedArgs& p, int h) { HalfQ6_K<NT>(p, h); }
@@ -322,6 +369,9 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
     case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1, GgmlType::kQ4_K};
     case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1, GgmlType::kQ5_K};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1, GgmlType::kQ6_K};
+#if TRELLIS_PACKED_AVXVNNI
+    case GgmlType::kQ8_0: return {DispatchHalves<Q8_0Half>, 1, GgmlType::kQ8_0};
+#endif
     default: return {};
   }
 }
