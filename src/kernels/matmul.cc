@@ -358,10 +358,8 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const int64_t cols = w.cols;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
-  // The packed kernel names the activation format it reads.
-  const GgmlType act_type = pk.fn != nullptr ? pk.act_type : w.type;
   if (w.type != GgmlType::kF32) {
-    a_stride = QuantizeActivations(isa, act_type, x, x_stride, n_tokens, cols, pool, scratch);
+    a_stride = QuantizeActivations(isa, w.type, x, x_stride, n_tokens, cols, pool, scratch);
     a = static_cast<const uint8_t*>(scratch);
   }
 
@@ -416,19 +414,14 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
     return;
   }
   TRELLIS_CHECK(IsaSupported(isa));
-  const int64_t a_stride = QuantizeActivations(isa, pk.act_type, x, x_stride, n_tokens, w0.cols, pool, scratch);
+  const int64_t a_stride = QuantizeActivations(isa, w0.type, x, x_stride, n_tokens, w0.cols, pool, scratch);
   RunPacked(pk, outs, static_cast<const uint8_t*>(scratch), a_stride, n_tokens, pool);
 }
 
 }  // namespace matmul_internal
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
-  size_t row = matmul_internal::ActRowBytes(type, cols);
-  // A packed copy's kernels may take another activation format (packed_avx512.cc).
-  if (PackableType(type) && type != GgmlType::kF16 && type != GgmlType::kBF16) {
-    row = std::max(row, matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols));
-  }
-  return row * static_cast<size_t>(n_tokens);
+  return matmul_internal::ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,

@@ -28,12 +28,6 @@ namespace {
 
 inline float Hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-inline uint32_t Load32(const void* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // [f(dA) x8, f(dB) x8] from the f16 scales at pA and pA + stride (stride >= 4 bytes).
 // Reads the dword ending at the second scale so both come from two plain loads.
 inline __m512 PairScalesF16(const uint8_t* pa, int64_t stride) {

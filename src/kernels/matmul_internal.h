@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
@@ -46,15 +47,34 @@ struct TileKernel {
   int nt = 1;           // max tokens per tile
 };
 
+// Byte offsets of the fields after qs and d in an activation row (layout above).
+inline int64_t Q8_0SumOffset(int64_t cols) { return cols + 4 * (cols / 32); }
+inline int64_t Q8KBsumsOffset(int64_t cols) { return cols + 4 * (cols / 256); }
+inline int64_t Q8KDsum32Offset(int64_t cols) { return Q8KBsumsOffset(cols) + 2 * (cols / 16); }
+inline int64_t Q8KBias16Offset(int64_t cols) { return Q8KDsum32Offset(cols) + 4 * (cols / 32); }
+
 // Fills dsum32 and bias16 of a Q8_K activation row whose qs, d and bsums are written.
 inline void FillQ8KBlockSums(uint8_t* row, int64_t cols) {
-  const int64_t nb = cols / 256;
   const float* d = reinterpret_cast<const float*>(row + cols);
-  const int16_t* bsums = reinterpret_cast<const int16_t*>(row + cols + 4 * nb);
-  float* dsum32 = reinterpret_cast<float*>(row + cols + 4 * nb + 2 * (cols / 16));
+  const int16_t* bsums = reinterpret_cast<const int16_t*>(row + Q8KBsumsOffset(cols));
+  float* dsum32 = reinterpret_cast<float*>(row + Q8KDsum32Offset(cols));
   for (int64_t j = 0; j < cols / 32; ++j) dsum32[j] = d[j / 8] * static_cast<float>(bsums[2 * j] + bsums[2 * j + 1]);
-  int32_t* bias16 = reinterpret_cast<int32_t*>(row + cols + 4 * nb + 2 * (cols / 16) + 4 * (cols / 32));
+  int32_t* bias16 = reinterpret_cast<int32_t*>(row + Q8KBias16Offset(cols));
   for (int64_t g = 0; g < cols / 16; ++g) bias16[g] = -32 * bsums[g];
+}
+
+// 4 bytes at p (any alignment).
+inline int32_t Load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// For each of nt activation rows starting at a (stride a_stride), a pointer to the field
+// at byte offset `offset` of the row (layout above): out[t] = a + t * a_stride + offset.
+template <typename T, int NT>
+inline void RowFields(const uint8_t* a, int64_t a_stride, int64_t offset, const T* (&out)[NT]) {
+  for (int t = 0; t < NT; ++t) out[t] = reinterpret_cast<const T*>(a + t * a_stride + offset);
 }
 
 // Bytes of one activation row in scratch (0 for F32).
@@ -96,8 +116,8 @@ inline constexpr int kPackedMaxTokens = 8;
 struct PackedKernel {
   PackedFn fn = nullptr;  // null: no x16 layout for the type
   int groups = 1;         // max groups per tile
-  GgmlType act_type = GgmlType::kQ8_0;  // activation scratch format the kernel reads
 };
+// Packed kernels read the same activation scratch as the row-major ones (layout above).
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
 // packed_avx2.cc (Q4_0, Q4_K, Q5_K, Q6_K; Q8_0 with AVX-VNNI): the AVX-VNNI build where the CPU has it and
 // TRELLIS_AVXVNNI is not 0, else plain AVX2.

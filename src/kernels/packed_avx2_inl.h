@@ -26,12 +26,6 @@
 namespace trellis::matmul_internal {
 namespace {
 
-inline int32_t Load32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 constexpr int kAvx2PackedTokens = 4;
 
 // One 32-element block of 4-bit x16 weights, the half of the group at wb (4 lines of 64
@@ -123,10 +117,13 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
   line(std::integral_constant<int, 3>{});
 }
 
-// Lanes < rows set: the store mask of a half with `rows` (1..8) rows.
-inline __m256i RowMask(int rows) {
+// Stores acc[t] (the 8 rows of half h) to y, rows past p.nr left untouched.
+template <int NT>
+__attribute__((always_inline)) inline void StoreHalf(const PackedArgs& p, int h, const __m256 (&acc)[NT]) {
   alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(p.nr - 8 * h),
+                                          _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
 }
 
 // Rows [8 h, 8 h + 8) of the group x NT tokens.
@@ -135,11 +132,9 @@ void HalfQ4_0(const PackedArgs& p, int h) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* asum[NT];
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 256);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -153,8 +148,7 @@ void HalfQ4_0(const PackedArgs& p, int h) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[t]);
     }
   }
-  const __m256i mask = RowMask(p.nr - 8 * h);
-  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+  StoreHalf(p, h, acc);
 }
 
 #if TRELLIS_PACKED_AVXVNNI
@@ -166,11 +160,9 @@ void HalfQ8_0(const PackedArgs& p, int h) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* asum[NT];
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 512);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -193,8 +185,7 @@ void HalfQ8_0(const PackedArgs& p, int h) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[t]);
     }
   }
-  const __m256i mask = RowMask(p.nr - 8 * h);
-  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+  StoreHalf(p, h, acc);
 }
 #endif
 
@@ -207,11 +198,9 @@ void HalfQ4_K(const PackedArgs& p, int h) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const float* dsum[NT];
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16));
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KDsum32Offset(p.cols), dsum);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
@@ -241,8 +230,7 @@ void HalfQ4_K(const PackedArgs& p, int h) {
       }
     }
   }
-  const __m256i mask = RowMask(p.nr - 8 * h);
-  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+  StoreHalf(p, h, acc);
 }
 
 // Q6_K (layout in packed.h), Q8_K activations: per 16-element group, 4 dots of the 6-bit
@@ -255,11 +243,9 @@ void HalfQ6_K(const PackedArgs& p, int h) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* bias16[NT];
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    bias16[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16) + 4 * (p.cols / 32));
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   __m256 acc[NT];
@@ -313,8 +299,7 @@ void HalfQ6_K(const PackedArgs& p, int h) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[t]);
     }
   }
-  const __m256i mask = RowMask(p.nr - 8 * h);
-  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
+  StoreHalf(p, h, acc);
 }
 
 template <template <int> class Half, int NT>
@@ -365,12 +350,12 @@ void DispatchHalves(const PackedArgs& p) {
 // The packed kernel for `type` built by the including file ({} if none).
 inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1, GgmlType::kQ8_0};
-    case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1, GgmlType::kQ4_K};
-    case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1, GgmlType::kQ5_K};
-    case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1, GgmlType::kQ6_K};
+    case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1};
+    case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1};
+    case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1};
+    case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1};
 #if TRELLIS_PACKED_AVXVNNI
-    case GgmlType::kQ8_0: return {DispatchHalves<Q8_0Half>, 1, GgmlType::kQ8_0};
+    case GgmlType::kQ8_0: return {DispatchHalves<Q8_0Half>, 1};
 #endif
     default: return {};
   }

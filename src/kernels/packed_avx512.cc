@@ -29,10 +29,13 @@
 namespace trellis::matmul_internal {
 namespace {
 
-inline int32_t Load32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
+// Stores acc[t] (16 rows of group g of the tile) to y, rows past p.nr left untouched.
+template <int NT>
+__attribute__((always_inline)) inline void StoreRows(const PackedArgs& p, int g, const __m512 (&acc)[NT]) {
+  const int rows = std::clamp(p.nr - 16 * g, 0, 16);
+  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride + 16 * g, mask, acc[t]);
 }
 
 // Lines ahead of the current one to prefetch: about 1 KiB, measured best for streaming
@@ -70,12 +73,9 @@ void TilePacked(const PackedArgs& p) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* asum[NT];
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    asum[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * p.nb);
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -103,9 +103,7 @@ void TilePacked(const PackedArgs& p) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da[t][b])), acc[t]);
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+  StoreRows(p, 0, acc);
 }
 
 // Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset), then
@@ -155,12 +153,9 @@ void TilePackedQ4_K(const PackedArgs& p) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const float* dsum[NT];
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    dsum[t] = reinterpret_cast<const float*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16));
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KDsum32Offset(p.cols), dsum);
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -193,9 +188,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
       }
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+  StoreRows(p, 0, acc);
 }
 
 // Q6_K: per group of 16 elements, 4 vpdpbusd of the 6-bit weights (nibble | high pair
@@ -208,12 +201,9 @@ void TilePackedQ6_K(const PackedArgs& p) {
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* bias16[NT];
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    arow[t] = p.a + t * p.a_stride;
-    da[t] = reinterpret_cast<const float*>(arow[t] + p.cols);
-    bias16[t] = reinterpret_cast<const int32_t*>(arow[t] + p.cols + 4 * nsb + 2 * (p.cols / 16) + 4 * (p.cols / 32));
-  }
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -261,9 +251,7 @@ void TilePackedQ6_K(const PackedArgs& p) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t][s])), acc[t]);
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << p.nr) - 1);
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride, mask, acc[t]);
+  StoreRows(p, 0, acc);
 }
 
 void DispatchPackedQ6_K(const PackedArgs& p) {
@@ -334,12 +322,7 @@ void TilePackedFloat(const PackedArgs& p) {
     }
   }
 #pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    const int rows = std::clamp(p.nr - 16 * g, 0, 16);
-    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride + 16 * g, mask, acc[g][t]);
-  }
+  for (int g = 0; g < G; ++g) StoreRows(p, g, acc[g]);
 }
 
 template <bool kBf16, int G>
@@ -372,13 +355,13 @@ void DispatchPacked(const PackedArgs& p) {
 
 PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, GgmlType::kQ8_0};
-    case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, GgmlType::kQ8_0};
-    case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, GgmlType::kQ4_K};
-    case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, GgmlType::kQ5_K};
-    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, GgmlType::kQ6_K};
-    case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups, GgmlType::kF16};
-    case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups, GgmlType::kBF16};
+    case GgmlType::kQ4_0: return {DispatchPacked<true>, 1};
+    case GgmlType::kQ8_0: return {DispatchPacked<false>, 1};
+    case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1};
+    case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1};
+    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};
+    case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups};
+    case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups};
     default: return {};
   }
 }
