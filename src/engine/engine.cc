@@ -103,7 +103,7 @@ Result<GenerateResult> Engine::Generate(const GenerateRequest& req, const std::f
   double t_first = 0;
   int pos = n_prompt;
   for (int i = 0; i < req.n_predict; ++i) {
-    const int32_t tok = sampler.Sample(row, history);
+    const int32_t tok = sampler.Sample(row, history, req.prompt.size());
     if (i == 0) {
       t_first = NowSeconds();
       res.ttft_seconds = t_first - t0;

@@ -7,6 +7,9 @@ namespace trellis {
 
 Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), rng_(params.seed) {
   cand_.reserve(static_cast<size_t>(n_vocab));
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    counts_.assign(static_cast<size_t>(n_vocab), 0);
+  }
 }
 
 int32_t Sampler::Greedy(std::span<const float> logits) {
@@ -23,15 +26,17 @@ Status ValidateSamplerParams(const SamplerParams& p) {
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return InvalidArgument("min_p must be in [0, 1]");
   if (!(p.repeat_penalty > 0.0f) || !std::isfinite(p.repeat_penalty)) return InvalidArgument("repeat_penalty must be > 0 (1 = off)");
   if (p.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off)");
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return InvalidArgument("presence_penalty must be in [-2, 2] (0 = off)");
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return InvalidArgument("frequency_penalty must be in [-2, 2] (0 = off)");
+  }
   return Status::Ok();
 }
 
-int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
-  // Invalid parameters are refused by ValidateSamplerParams at the API edge; a NaN that
-  // slipped through still samples greedily rather than from an undefined distribution.
-  if (!(params_.temperature > 0.0f) || !std::isfinite(params_.temperature)) return Greedy(logits);
-  const int n_vocab = static_cast<int>(logits.size());
-
+void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> history, size_t n_prompt) {
+  const size_t n_vocab = logits.size();
   // Repetition penalty (CTRL-style, as llama.cpp): divide positive logits, multiply
   // negative ones, once per distinct token in the window.
   if (params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0) {
@@ -39,13 +44,37 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
                                                : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
     for (size_t i = history.size() - n; i < history.size(); ++i) {
       const int32_t t = history[i];
-      if (t < 0 || t >= n_vocab) continue;
+      if (t < 0 || static_cast<size_t>(t) >= n_vocab) continue;
       // Skip duplicates: only penalize on the last occurrence in the window.
       if (std::find(history.begin() + static_cast<std::ptrdiff_t>(i) + 1, history.end(), t) != history.end()) continue;
       float& l = logits[static_cast<size_t>(t)];
       l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     }
   }
+  // Presence and frequency penalties over the generated tokens (OpenAI's definition; see
+  // the header). counts_ is all zeros on entry and left so: one pass counts, a second
+  // applies once per distinct token and clears, so a step costs O(generated), not O(n_vocab).
+  if (counts_.empty()) return;
+  const std::span<const int32_t> generated = history.subspan(std::min(n_prompt, history.size()));
+  const size_t n_counts = std::min(n_vocab, counts_.size());
+  for (int32_t t : generated) {
+    if (t >= 0 && static_cast<size_t>(t) < n_counts) ++counts_[static_cast<size_t>(t)];
+  }
+  for (int32_t t : generated) {
+    if (t < 0 || static_cast<size_t>(t) >= n_counts) continue;
+    int32_t& c = counts_[static_cast<size_t>(t)];
+    if (c == 0) continue;  // already applied
+    logits[static_cast<size_t>(t)] -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
+    c = 0;
+  }
+}
+
+int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history, size_t n_prompt) {
+  ApplyPenalties(logits, history, n_prompt);
+  // Invalid parameters are refused by ValidateSamplerParams at the API edge; a NaN that
+  // slipped through still samples greedily rather than from an undefined distribution.
+  if (!(params_.temperature > 0.0f) || !std::isfinite(params_.temperature)) return Greedy(logits);
+  const int n_vocab = static_cast<int>(logits.size());
 
   cand_.clear();
   for (int i = 0; i < n_vocab; ++i) cand_.emplace_back(logits[static_cast<size_t>(i)], i);

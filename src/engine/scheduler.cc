@@ -417,7 +417,7 @@ bool Scheduler::Step() {
       // Report the raw logits (before penalties) with the token sampled from them.
       raw_logits_.assign(logits_buf_.begin(), logits_buf_.end());
     }
-    const int32_t tok = s.sampler.Sample(logits_buf_, s.tokens);
+    const int32_t tok = s.sampler.Sample(logits_buf_, s.tokens, static_cast<size_t>(s.result.n_prompt));
     if (s.result.tokens.empty()) s.result.ttft_seconds = NowSeconds() - s.t_submit;
     s.tokens.push_back(tok);
     s.result.tokens.push_back(tok);
