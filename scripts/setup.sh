@@ -8,6 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev gnuplot-nox
   libcpp-httplib-dev nodejs curl
+  libboost-dev zlib1g-dev libbrotli-dev brotli
 )
 
 missing=()

@@ -2,6 +2,9 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -31,7 +34,16 @@ struct ServeOpts {
   int http_threads = 0;
   std::vector<std::string> api_keys;
   std::string api_key_file;
+  std::string metrics_key;
   bool share_cache = false;
+  // HTTP limits (docs/server.md, "Limits")
+  int64_t max_body = 8 << 20;
+  int64_t max_decoded_body = 0;  // 0: --max-body
+  int64_t max_prompt_bytes = 0;  // 0: ctx x the longest token piece
+  int max_connections = 1024;
+  double header_timeout = 10, body_timeout = 30, idle_timeout = 5, write_timeout = 30;
+  double shutdown_timeout = 10;
+  std::string log_format = "text";
 };
 
 std::string CheckOpts(const ServeOpts& o) {
@@ -43,6 +55,15 @@ std::string CheckOpts(const ServeOpts& o) {
   if (o.max_queue < 1) return "--max-queue must be >= 1";
   if (o.max_running < 1) return "--max-running must be >= 1";
   if (o.http_threads < 0) return "--http-threads must be >= 0";
+  if (o.max_body < 1) return "--max-body must be >= 1 byte";
+  if (o.max_decoded_body < 0) return "--max-decoded-body must be >= 0 (0 = --max-body)";
+  if (o.max_prompt_bytes < 0) return "--max-prompt-bytes must be >= 0 (0 = derived from the context)";
+  if (o.max_connections < 2) return "--max-connections must be >= 2";
+  for (double t : {o.header_timeout, o.body_timeout, o.idle_timeout, o.write_timeout}) {
+    if (!(t > 0 && t <= 86400)) return "timeouts must be in (0, 86400] seconds";
+  }
+  if (!(o.shutdown_timeout >= 0 && o.shutdown_timeout <= 86400)) return "--shutdown-timeout must be in [0, 86400]";
+  if (o.log_format != "text" && o.log_format != "json") return "--log-format must be text or json";
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return "--api-key must not be empty";
   }
@@ -120,6 +141,18 @@ int Serve(const ServeOpts& opts) {
   sopt.api_keys = o.api_keys;
   sopt.share_cache = o.share_cache;
   sopt.http_threads = o.http_threads;
+  sopt.metrics_key = o.metrics_key;
+  sopt.max_queue = o.max_queue;
+  sopt.max_prompt_bytes = static_cast<size_t>(o.max_prompt_bytes);
+  sopt.log_format = o.log_format == "json" ? server::LogFormat::kJson : server::LogFormat::kText;
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  sopt.http.max_body = static_cast<size_t>(o.max_body);
+  sopt.http.max_decoded_body = static_cast<size_t>(o.max_decoded_body > 0 ? o.max_decoded_body : o.max_body);
+  sopt.http.max_connections = o.max_connections;
+  sopt.http.header_timeout = ms(o.header_timeout);
+  sopt.http.body_timeout = ms(o.body_timeout);
+  sopt.http.idle_timeout = ms(o.idle_timeout);
+  sopt.http.write_timeout = ms(o.write_timeout);
   server::Server srv(**model, **tok, *chat, **engine, sopt);
   if (Status s = srv.Bind(); !s.ok()) return Fail(s.message());
 
@@ -132,14 +165,27 @@ int Serve(const ServeOpts& opts) {
                template_source.c_str(),
                o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str());
 
+  // The first signal starts a graceful shutdown (no new connections, streams end with an
+  // error event and [DONE], queued requests get 503) bounded by --shutdown-timeout; a
+  // second signal, or the deadline, ends the process at once.
   std::atomic<bool> finished{false};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    if (!finished) {
-      std::fprintf(stderr, "trellis serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      srv.Stop();
-    }
+    if (finished) return;
+    std::fprintf(stderr, "trellis serve: %s, shutting down (%.0f s at most; again to exit now)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
+    srv.Stop();
+    timespec deadline{};
+    deadline.tv_sec = static_cast<time_t>(o.shutdown_timeout);
+    deadline.tv_nsec = static_cast<long>((o.shutdown_timeout - static_cast<double>(deadline.tv_sec)) * 1e9);
+    siginfo_t info;
+    const int again = sigtimedwait(&sigs, &info, &deadline);
+    if (finished) return;
+    std::fprintf(stderr, "trellis serve: %s; exiting now\n",
+                 again > 0 ? "second signal" : "shutdown deadline passed with requests still open");
+    std::fflush(stderr);
+    std::_Exit(again > 0 ? 130 : 1);
   });
   srv.Run();
   // Run returns after Stop (from the waiter) or if listening failed: make the waiter exit.
@@ -172,6 +218,25 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--api-key-file", o->api_key_file, "file with one API key per line");
   app.add_flag("--share-cache", o->share_cache, "let different API keys share cached prefixes");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = max-running + 32)");
+  app.add_option("--metrics-key", o->metrics_key, "key /metrics requires (default: any --api-key; open without keys)");
+  app.add_option("--max-body", o->max_body, "request body limit as sent, K/M/G suffixes (413 beyond)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--max-decoded-body", o->max_decoded_body, "request body limit after decompression (0 = --max-body)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-prompt-bytes", o->max_prompt_bytes,
+                 "prompt text limit checked before tokenizing (0 = context x longest token)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-connections", o->max_connections, "open client connections (503 beyond)")
+      ->capture_default_str();
+  app.add_option("--header-timeout", o->header_timeout, "seconds for a whole request head")->capture_default_str();
+  app.add_option("--body-timeout", o->body_timeout, "seconds for a whole request body")->capture_default_str();
+  app.add_option("--idle-timeout", o->idle_timeout, "seconds a keep-alive connection may idle")->capture_default_str();
+  app.add_option("--write-timeout", o->write_timeout, "seconds a write may wait for a client that does not read")
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds to finish streams after SIGTERM")
+      ->capture_default_str();
+  app.add_option("--log-format", o->log_format, "access log on stderr: text or json")->capture_default_str();
   return [o] { return Serve(*o); };
 }
 

@@ -1,22 +1,26 @@
 // Server: the OpenAI-compatible HTTP front end of `trellis serve`.
 //
-// cpp-httplib runs a pool of HTTP threads. Each request is parsed into a typed request
-// (api.h), rendered with the chat template, tokenized and checked against the context on
-// its HTTP thread, then handed to the engine thread as a Generation (EngineLoop::Submit).
-// Streaming answers are written as SSE by httplib's chunked content provider, which also
-// notices a closed connection and cancels the request. A non-streamed answer is one JSON
-// body written at the end; while it is generated, the handler watches the connection's
-// socket (found by its addresses, see FindConnectionSocket in server.cc) and cancels the
-// request when the client has closed it. Endpoints, options and the cache-salt design are
-// in docs/server.md.
+// The socket side is HttpServer (http_server.h: Boost.Beast on one I/O thread, a bounded
+// pool of workers). This class is its handler: cheap routes (/health, /metrics,
+// /v1/models) and every refusal that needs no body (401, 404, 405) are answered on the
+// I/O thread from the request head alone, so they stay fast under any generation load and
+// no body is read before authentication. Generation requests are parsed into typed
+// requests (api.h), rendered with the chat template, tokenized and checked against the
+// context on a worker, then handed to the engine thread as a Generation
+// (EngineLoop::Submit). The worker writes the answer: SSE chunks as text arrives, or one
+// JSON body at the end while polling the socket for a client that has gone.
+// Endpoints, options, limits and the cache-salt design are in docs/server.md.
 //
-// Tenancy: with API keys configured, every request must carry `Authorization: Bearer
-// <key>` (compared in constant time); the engine's cache salt is a hash of the key, so
-// requests of different keys never share KV blocks (unless share_cache is set). Clients
-// cannot choose a salt. Without keys, everyone shares one namespace.
+// Tenancy: with API keys configured, every request but /health must carry
+// `Authorization: Bearer <key>` (scheme case-insensitive, key compared in constant time);
+// the engine's cache salt is a hash of the key, so requests of different keys never share
+// KV blocks (unless share_cache is set). Clients cannot choose a salt. Without keys,
+// everyone shares one namespace.
 //
 // Thread safety: Run blocks the calling thread; Stop may be called from any thread (e.g.
-// a signal-waiting thread) and makes Run return once in-flight requests have ended.
+// a signal-waiting thread): it stops accepting, cancels in-flight generations (their
+// streams end with an error event and [DONE]) and makes Run return once every connection
+// has ended.
 #pragma once
 
 #include <atomic>
@@ -31,56 +35,64 @@
 #include "model/tokenizer.h"
 #include "server/api.h"
 #include "server/chat_template.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
-
 namespace trellis::server {
+
+enum class LogFormat { kText, kJson };
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string model_id;               // the name /v1/models reports and requests may give
   std::vector<std::string> api_keys;  // empty: no authentication, one cache namespace
+  std::string metrics_key;            // protects /metrics; "" with api_keys: any API key
   bool share_cache = false;           // keys share one cache namespace
   int http_threads = 0;               // 0: max_running + 32
+  int max_queue = 256;                // requests waiting for an HTTP worker; beyond: 503
+  size_t max_prompt_bytes = 0;        // 0: n_ctx x the longest token piece
+  HttpLimits http;
+  LogFormat log_format = LogFormat::kText;
+  bool access_log = true;
 };
 
-class Server {
+class Server : public HttpHandler {
  public:
   // Borrows model, tokenizer and engine, which must outlive the Server.
   Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, EngineLoop& engine, ServerOptions opts);
-  ~Server();
+  ~Server() override;
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
   // Binds host:port (port 0: any free port). Error if the address is taken.
   Status Bind();
-  int port() const { return port_; }
-  // Serves until Stop(). REQUIRES: Bind() succeeded.
+  int port() const { return http_->port(); }
+  // Serves until Stop() and until every connection has ended. REQUIRES: Bind() succeeded.
   void Run();
-  // Cancels in-flight generations and stops the listener.
+  // Stops accepting, cancels in-flight generations, answers queued requests 503.
   void Stop();
 
   // Exposed for tests: the cache salt a key maps to (0 without keys).
   static uint64_t SaltForKey(const std::string& key);
 
+  // HttpHandler
+  std::optional<HttpResponse> OnHead(const HttpRequest& head) override;
+  void Handle(const HttpRequest& req, HttpExchange& ex) override;
+  void OnAnswered(const HttpRequest& req, int status, const AccessInfo& info, double seconds) override;
+  std::string ErrorBody(int status, const std::string& message) const override;
+
  private:
-  void Routes();
-  // Authorization check; on failure fills `res` and returns false. `salt` gets the caller's.
-  bool Authorize(const httplib::Request& req, httplib::Response& res, uint64_t& salt) const;
-  void HandleChat(const httplib::Request& req, httplib::Response& res);
-  void HandleCompletion(const httplib::Request& req, httplib::Response& res);
-  void HandleTokenize(const httplib::Request& req, httplib::Response& res);
-  void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
+  // The caller's cache salt, or the 401 to answer.
+  std::optional<HttpResponse> Authorize(const HttpRequest& req, uint64_t& salt) const;
+  void HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
+  void HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
+  void HandleTokenize(const HttpRequest& req, HttpExchange& ex);
+  void HandleDetokenize(const HttpRequest& req, HttpExchange& ex);
   // Checks the prompt against the context, runs it and answers (streamed or not).
   void Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                const std::string& echo, const httplib::Request& req, httplib::Response& res);
-  void SendError(httplib::Response& res, const ApiError& e) const;
+                const std::string& echo, HttpExchange& ex);
+  void SendError(HttpExchange& ex, const ApiError& e) const;
   void Track(RequestId id, bool add);
 
   const Model& model_;
@@ -91,14 +103,13 @@ class Server {
   ApiLimits limits_;
   int64_t created_ = 0;
   std::atomic<uint64_t> next_seed_;
-  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_id_;  // random start: ids differ across restarts
   std::atomic<bool> stopping_{false};
-  int port_ = 0;
-  int listen_fd_ = -1;  // the listening socket, for the backlog (see Bind)
   ServerMetrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::mutex mu_;
   std::set<RequestId> active_;  // GUARDED_BY(mu_): generations in flight, cancelled by Stop
+  std::mutex log_mu_;           // one access line at a time
 };
 
 }  // namespace trellis::server

@@ -112,7 +112,8 @@ used=$(metric trellis_kv_blocks_used) cached=$(metric trellis_kv_blocks_cached)
 ok "/v1/completions cancelled after $gen tokens; kv_blocks_used $used = the prefix cache's; running 0"
 # A chat request queued behind a long one (--max-running 1) is cancelled while it waits.
 # (The same prompt as above: greedy, it generates no end-of-text token for thousands of tokens.)
-curl -s -m 2 -o /dev/null "$base/v1/completions" -d '{"prompt":"never ending","max_tokens":30000,"temperature":0}' &
+# -m 4: the checks below spawn several curls, slow on a loaded machine; the long one must outlive them.
+curl -s -m 4 -o /dev/null "$base/v1/completions" -d '{"prompt":"never ending","max_tokens":30000,"temperature":0}' &
 long=$!
 sleep 0.3
 curl -s -m 1 -o /dev/null "$base/v1/chat/completions" \
