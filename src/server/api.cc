@@ -5,6 +5,17 @@
 
 #include <nlohmann/json.hpp>
 
+// Fields accepted and ignored (they do not change the output of this server):
+//   user, store, metadata, service_tier, parallel_tool_calls, prediction,
+//   reasoning_effort; in messages: name, tool_call_id
+//   (role "tool" itself is refused), refusal; an empty tools / functions array, an empty
+//   logit_bias object, suffix "" and tool_choice "none".
+// Fields that would change the output and are not implemented are refused with 400 and
+// the parameter named: n != 1, best_of != 1, non-empty tools / functions / logit_bias,
+// tool_choice / function_call other than "none", response_format other than
+// {"type": "text"} (no JSON mode), modalities other than ["text"], audio,
+// web_search_options, a non-empty suffix, and tool_calls / function_call in messages.
+
 namespace trellis::server {
 namespace {
 
@@ -13,12 +24,54 @@ using json = nlohmann::json;
 // Model output and token pieces may hold partial UTF-8: replace, never throw.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-ApiError Bad(std::string param, std::string message) {
+ApiError Bad(std::string param, std::string message, std::string code = "") {
   ApiError e;
   e.status = 400;
   e.message = std::move(message);
   e.param = std::move(param);
+  e.code = std::move(code);
   return e;
+}
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (Unicode table 3-7: no
+// overlongs, no surrogates, nothing above U+10FFFF), or 0 if it is ill-formed.
+size_t Utf8Length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+  const unsigned c = b(0);
+  if (c < 0x80) return 1;
+  const auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) { return b(k) >= lo && b(k) <= hi; };
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c == 0xE0) return cont(1, 0xA0) && cont(2) ? 3 : 0;
+  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
+  if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
+  if (c == 0xF0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
+  if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+  if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
+  return 0;
+}
+
+// `s` cut to kMaxEchoBytes on a UTF-8 boundary, for quoting in an error message.
+std::string Clip(std::string_view s) {
+  if (s.size() <= kMaxEchoBytes) return std::string(s);
+  size_t n = kMaxEchoBytes;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n)) + "...";
+}
+
+// A client value in an error message. Never dump() it: a deep value would recurse and a
+// large one bloat the message.
+std::string Describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float:
+    case json::value_t::boolean:
+    case json::value_t::null: return v.dump();  // bounded: at most ~25 characters
+    case json::value_t::string: return "the string '" + Clip(v.get_ref<const std::string&>()) + "'";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return std::string("a ") + v.type_name();
+  }
 }
 
 // Reads optional fields of one JSON object with type and range checks. The first error
@@ -28,8 +81,8 @@ class Reader {
   explicit Reader(const json& obj) : obj_(obj) {}
   bool ok() const { return !error_.has_value(); }
   ApiError error() const { return *error_; }
-  void Fail(std::string param, std::string msg) {
-    if (!error_) error_ = Bad(std::move(param), std::move(msg));
+  void Fail(std::string param, std::string msg, std::string code = "") {
+    if (!error_) error_ = Bad(std::move(param), std::move(msg), std::move(code));
   }
   const json* Get(const char* key) {
     if (error_) return nullptr;
@@ -39,42 +92,43 @@ class Reader {
   }
   void Bool(const char* key, bool& out) {
     if (const json* v = Get(key)) {
-      if (!v->is_boolean()) return Fail(key, std::string("'") + key + "' must be a boolean");
+      if (!v->is_boolean()) return Fail(key, std::string("'") + key + "' must be a boolean, got " + Describe(*v));
       out = v->get<bool>();
     }
   }
   void String(const char* key, std::string& out) {
     if (const json* v = Get(key)) {
-      if (!v->is_string()) return Fail(key, std::string("'") + key + "' must be a string");
+      if (!v->is_string()) return Fail(key, std::string("'") + key + "' must be a string, got " + Describe(*v));
       out = v->get<std::string>();
     }
   }
   // A float in [lo, hi] (lo excluded if lo_open).
   void Float(const char* key, float& out, double lo, double hi, bool lo_open = false) {
     if (const json* v = Get(key)) {
-      if (!v->is_number()) return Fail(key, std::string("'") + key + "' must be a number");
+      if (!v->is_number()) return Fail(key, std::string("'") + key + "' must be a number, got " + Describe(*v));
       const double d = v->get<double>();
       if (!std::isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo)) {
         return Fail(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) +
-                             "], got " + v->dump());
+                             "], got " + Describe(*v));
       }
       out = static_cast<float>(d);
     }
   }
-  // An integer in [lo, hi].
+  // An integer in [lo, hi]. Floats (1.0, 1e400 -> refused by the parser, 2^64 -> a float)
+  // are not integers: no float is ever converted to an integer type.
   bool Int(const char* key, int64_t& out, int64_t lo, int64_t hi) {
     if (const json* v = Get(key)) {
       if (!v->is_number_integer()) {
-        Fail(key, std::string("'") + key + "' must be an integer");
+        Fail(key, std::string("'") + key + "' must be an integer, got " + Describe(*v));
         return false;
       }
       if (v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(hi) : v->get<int64_t>() > hi) {
-        Fail(key, std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + v->dump());
+        Fail(key, std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + Describe(*v));
         return false;
       }
       const int64_t x = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
       if (x < lo) {
-        Fail(key, std::string("'") + key + "' must be at least " + std::to_string(lo) + ", got " + v->dump());
+        Fail(key, std::string("'") + key + "' must be at least " + std::to_string(lo) + ", got " + Describe(*v));
         return false;
       }
       out = x;
@@ -94,9 +148,19 @@ class Reader {
   std::optional<ApiError> error_;
 };
 
-std::optional<ApiError> ParseObject(std::string_view body, json& out) {
-  out = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (out.is_discarded()) return Bad("", "the request body is not valid JSON");
+// The shape check, then the DOM. Parse errors are reported by position, never with the
+// parser's message (it quotes the last token read, which may be megabytes long).
+std::optional<ApiError> ParseObject(std::string_view body, const JsonShapeLimits& shape, json& out) {
+  if (auto e = CheckJsonShape(body, shape)) return e;
+  try {
+    out = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return Bad("", "the request body is not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::out_of_range&) {
+    return Bad("", "the request body is not valid JSON (a number is out of range)");
+  } catch (const json::exception&) {
+    return Bad("", "the request body is not valid JSON");
+  }
   if (!out.is_object()) return Bad("", "the request body must be a JSON object");
   return std::nullopt;
 }
@@ -106,10 +170,51 @@ void ReadModel(Reader& r, const ApiLimits& limits, std::string& model, std::opti
   if (r.ok() && !model.empty() && model != limits.model_id) {
     ApiError e;
     e.status = 404;
-    e.message = "The model '" + model + "' does not exist (this server serves '" + limits.model_id + "')";
+    e.message = "The model '" + Clip(model) + "' does not exist (this server serves '" + limits.model_id + "')";
     e.param = "model";
     e.code = "model_not_found";
     not_found = e;
+  }
+}
+
+// A text prompt that cannot fit the context whatever it tokenizes to.
+ApiError PromptTooLong(const char* param, size_t bytes, const ApiLimits& limits) {
+  return Bad(param,
+             "the prompt holds " + std::to_string(bytes) + " bytes of text; this model's context of " +
+                 std::to_string(limits.n_ctx) + " tokens holds at most " + std::to_string(limits.max_prompt_bytes),
+             "context_length_exceeded");
+}
+
+// Fields that would change the output and are not implemented: 400 naming them, rather
+// than an answer that silently ignores them. See the list at the top of the file.
+void RefuseUnsupported(Reader& r) {
+  if (const json* t = r.Get("tools"); t && !(t->is_array() && t->empty())) {
+    r.Fail("tools", "tools are not supported by this server");
+  }
+  if (const json* t = r.Get("functions"); t && !(t->is_array() && t->empty())) {
+    r.Fail("functions", "functions are not supported by this server");
+  }
+  for (const char* key : {"tool_choice", "function_call"}) {
+    if (const json* t = r.Get(key); t && !(t->is_string() && t->get_ref<const std::string&>() == "none")) {
+      r.Fail(key, std::string("'") + key + "' is not supported by this server (tools are not); only \"none\"");
+    }
+  }
+  if (const json* f = r.Get("response_format")) {
+    const auto type = f->is_object() ? f->find("type") : f->end();
+    const bool text = f->is_object() && type != f->end() && type->is_string() && *type == "text";
+    if (!text) {
+      r.Fail("response_format",
+             "JSON mode is not supported by this server: 'response_format' may only be {\"type\": \"text\"}");
+    }
+  }
+  if (const json* m = r.Get("modalities"); m && !(m->is_array() && m->size() == 1 && (*m)[0] == "text")) {
+    r.Fail("modalities", "only the text modality is supported: 'modalities' may only be [\"text\"]");
+  }
+  for (const char* key : {"audio", "web_search_options"}) {
+    if (r.Get(key)) r.Fail(key, std::string("'") + key + "' is not supported by this server");
+  }
+  if (const json* lb = r.Get("logit_bias"); lb && !(lb->is_object() && lb->empty())) {
+    r.Fail("logit_bias", "logit_bias is not supported by this server");
   }
 }
 
@@ -121,19 +226,19 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
   int64_t best_of = 1;
   if (!chat && r.Int("best_of", best_of, 1, 1000) && best_of != 1) r.Fail("best_of", "only best_of = 1 is supported");
   int64_t v = 0;
-  const char* max_key = chat && r.Get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (r.Int(max_key, v, 0, limits.n_ctx)) g.max_tokens = static_cast<int>(v);
+  // max_completion_tokens (chat) wins over the deprecated max_tokens; both are checked.
+  if (r.Int("max_tokens", v, 1, limits.n_ctx)) g.max_tokens = static_cast<int>(v);
+  if (chat && r.Int("max_completion_tokens", v, 1, limits.n_ctx)) g.max_tokens = static_cast<int>(v);
   r.Float("temperature", g.temperature, 0.0, 2.0);
   r.Float("top_p", g.top_p, 0.0, 1.0, /*lo_open=*/true);
   r.Float("min_p", g.min_p, 0.0, 1.0);
   r.Float("repeat_penalty", g.repeat_penalty, 0.0, 10.0, /*lo_open=*/true);
-  float ignored = 0;
-  r.Float("presence_penalty", ignored, -2.0, 2.0);
-  r.Float("frequency_penalty", ignored, -2.0, 2.0);
+  r.Float("presence_penalty", g.presence_penalty, -2.0, 2.0);
+  r.Float("frequency_penalty", g.frequency_penalty, -2.0, 2.0);
   if (r.Int("top_k", v, 0, limits.n_vocab)) g.top_k = static_cast<int>(v);
   if (const json* s = r.Get("seed")) {
     if (!s->is_number_integer()) {
-      r.Fail("seed", "'seed' must be an integer");
+      r.Fail("seed", "'seed' must be an integer, got " + Describe(*s));
     } else {
       g.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
     }
@@ -141,12 +246,19 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
   if (const json* s = r.Get("stop")) {
     auto add = [&](const json& x) {
       if (!x.is_string()) return r.Fail("stop", "'stop' must be a string or an array of strings");
-      if (x.get_ref<const std::string&>().empty()) return r.Fail("stop", "stop strings must not be empty");
-      g.stop.push_back(x.get<std::string>());
+      const std::string& str = x.get_ref<const std::string&>();
+      if (str.empty()) return r.Fail("stop", "stop strings must not be empty");
+      if (str.size() > kMaxStopBytes) {
+        return r.Fail("stop", "stop strings must be at most " + std::to_string(kMaxStopBytes) + " bytes");
+      }
+      g.stop.push_back(str);
     };
     if (s->is_array()) {
-      if (s->size() > kMaxStops) r.Fail("stop", "at most " + std::to_string(kMaxStops) + " stop strings");
-      for (const json& x : *s) add(x);
+      if (s->size() > static_cast<size_t>(kMaxStops)) {
+        r.Fail("stop", "at most " + std::to_string(kMaxStops) + " stop strings");
+      } else {
+        for (const json& x : *s) add(x);
+      }
     } else {
       add(*s);
     }
@@ -169,12 +281,7 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
     sr.Bool("include_usage", g.include_usage);
     if (!sr.ok()) r.Fail("stream_options.include_usage", sr.error().message);
   }
-  if (const json* t = r.Get("tools"); t && !(t->is_array() && t->empty())) {
-    r.Fail("tools", "tools are not supported by this server");
-  }
-  if (const json* lb = r.Get("logit_bias"); lb && !(lb->is_object() && lb->empty())) {
-    r.Fail("logit_bias", "logit_bias is not supported by this server");
-  }
+  RefuseUnsupported(r);
 }
 
 Result<std::string> MessageContent(const json& c) {
@@ -190,22 +297,68 @@ Result<std::string> MessageContent(const json& c) {
       return InvalidArgument("only content parts of type 'text' are supported");
     }
     if (text == part.end() || !text->is_string()) return InvalidArgument("a text content part needs a string 'text'");
-    out += text->get<std::string>();
+    out += text->get_ref<const std::string&>();
   }
   return out;
 }
 
 template <typename T, typename F>
 Parsed<T> Guard(F&& f) {
-  // Every access above is type-checked; this only keeps a missed case from crossing the layer.
+  // Every access above is type-checked; this only keeps a missed case from crossing the
+  // layer. The exception's text is clipped: it may quote client data.
   try {
     return f();
   } catch (const std::exception& e) {
-    return Bad("", std::string("malformed request: ") + e.what());
+    return Bad("", "malformed request: " + Clip(e.what()));
   }
 }
 
 }  // namespace
+
+std::optional<ApiError> CheckJsonShape(std::string_view body, const JsonShapeLimits& limits) {
+  int depth = 0;
+  size_t values = 1;  // the top-level value
+  bool in_string = false;
+  for (size_t i = 0; i < body.size();) {
+    const unsigned char c = static_cast<unsigned char>(body[i]);
+    if (c >= 0x80) {
+      const size_t len = Utf8Length(body, i);
+      if (len == 0) return Bad("", "the request body is not valid UTF-8 (at byte " + std::to_string(i) + ")");
+      i += len;
+      continue;
+    }
+    ++i;
+    if (in_string) {
+      if (c == '"') {
+        in_string = false;
+      } else if (c == '\\' && i < body.size() && static_cast<unsigned char>(body[i]) < 0x80) {
+        ++i;  // the escaped character (a non-ASCII one is invalid JSON; the parser says so)
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': in_string = true; break;
+      case '[':
+      case '{':
+        if (++depth > limits.max_depth) {
+          return Bad("", "the request body nests arrays/objects more than " + std::to_string(limits.max_depth) +
+                             " levels deep");
+        }
+        [[fallthrough]];
+      case ',':
+        if (++values > limits.max_values) {
+          return Bad("", "the request body holds more than " + std::to_string(limits.max_values) + " JSON values");
+        }
+        break;
+      case ']':
+      case '}':
+        if (depth > 0) --depth;
+        break;
+      default: break;
+    }
+  }
+  return std::nullopt;
+}
 
 std::string ErrorJson(const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
@@ -214,10 +367,13 @@ std::string ErrorJson(const ApiError& e) {
   return Dump(json{{"error", err}});
 }
 
+// NUL characters (\u0000) in strings are accepted and kept: they are valid JSON and
+// Unicode, and everything past the parser handles text as (pointer, length) — the
+// tokenizer encodes U+0000 like any other character. Nothing truncates at a NUL.
 Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, const ApiLimits& limits) {
   return Guard<ChatCompletionRequest>([&]() -> Parsed<ChatCompletionRequest> {
     json j;
-    if (auto e = ParseObject(body, j)) return *e;
+    if (auto e = ParseObject(body, limits.json, j)) return *e;
     ChatCompletionRequest req;
     Reader r(j);
     std::optional<ApiError> not_found;
@@ -226,6 +382,7 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
     if (r.ok() && (!msgs || !msgs->is_array() || msgs->empty())) {
       return Bad("messages", "'messages' must be a non-empty array");
     }
+    size_t prompt_bytes = 0;
     if (msgs) {
       for (size_t i = 0; i < msgs->size(); ++i) {
         const json& m = (*msgs)[i];
@@ -233,13 +390,23 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
         if (!m.is_object()) return Bad(param, param + " must be an object");
         auto role = m.find("role");
         if (role == m.end() || !role->is_string()) return Bad(param + ".role", param + ".role must be a string");
+        const std::string& rs = role->get_ref<const std::string&>();
+        if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer") {
+          return Bad(param + ".role", "unsupported role '" + Clip(rs) + "' (system, user, assistant)");
+        }
+        for (const char* key : {"tool_calls", "function_call"}) {
+          auto it = m.find(key);
+          if (it != m.end() && !it->is_null() && !(it->is_array() && it->empty())) {
+            return Bad(param + "." + key, std::string("'") + key + "' in messages is not supported (tools are not)");
+          }
+        }
         auto content = m.find("content");
         if (content == m.end()) return Bad(param + ".content", param + " has no content");
         auto text = MessageContent(*content);
         if (!text.ok()) return Bad(param + ".content", text.status().message());
-        const std::string& rs = role->get_ref<const std::string&>();
-        if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer") {
-          return Bad(param + ".role", "unsupported role '" + rs + "' (system, user, assistant)");
+        prompt_bytes += text->size();
+        if (limits.max_prompt_bytes > 0 && prompt_bytes > limits.max_prompt_bytes) {
+          return PromptTooLong("messages", prompt_bytes, limits);
         }
         req.messages.push_back({rs == "developer" ? "system" : rs, std::move(text).value()});
       }
@@ -251,10 +418,12 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
   });
 }
 
+// Raw prompts are tokenized with special-token parsing on (server.cc): the client writes
+// the whole prompt, there are no turns of someone else's to forge.
 Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits) {
   return Guard<CompletionRequest>([&]() -> Parsed<CompletionRequest> {
     json j;
-    if (auto e = ParseObject(body, j)) return *e;
+    if (auto e = ParseObject(body, limits.json, j)) return *e;
     CompletionRequest req;
     Reader r(j);
     std::optional<ApiError> not_found;
@@ -268,17 +437,30 @@ Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
         one = &(*p)[0];
       }
       if (one->is_string()) {
-        req.prompt_text = one->get<std::string>();
+        const std::string& text = one->get_ref<const std::string&>();
+        if (limits.max_prompt_bytes > 0 && text.size() > limits.max_prompt_bytes) {
+          return PromptTooLong("prompt", text.size(), limits);
+        }
+        req.prompt_text = text;
       } else if (one->is_array() && !one->empty()) {
+        if (one->size() >= static_cast<size_t>(std::max(limits.n_ctx, 1))) {
+          return Bad("prompt",
+                     "this model's context is " + std::to_string(limits.n_ctx) + " tokens; the prompt has " +
+                         std::to_string(one->size()) + " tokens",
+                     "context_length_exceeded");
+        }
+        req.prompt_tokens.reserve(one->size());
         for (const json& t : *one) {
-          if (!t.is_number_integer()) return Bad("prompt", "'prompt' must be a string or an array of token ids");
-          const int64_t id = t.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(), INT64_MAX))
-                                                    : t.get<int64_t>();
-          if (id < 0 || id >= limits.n_vocab) {
-            return Bad("prompt", "token id " + t.dump() + " is outside the vocabulary (0.." +
+          if (!t.is_number_integer()) {
+            return Bad("prompt", "'prompt' must be a string or an array of token ids, got " + Describe(t) + " in the array");
+          }
+          const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(limits.n_vocab)
+                                                       : t.get<int64_t>() >= 0 && t.get<int64_t>() < limits.n_vocab;
+          if (!in_range) {
+            return Bad("prompt", "token id " + Describe(t) + " is outside the vocabulary (0.." +
                                      std::to_string(limits.n_vocab - 1) + ")");
           }
-          req.prompt_tokens.push_back(static_cast<int32_t>(id));
+          req.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
         }
       } else {
         return Bad("prompt", "'prompt' must be a string or a non-empty array of token ids");
@@ -295,10 +477,10 @@ Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
   });
 }
 
-Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ApiLimits& limits) {
   return Guard<TokenizeRequest>([&]() -> Parsed<TokenizeRequest> {
     json j;
-    if (auto e = ParseObject(body, j)) return *e;
+    if (auto e = ParseObject(body, limits.json, j)) return *e;
     TokenizeRequest req;
     Reader r(j);
     if (!r.Get("content")) return Bad("content", "'content' is required");
@@ -306,22 +488,34 @@ Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
     r.Bool("add_special", req.add_special);
     r.Bool("with_pieces", req.with_pieces);
     if (!r.ok()) return r.error();
+    if (limits.max_prompt_bytes > 0 && req.content.size() > limits.max_prompt_bytes) {
+      return Bad("content", "'content' holds " + std::to_string(req.content.size()) + " bytes; at most " +
+                                std::to_string(limits.max_prompt_bytes) + " (what this model's context of " +
+                                std::to_string(limits.n_ctx) + " tokens can hold)");
+    }
     return req;
   });
+}
+
+Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  ApiLimits unlimited;
+  unlimited.max_prompt_bytes = 0;
+  return ParseTokenizeRequest(body, unlimited);
 }
 
 Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const ApiLimits& limits) {
   return Guard<DetokenizeRequest>([&]() -> Parsed<DetokenizeRequest> {
     json j;
-    if (auto e = ParseObject(body, j)) return *e;
+    if (auto e = ParseObject(body, limits.json, j)) return *e;
     DetokenizeRequest req;
     Reader r(j);
     const json* t = r.Get("tokens");
     if (!t || !t->is_array()) return Bad("tokens", "'tokens' must be an array of token ids");
+    req.tokens.reserve(t->size());
     for (const json& x : *t) {
       if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() >= static_cast<uint64_t>(limits.n_vocab)
                                                               : (x.get<int64_t>() < 0 || x.get<int64_t>() >= limits.n_vocab))) {
-        return Bad("tokens", "token " + x.dump() + " is not an id in 0.." + std::to_string(limits.n_vocab - 1));
+        return Bad("tokens", "token " + Describe(x) + " is not an id in 0.." + std::to_string(limits.n_vocab - 1));
       }
       req.tokens.push_back(static_cast<int32_t>(x.get<int64_t>()));
     }
@@ -356,7 +550,8 @@ json ChatLogprobs(const std::vector<TokenLogprob>& lps) {
   return {{"content", content}};
 }
 
-// Legacy completions format; text_offset counts bytes from `offset`.
+// Legacy completions format; text_offset counts token bytes from `offset` (see
+// CompletionResponse::text_offset_base).
 json CompletionLogprobs(const std::vector<TokenLogprob>& lps, size_t offset) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
   for (const TokenLogprob& t : lps) {
@@ -386,7 +581,7 @@ std::string ResponseJson(const CompletionResponse& r) {
     if (r.with_logprobs) choice["logprobs"] = ChatLogprobs(r.logprobs);
   } else {
     choice["text"] = r.text;
-    if (r.with_logprobs) choice["logprobs"] = CompletionLogprobs(r.logprobs, 0);
+    if (r.with_logprobs) choice["logprobs"] = CompletionLogprobs(r.logprobs, r.text_offset_base);
   }
   j["choices"] = json::array({choice});
   j["usage"] = UsageJson(r.usage);
@@ -405,11 +600,17 @@ std::string ChunkJson(const StreamChunk& c) {
     if (c.with_logprobs && !c.logprobs.empty()) choice["logprobs"] = ChatLogprobs(c.logprobs);
   } else {
     choice["text"] = c.text;
-    if (c.with_logprobs && !c.logprobs.empty()) choice["logprobs"] = CompletionLogprobs(c.logprobs, 0);
+    if (c.with_logprobs && !c.logprobs.empty()) choice["logprobs"] = CompletionLogprobs(c.logprobs, c.text_offset_base);
   }
   j["choices"] = json::array({choice});
   if (c.usage_null) j["usage"] = nullptr;
   return Dump(j);
+}
+
+size_t NextTextOffset(const StreamChunk& c) {
+  size_t offset = c.text_offset_base;
+  for (const TokenLogprob& t : c.logprobs) offset += t.token.size();
+  return offset;
 }
 
 std::string UsageChunkJson(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,

@@ -6,9 +6,15 @@
 // an ApiError carrying the HTTP status (400 for bad input, 404 for an unknown model) and
 // the OpenAI error body {"error": {"message", "type", "param", "code"}}.
 //
+// Hostile input: every Parse* first runs CheckJsonShape over the raw text, so a body
+// nested too deep, holding too many values or ill-formed UTF-8 is refused before any DOM
+// is built. Error messages never echo a client value whole: numbers are printed, strings
+// cut to kMaxEchoBytes, other values named by type.
+//
 // Thread safety: free functions over values; safe from any thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,11 +50,33 @@ class Parsed {
   std::variant<T, ApiError> v_;
 };
 
+// The shape a request body may have, checked on the text before parsing.
+inline constexpr int kMaxJsonDepth = 32;             // nested arrays/objects
+inline constexpr size_t kMaxJsonValues = 1'000'000;  // array elements and object members
+struct JsonShapeLimits {
+  int max_depth = kMaxJsonDepth;
+  size_t max_values = kMaxJsonValues;
+};
+// One pass over `body` (outside strings, honouring escapes): 400 if it nests arrays and
+// objects deeper than max_depth, holds more than max_values elements/members (counted as
+// commas plus containers), or is not well-formed UTF-8. nullopt otherwise; the body may
+// still be invalid JSON, which the parser reports.
+std::optional<ApiError> CheckJsonShape(std::string_view body, const JsonShapeLimits& limits = {});
+
+// Client text quoted in an error message is cut to this many bytes.
+inline constexpr size_t kMaxEchoBytes = 64;
+
 // What the parser checks values against.
 struct ApiLimits {
   std::string model_id;  // requests naming another model get 404 (an absent model is fine)
-  int n_ctx = 2048;      // max_tokens above this is rejected
+  int n_ctx = 2048;      // max_tokens above this is rejected; prompt token arrays must be shorter
   int n_vocab = 32000;   // token ids must be below this
+  // Prompt text (chat: the messages' content bytes together; completions: the prompt;
+  // tokenize: the content) above this is refused before tokenizing. 0 = no limit. The
+  // server sets n_ctx * (the longest token's bytes), capped at its body limit: a text
+  // longer than that cannot fit the context whatever it tokenizes to.
+  size_t max_prompt_bytes = 0;
+  JsonShapeLimits json = {};
 };
 
 // Sampling and output options shared by chat and completions. Defaults follow
@@ -60,6 +88,8 @@ struct GenerationParams {
   int top_k = 40;                 // >= 0; 0 = off (extension)
   float min_p = 0.05f;            // [0, 1] (extension)
   float repeat_penalty = 1.0f;    // (0, 10] (extension)
+  float presence_penalty = 0.0f;  // [-2, 2]; over the generated tokens (OpenAI)
+  float frequency_penalty = 0.0f; // [-2, 2]; over the generated tokens (OpenAI)
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  // at most kMaxStops non-empty strings
   bool logprobs = false;
@@ -68,6 +98,7 @@ struct GenerationParams {
   bool include_usage = false;     // stream_options.include_usage
 };
 inline constexpr int kMaxStops = 16;
+inline constexpr size_t kMaxStopBytes = 256;  // per stop string
 inline constexpr int kMaxTopLogprobs = 20;
 
 struct ChatCompletionRequest {
@@ -96,6 +127,9 @@ struct DetokenizeRequest {
 
 Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, const ApiLimits& limits);
 Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits);
+// /tokenize: content above limits.max_prompt_bytes is a 400 (param "content"). The
+// one-argument form checks no size.
+Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ApiLimits& limits);
 Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
 Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const ApiLimits& limits);
 
@@ -119,6 +153,13 @@ struct TokenLogprob {
 
 enum class Endpoint { kChat, kCompletion };
 
+// Legacy completions logprobs carry text_offset: the byte offset of each token's text in
+// the whole returned `text`. A response or chunk numbers its tokens from text_offset_base:
+//   non-streamed: the length of the echoed prompt (0 without echo);
+//   streamed: the echoed prompt's length plus the bytes of every token in earlier chunks
+//             (NextTextOffset of the previous chunk), so offsets run on across chunks.
+// Token bytes are the raw pieces (TokenLogprob::token).
+
 // A whole non-streamed answer.
 struct CompletionResponse {
   Endpoint endpoint = Endpoint::kChat;
@@ -130,6 +171,7 @@ struct CompletionResponse {
   Usage usage;
   bool with_logprobs = false;
   std::vector<TokenLogprob> logprobs;
+  size_t text_offset_base = 0;  // kCompletion: text_offset of logprobs[0]
 };
 std::string ResponseJson(const CompletionResponse& r);
 
@@ -145,8 +187,11 @@ struct StreamChunk {
   bool with_logprobs = false;
   std::vector<TokenLogprob> logprobs;
   bool usage_null = false;  // include_usage: every chunk but the last carries "usage": null
+  size_t text_offset_base = 0;  // kCompletion: text_offset of logprobs[0]
 };
 std::string ChunkJson(const StreamChunk& c);
+// text_offset_base for the chunk after `c`: its base plus the bytes of its tokens.
+size_t NextTextOffset(const StreamChunk& c);
 // The final include_usage chunk: "choices": [] and the usage.
 std::string UsageChunkJson(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                            const Usage& u);

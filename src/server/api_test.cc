@@ -53,7 +53,7 @@ TEST(Api, NullsAndAbsentModelAreDefaults) {
 }
 
 TEST(Api, RejectsBadChatBodies) {
-  EXPECT_EQ(ChatError("{not json").message, "the request body is not valid JSON");
+  EXPECT_EQ(ChatError("{not json").message.rfind("the request body is not valid JSON (at byte ", 0), 0u);
   EXPECT_EQ(ChatError("[1,2]").status, 400);
   EXPECT_EQ(ChatError(R"({"messages":[]})").param, "messages");
   EXPECT_EQ(ChatError(R"({"messages":"hi"})").param, "messages");
@@ -221,7 +221,7 @@ TEST(Api, FuzzedBodiesGiveARequestOrA4xx) {
       ASSERT_FALSE(c->messages.empty());
       ASSERT_TRUE(c->gen.temperature >= 0 && c->gen.temperature <= 2);
       ASSERT_TRUE(c->gen.top_p > 0 && c->gen.top_p <= 1);
-      ASSERT_TRUE(!c->gen.max_tokens || (*c->gen.max_tokens >= 0 && *c->gen.max_tokens <= kLimits.n_ctx));
+      ASSERT_TRUE(!c->gen.max_tokens || (*c->gen.max_tokens >= 1 && *c->gen.max_tokens <= kLimits.n_ctx));
       ASSERT_TRUE(c->gen.top_logprobs >= 0 && c->gen.top_logprobs <= kMaxTopLogprobs);
     } else {
       ++bad;
@@ -233,6 +233,406 @@ TEST(Api, FuzzedBodiesGiveARequestOrA4xx) {
   }
   EXPECT_GT(ok, 100);
   EXPECT_GT(bad, 100);
+}
+
+// ---- hostile input (issue 9) ---------------------------------------------------------
+
+const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
+std::string Chat(const std::string& extra) { return "{" + kMsgs + "," + extra + "}"; }
+
+std::string Nested(int depth, const std::string& inner = "1") {
+  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
+}
+
+TEST(ApiHostile, DepthIsCheckedBeforeParsing) {
+  // The top-level object is level 1: 31 arrays inside an ignored field are fine, 32 are not.
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat(R"("user":)" + Nested(31)), kLimits).ok());
+  ApiError e = ChatError(Chat(R"("user":)" + Nested(32)));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("levels deep"), std::string::npos) << e.message;
+  // Far too deep for a recursive parser or dump(), and for every reader.
+  const std::string deep = Nested(200000);
+  for (const std::string& body : {Chat(R"("user":)" + deep), Chat(R"("max_tokens":)" + deep),
+                                  R"({"prompt":)" + deep + "}", R"({"content":)" + deep + "}"}) {
+    auto c = ParseChatCompletionRequest(body, kLimits);
+    auto p = ParseCompletionRequest(body, kLimits);
+    auto t = ParseTokenizeRequest(body, kLimits);
+    auto d = ParseDetokenizeRequest(body, kLimits);
+    ASSERT_FALSE(c.ok());
+    ASSERT_FALSE(p.ok());
+    ASSERT_FALSE(t.ok());
+    ASSERT_FALSE(d.ok());
+    for (const ApiError* x : {&c.error(), &p.error(), &t.error(), &d.error()}) {
+      EXPECT_EQ(x->status, 400);
+      EXPECT_NE(x->message.find("levels deep"), std::string::npos) << x->message;
+    }
+  }
+  // Unbalanced closers do not let a body go deeper unnoticed.
+  EXPECT_FALSE(CheckJsonShape("]]]]" + Nested(32)).has_value());
+  EXPECT_TRUE(CheckJsonShape("]]]]" + Nested(33)).has_value());
+}
+
+TEST(ApiHostile, ShapeScanSkipsStringsAndEscapes) {
+  const std::string brackets(1000, '[');
+  EXPECT_FALSE(CheckJsonShape(R"({"a":")" + brackets + R"("})").has_value());
+  EXPECT_FALSE(CheckJsonShape(R"({"a":"\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\"})").has_value());
+  // An escaped quote does not end the string; an escaped backslash does not escape the quote.
+  EXPECT_TRUE(CheckJsonShape(R"({"a":"\\")" + Nested(40) + "}").has_value());
+  auto ok = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"user","content":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{"}]})",
+      kLimits);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->messages[0].content.size(), 42u + 1 + 35);
+}
+
+TEST(ApiHostile, ValueCountIsCheckedBeforeParsing) {
+  ApiLimits small = kLimits;
+  small.json.max_values = 102;
+  std::string arr = "[";
+  for (int i = 0; i < 100; ++i) arr += i ? ",0" : "0";
+  arr += "]";
+  // Counted: the top-level value, "{", "[" and 99 commas.
+  EXPECT_TRUE(ParseDetokenizeRequest(R"({"tokens":)" + arr + "}", small).ok());
+  arr.insert(1, "0,");
+  auto e = ParseDetokenizeRequest(R"({"tokens":)" + arr + "}", small);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("JSON values"), std::string::npos) << e.error().message;
+  // The default: a million elements (2 MB of text) are refused without building a DOM.
+  std::string big = R"({"tokens":[0)";
+  big.reserve(2'000'100);
+  for (size_t i = 0; i < kMaxJsonValues; ++i) big += ",0";
+  big += "]}";
+  auto b = ParseDetokenizeRequest(big, kLimits);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().status, 400);
+  EXPECT_NE(b.error().message.find("JSON values"), std::string::npos);
+}
+
+TEST(ApiHostile, ErrorMessagesNeverEchoValuesWhole) {
+  const std::string huge(100000, 'x');
+  const std::vector<std::string> bodies = {
+      Chat(R"("max_tokens":)" + Nested(30)),          Chat(R"("temperature":")" + huge + "\""),
+      Chat(R"("temperature":{"a":")" + huge + "\"}"), Chat(R"("model":")" + huge + "\""),
+      Chat(R"("seed":[")" + huge + "\"]"),             R"({"messages":[{"role":")" + huge + R"(","content":"x"}]})",
+      Chat(R"("top_k":)" + std::string(5000, '9')),    Chat(R"("top_p":1)" + std::string(5000, '0')),
+      Chat(R"("stream":")" + huge + "\""),             "{\"messages\":\"" + huge,
+      Chat(R"("max_tokens":1)" + std::string(400, '0')),  // 1e400: out of range for a double
+  };
+  for (const std::string& body : bodies) {
+    auto r = ParseChatCompletionRequest(body, kLimits);
+    ASSERT_FALSE(r.ok()) << body.substr(0, 80);
+    EXPECT_LT(r.error().message.size(), 300u) << r.error().message.substr(0, 300);
+    EXPECT_LT(ErrorJson(r.error()).size(), 500u);
+  }
+  for (const std::string& body : {R"({"prompt":[")" + huge + R"(",1]})", R"({"prompt":[1,")" + huge + R"("]})",
+                                  R"({"prompt":[1,)" + Nested(20) + "]}"}) {
+    auto r = ParseCompletionRequest(body, kLimits);
+    ASSERT_FALSE(r.ok()) << body.substr(0, 80);
+    EXPECT_LT(r.error().message.size(), 300u) << r.error().message.substr(0, 300);
+  }
+  auto d = ParseDetokenizeRequest(R"({"tokens":[)" + Nested(25) + "]}", kLimits);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().message.find('['), std::string::npos) << d.error().message;
+}
+
+TEST(ApiHostile, IllFormedUtf8IsACleanError) {
+  for (const std::string bad : {"\xFF", "\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xC3",
+                                "\xE2\x82", "\x80"}) {
+    const std::string body = R"({"messages":[{"role":"user","content":"a)" + bad + R"(b"}]})";
+    ApiError e = ChatError(body);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(e.message.find("UTF-8"), std::string::npos) << e.message;
+    EXPECT_NO_THROW(json::parse(ErrorJson(e)));
+    auto t = ParseTokenizeRequest(R"({"content":")" + bad + R"("})", kLimits);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.error().status, 400);
+  }
+  // A lone surrogate escape is valid UTF-8 text but not valid JSON.
+  EXPECT_EQ(ChatError(R"({"messages":[{"role":"user","content":"\ud800"}]})").status, 400);
+  // Well-formed multi-byte text passes: 2, 3 and 4 bytes, U+10FFFF, U+FFFD.
+  auto ok = ParseChatCompletionRequest(
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"\xC3\xA4\xE2\x82\xAC\xF0\x9F\x98\x81\xF4\x8F\xBF\xBF\xEF\xBF\xBD\"}]}",
+      kLimits);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->messages[0].content.size(), 2u + 3 + 4 + 4 + 3);
+}
+
+// NUL is accepted and kept (see api.cc): no crash, no silent truncation.
+TEST(ApiHostile, NulCharactersAreKept) {
+  auto c = ParseChatCompletionRequest(R"({"messages":[{"role":"user","content":"a\u0000b"}],"stop":["\u0000"]})",
+                                      kLimits);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->messages[0].content, std::string("a\0b", 3));
+  EXPECT_EQ(c->gen.stop, std::vector<std::string>{std::string(1, '\0')});
+  auto p = ParseCompletionRequest(R"({"prompt":"\u0000x"})", kLimits);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p->prompt_text, std::string("\0x", 2));
+  auto t = ParseTokenizeRequest(R"({"content":"x\u0000"})", kLimits);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->content.size(), 2u);
+  // A NUL in the model name is a 404 with a well-formed error body.
+  ApiError e = ChatError(Chat(R"("model":"ti\u0000ny")"));
+  EXPECT_EQ(e.status, 404);
+  EXPECT_NO_THROW(json::parse(ErrorJson(e)));
+}
+
+// Every integer field, given values no 64-bit integer holds or that are not integers:
+// 400 naming the field (UBSan in the asan build would flag a float->int overflow).
+TEST(ApiHostile, HugeAndWrongTypedIntegersAre400WithParam) {
+  const std::vector<std::string> bad = {"1e400", "-1e400", "18446744073709551616", "-9223372036854775809",
+                                        "1e300", "1.5", "\"1\"", "true", "[]", "{}", "[1]"};
+  struct Field {
+    std::string key, extra;
+  };
+  const std::vector<Field> chat = {{"max_tokens", ""}, {"max_completion_tokens", ""}, {"seed", ""}, {"top_k", ""},
+                                   {"top_logprobs", R"("logprobs":true,)"}, {"n", ""}};
+  for (const Field& f : chat) {
+    for (const std::string& v : bad) {
+      const std::string body = Chat(f.extra + "\"" + f.key + "\":" + v);
+      ApiError e = ChatError(body);
+      EXPECT_EQ(e.status, 400) << body;
+      // 1e400 does not parse as a JSON number a double holds: the body is refused as a whole.
+      if (v.find("e400") == std::string::npos) {
+        EXPECT_EQ(e.param, f.key) << body << ": " << e.message;
+      }
+    }
+  }
+  for (const char* key : {"max_tokens", "seed", "top_k", "logprobs", "n", "best_of"}) {
+    for (const std::string& v : bad) {
+      const std::string body = std::string(R"({"prompt":"x",")") + key + "\":" + v + "}";
+      auto r = ParseCompletionRequest(body, kLimits);
+      ASSERT_FALSE(r.ok()) << body;
+      EXPECT_EQ(r.error().status, 400) << body;
+      if (v.find("e400") == std::string::npos) {
+        EXPECT_EQ(r.error().param, key) << body << ": " << r.error().message;
+      }
+    }
+  }
+  for (const std::string& v : bad) {
+    if (v == "[1]") continue;  // a valid prompt of one token / tokens list
+    auto p = ParseCompletionRequest(R"({"prompt":[1,)" + v + "]}", kLimits);
+    ASSERT_FALSE(p.ok()) << v;
+    EXPECT_EQ(p.error().status, 400);
+    auto d = ParseDetokenizeRequest(R"({"tokens":[1,)" + v + "]}", kLimits);
+    ASSERT_FALSE(d.ok()) << v;
+    EXPECT_EQ(d.error().status, 400);
+    if (v.find("e400") == std::string::npos) {
+      EXPECT_EQ(p.error().param, "prompt") << v;
+      EXPECT_EQ(d.error().param, "tokens") << v;
+    }
+  }
+  // The largest 64-bit values are in range for seed and out of range elsewhere.
+  auto s = ParseChatCompletionRequest(Chat(R"("seed":18446744073709551615)"), kLimits);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s->gen.seed, UINT64_MAX);
+  auto neg = ParseChatCompletionRequest(Chat(R"("seed":-9223372036854775808)"), kLimits);
+  ASSERT_TRUE(neg.ok());
+  EXPECT_EQ(ChatError(Chat(R"("max_tokens":18446744073709551615)")).param, "max_tokens");
+  EXPECT_EQ(ChatError(Chat(R"("top_k":-9223372036854775808)")).param, "top_k");
+}
+
+TEST(ApiHostile, WrongTypesForEveryFieldAre400WithParam) {
+  struct Field {
+    std::string key;
+    std::vector<std::string> bad;
+  };
+  const std::vector<std::string> not_number = {"\"0.5\"", "true", "[]", "{}", "[0.5]", "1e309"};
+  const std::vector<std::string> not_bool = {"1", "0", "\"true\"", "[]", "{}"};
+  const std::vector<Field> chat = {
+      {"model", {"1", "true", "[]", "{}", "[\"tiny\"]"}},
+      {"temperature", not_number},
+      {"top_p", not_number},
+      {"min_p", not_number},
+      {"repeat_penalty", not_number},
+      {"presence_penalty", not_number},
+      {"frequency_penalty", not_number},
+      {"stream", not_bool},
+      {"logprobs", not_bool},
+      {"stop", {"1", "true", "{}", "[1]", "[\"\"]", "[[\"a\"]]", "[null]"}},
+      {"stream_options", {"1", "\"x\"", "[]"}},
+      {"tools", {"1", "\"x\"", "{}", "[{}]"}},
+      {"logit_bias", {"1", "[]", "{\"1\":5}"}},
+  };
+  for (const Field& f : chat) {
+    for (const std::string& v : f.bad) {
+      const std::string body = Chat("\"" + f.key + "\":" + v);
+      ApiError e = ChatError(body);
+      EXPECT_EQ(e.status, 400) << body;
+      if (v != "1e309") {
+        EXPECT_EQ(e.param, f.key) << body << ": " << e.message;
+      }
+    }
+  }
+  EXPECT_EQ(ChatError(Chat(R"("stream":true,"stream_options":{"include_usage":1})")).param,
+            "stream_options.include_usage");
+  for (const std::string& v : not_bool) {
+    auto r = ParseCompletionRequest(R"({"prompt":"x","echo":)" + v + "}", kLimits);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().param, "echo");
+  }
+  for (const char* v : {"1", "true", "{}", "[\"a\",1]", "[[1]]", "[\"a\",\"b\"]", "[true]", "[1.5]"}) {
+    auto r = ParseCompletionRequest(std::string(R"({"prompt":)") + v + "}", kLimits);
+    ASSERT_FALSE(r.ok()) << v;
+    EXPECT_EQ(r.error().param, "prompt") << v;
+  }
+  for (const char* v : {"1", "true", "{}", "[\"a\"]", "[[1]]"}) {
+    auto r = ParseTokenizeRequest(std::string(R"({"content":)") + v + "}", kLimits);
+    ASSERT_FALSE(r.ok()) << v;
+    EXPECT_EQ(r.error().param, "content") << v;
+    auto d = ParseDetokenizeRequest(std::string(R"({"tokens":)") + v + "}", kLimits);
+    ASSERT_FALSE(d.ok()) << v;
+    EXPECT_EQ(d.error().param, "tokens") << v;
+  }
+  for (const char* m : {R"([1])", R"([{"role":1,"content":"x"}])", R"([{"role":"user","content":{}}])",
+                        R"([{"role":"user","content":[{"type":"image_url"}]}])",
+                        R"([{"role":"user","content":[{"type":"text","text":5}]}])"}) {
+    EXPECT_EQ(ChatError(std::string(R"({"messages":)") + m + "}").param.rfind("messages[0]", 0), 0u) << m;
+  }
+}
+
+TEST(ApiHostile, MaxTokensZeroIsRefused) {
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    ApiError e = ChatError(Chat("\"" + std::string(key) + "\":0"));
+    EXPECT_EQ(e.param, key);
+    EXPECT_NE(e.message.find("at least 1"), std::string::npos) << e.message;
+  }
+  auto p = ParseCompletionRequest(R"({"prompt":"x","max_tokens":0})", kLimits);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().param, "max_tokens");
+  EXPECT_NE(p.error().message.find("at least 1"), std::string::npos);
+  auto one = ParseChatCompletionRequest(Chat(R"("max_completion_tokens":1,"max_tokens":5)"), kLimits);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->gen.max_tokens, 1);  // max_completion_tokens wins
+}
+
+TEST(ApiHostile, PromptBytesAreCappedBeforeTokenizing) {
+  ApiLimits l = kLimits;
+  l.max_prompt_bytes = 10;
+  // Chat: the content of all messages together.
+  auto fits = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"system","content":"12345"},{"role":"user","content":[{"type":"text","text":"67890"}]}]})",
+      l);
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
+  auto over = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"system","content":"12345"},{"role":"user","content":"678901"}]})", l);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().status, 400);
+  EXPECT_EQ(over.error().code, "context_length_exceeded");
+  EXPECT_EQ(over.error().param, "messages");
+  // Completions: the prompt text.
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt":"1234567890"})", l).ok());
+  auto p = ParseCompletionRequest(R"({"prompt":["12345678901"]})", l);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().code, "context_length_exceeded");
+  EXPECT_EQ(p.error().param, "prompt");
+  // Token prompts are measured in tokens against n_ctx.
+  ApiLimits tiny_ctx = kLimits;
+  tiny_ctx.n_ctx = 4;
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt":[1,2,3]})", tiny_ctx).ok());
+  auto t = ParseCompletionRequest(R"({"prompt":[1,2,3,4]})", tiny_ctx);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code, "context_length_exceeded");
+  // Tokenize: the content.
+  EXPECT_TRUE(ParseTokenizeRequest(R"({"content":"1234567890"})", l).ok());
+  auto k = ParseTokenizeRequest(R"({"content":"12345678901"})", l);
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.error().param, "content");
+  EXPECT_EQ(k.error().type, "invalid_request_error");
+  EXPECT_TRUE(ParseTokenizeRequest(R"({"content":"12345678901"})").ok());  // no limit
+  // 0 = no limit.
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt":")" + std::string(100000, 'x') + "\"}", kLimits).ok());
+}
+
+TEST(ApiHostile, StopStringsAreBounded) {
+  std::string many = "[";
+  for (int i = 0; i < 1000; ++i) many += (i ? ",\"" : "\"") + std::string(300, 'a') + "\"";
+  many += "]";
+  ApiError e = ChatError(Chat("\"stop\":" + many));
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_NE(e.message.find("at most 16"), std::string::npos);
+  std::string sixteen = "[";
+  for (int i = 0; i < kMaxStops; ++i) sixteen += (i ? ",\"" : "\"") + std::string(kMaxStopBytes, 'a') + "\"";
+  sixteen += "]";
+  auto ok = ParseChatCompletionRequest(Chat("\"stop\":" + sixteen), kLimits);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->gen.stop.size(), static_cast<size_t>(kMaxStops));
+  EXPECT_EQ(ChatError(Chat("\"stop\":\"" + std::string(kMaxStopBytes + 1, 'a') + "\"")).param, "stop");
+  EXPECT_EQ(ChatError(Chat("\"stop\":[\"a\",\"" + std::string(kMaxStopBytes + 1, 'a') + "\"]")).param, "stop");
+}
+
+TEST(ApiHostile, PenaltiesAreParsed) {
+  auto r = ParseChatCompletionRequest(Chat(R"("presence_penalty":1.5,"frequency_penalty":-2)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->gen.presence_penalty, 1.5f);
+  EXPECT_EQ(r->gen.frequency_penalty, -2.0f);
+  auto d = ParseCompletionRequest(R"({"prompt":"x"})", kLimits);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->gen.presence_penalty, 0.0f);
+  EXPECT_EQ(d->gen.frequency_penalty, 0.0f);
+  EXPECT_EQ(ChatError(Chat(R"("presence_penalty":2.01)")).param, "presence_penalty");
+  EXPECT_EQ(ChatError(Chat(R"("frequency_penalty":-2.5)")).param, "frequency_penalty");
+}
+
+TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {
+  for (const char* ok : {R"("response_format":null)", R"("response_format":{"type":"text"})", R"("tool_choice":null)",
+                         R"("tool_choice":"none")", R"("tools":[])", R"("logit_bias":{})", R"("user":"u")",
+                         R"("parallel_tool_calls":true)", R"("n":1)", R"("modalities":["text"])",
+                         R"("store":false)", R"("metadata":{"a":"b"})", R"("function_call":"none")"}) {
+    auto r = ParseChatCompletionRequest(Chat(ok), kLimits);
+    EXPECT_TRUE(r.ok()) << ok << ": " << r.error().message;
+  }
+  for (const char* bad : {R"("response_format":{"type":"json_object"})",
+                          R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})",
+                          R"("response_format":"text")", R"("response_format":{})", R"("response_format":{"type":1})",
+                          R"("response_format":{"type":"yaml"})"}) {
+    ApiError e = ChatError(Chat(bad));
+    EXPECT_EQ(e.param, "response_format") << bad;
+    EXPECT_NE(e.message.find("JSON mode"), std::string::npos) << e.message;
+  }
+  for (const char* bad : {R"("tool_choice":"auto")", R"("tool_choice":"required")",
+                          R"("tool_choice":{"type":"function","function":{"name":"f"}})", R"("tool_choice":1)"}) {
+    EXPECT_EQ(ChatError(Chat(bad)).param, "tool_choice") << bad;
+  }
+  EXPECT_EQ(ChatError(Chat(R"("functions":[{"name":"f"}])")).param, "functions");
+  EXPECT_EQ(ChatError(Chat(R"("function_call":"auto")")).param, "function_call");
+  EXPECT_EQ(ChatError(Chat(R"("modalities":["text","audio"])")).param, "modalities");
+  EXPECT_EQ(ChatError(Chat(R"("audio":{"voice":"alloy"})")).param, "audio");
+  EXPECT_EQ(ChatError(Chat(R"("web_search_options":{})")).param, "web_search_options");
+  EXPECT_EQ(ChatError(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})").param,
+            "messages[0].tool_calls");
+  auto p = ParseCompletionRequest(R"({"prompt":"x","response_format":{"type":"json_object"}})", kLimits);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().param, "response_format");
+}
+
+// text_offset: byte offsets into the whole returned text, counting an echoed prompt and
+// running on across stream chunks.
+TEST(ApiHostile, TextOffsetsCountEchoAndEarlierChunks) {
+  CompletionResponse r;
+  r.endpoint = Endpoint::kCompletion;
+  r.text = "Once upon a";
+  r.with_logprobs = true;
+  r.logprobs = {{" upon", -0.1f, {}}, {" a", -0.2f, {}}};
+  r.text_offset_base = 4;  // echo of "Once"
+  json j = json::parse(ResponseJson(r));
+  EXPECT_EQ(j["choices"][0]["logprobs"]["text_offset"], json::array({4, 9}));
+  r.text_offset_base = 0;
+  EXPECT_EQ(json::parse(ResponseJson(r))["choices"][0]["logprobs"]["text_offset"], json::array({0, 5}));
+
+  StreamChunk c;
+  c.endpoint = Endpoint::kCompletion;
+  c.with_logprobs = true;
+  c.text_offset_base = 4;
+  c.text = " upon";
+  c.logprobs = {{" upon", -0.1f, {}}};
+  EXPECT_EQ(json::parse(ChunkJson(c))["choices"][0]["logprobs"]["text_offset"], json::array({4}));
+  StreamChunk next = c;
+  next.text_offset_base = NextTextOffset(c);
+  EXPECT_EQ(next.text_offset_base, 9u);
+  next.text = " a time";
+  next.logprobs = {{" a", -0.2f, {}}, {" time", -0.3f, {}}};
+  EXPECT_EQ(json::parse(ChunkJson(next))["choices"][0]["logprobs"]["text_offset"], json::array({9, 11}));
+  EXPECT_EQ(NextTextOffset(next), 16u);
 }
 
 }  // namespace
