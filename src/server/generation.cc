@@ -59,6 +59,8 @@ std::optional<ApiError> Generation::Start() {
   req.sampling.top_k = p_.gen.top_k;
   req.sampling.min_p = p_.gen.min_p;
   req.sampling.repeat_penalty = p_.gen.repeat_penalty;
+  req.sampling.presence_penalty = p_.gen.presence_penalty;
+  req.sampling.frequency_penalty = p_.gen.frequency_penalty;
   req.sampling.seed = p_.gen.seed.value_or(p_.seed);
   req.cache_salt = p_.cache_salt;
   const Tokenizer* tok = &tok_;
