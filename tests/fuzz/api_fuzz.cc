@@ -1,0 +1,183 @@
+// libFuzzer target for the server's JSON request readers (built only with -DTRELLIS_FUZZ=ON
+// and clang).
+//
+// Feeds the input as a request body to every parser in server/api.h
+// (ParseChatCompletionRequest, ParseCompletionRequest, ParseTokenizeRequest,
+// ParseDetokenizeRequest). A rejected body must carry a 400/404 ApiError with a message,
+// and ErrorJson of it must be valid JSON. An accepted body must satisfy the ranges the
+// parser promises (api.h), and the response serializers fed from it (ResponseJson,
+// ChunkJson, TokenizeJson, DetokenizeJson) must produce valid JSON. An accepted chat
+// request is then rendered with every chat template family: an error is fine, a crash or
+// an empty error message is not. Any violation aborts.
+//
+// Run: api_fuzz -max_total_time=300 -max_len=65536 -dict=tests/data/api_corpus.dict \
+//        /tmp/new-corpus tests/data/api_corpus
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api.h"
+#include "server/chat_template.h"
+
+namespace trellis::server {
+namespace {
+
+#define FUZZ_CHECK(cond)                                                               \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "api_fuzz: check failed: %s (line %d)\n", #cond, __LINE__); \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+using json = nlohmann::json;
+
+const ApiLimits& Limits() {
+  static const ApiLimits limits = [] {
+    ApiLimits l;  // fields set by name: ApiLimits may grow members with defaults
+    l.model_id = "fuzz-model";
+    l.n_ctx = 2048;
+    l.n_vocab = 32000;
+    return l;
+  }();
+  return limits;
+}
+
+constexpr const char* kFamilies[] = {"llama2", "llama3",  "llama3.1", "mistral",
+                                     "mistral-nemo", "chatml", "zephyr", "phi3"};
+
+// Serializer output must always be strict JSON (the serializers replace invalid UTF-8).
+// Returns the parsed top level, which is shallow: checking it never recurses deeply.
+json MustParse(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) std::fprintf(stderr, "api_fuzz: serializer produced invalid JSON: %.200s\n", text.c_str());
+  FUZZ_CHECK(!j.is_discarded());
+  return j;
+}
+
+void CheckError(const ApiError& e) {
+  FUZZ_CHECK(e.status == 400 || e.status == 404);
+  FUZZ_CHECK(!e.message.empty());
+  FUZZ_CHECK(!e.type.empty());
+  if (e.status == 404) FUZZ_CHECK(e.param == "model" && e.code == "model_not_found");
+  json j = MustParse(ErrorJson(e));
+  FUZZ_CHECK(j.is_object() && j.contains("error") && j["error"].is_object());
+  FUZZ_CHECK(j["error"]["message"].is_string());
+}
+
+void CheckGeneration(const GenerationParams& g, bool chat) {
+  if (g.max_tokens) FUZZ_CHECK(*g.max_tokens >= 0 && *g.max_tokens <= Limits().n_ctx);
+  FUZZ_CHECK(g.temperature >= 0.0f && g.temperature <= 2.0f);
+  FUZZ_CHECK(g.top_p > 0.0f && g.top_p <= 1.0f);
+  FUZZ_CHECK(g.top_k >= 0 && g.top_k <= Limits().n_vocab);
+  FUZZ_CHECK(g.min_p >= 0.0f && g.min_p <= 1.0f);
+  FUZZ_CHECK(g.repeat_penalty > 0.0f && g.repeat_penalty <= 10.0f);
+  FUZZ_CHECK(g.stop.size() <= static_cast<size_t>(kMaxStops));
+  for (const std::string& s : g.stop) FUZZ_CHECK(!s.empty());
+  FUZZ_CHECK(g.top_logprobs >= 0 && g.top_logprobs <= (chat ? kMaxTopLogprobs : 5));
+  if (chat && g.top_logprobs > 0) FUZZ_CHECK(g.logprobs);
+  if (g.include_usage) FUZZ_CHECK(g.stream);
+}
+
+void CheckModel(const std::string& model) { FUZZ_CHECK(model.empty() || model == Limits().model_id); }
+
+// A response and a stream chunk carrying `text` (arbitrary bytes from the request).
+void CheckResponses(Endpoint ep, const std::string& model, const std::string& text, const GenerationParams& g) {
+  CompletionResponse r;
+  r.endpoint = ep;
+  r.id = "fuzz";
+  r.model = model;
+  r.text = text;
+  r.finish_reason = "stop";
+  r.with_logprobs = g.logprobs;
+  if (g.logprobs) {
+    TokenLogprob t{text.substr(0, 8), -0.5f, {}};
+    for (int i = 0; i < g.top_logprobs; ++i) {
+      t.top.push_back({text.substr(std::min<size_t>(i, text.size()), 3), -1.0f * i});
+    }
+    r.logprobs.push_back(t);
+  }
+  FUZZ_CHECK(MustParse(ResponseJson(r)).is_object());
+  StreamChunk c;
+  c.endpoint = ep;
+  c.id = r.id;
+  c.model = model;
+  c.role = ep == Endpoint::kChat;
+  c.text = text;
+  c.with_logprobs = r.with_logprobs;
+  c.logprobs = r.logprobs;
+  c.usage_null = g.include_usage;
+  FUZZ_CHECK(MustParse(ChunkJson(c)).is_object());
+}
+
+void FuzzChat(std::string_view body) {
+  auto req = ParseChatCompletionRequest(body, Limits());
+  if (!req.ok()) return CheckError(req.error());
+  CheckModel(req->model);
+  CheckGeneration(req->gen, /*chat=*/true);
+  FUZZ_CHECK(!req->messages.empty());
+  for (const ChatMessage& m : req->messages) {
+    FUZZ_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant");
+  }
+  CheckResponses(Endpoint::kChat, req->model, req->messages.back().content, req->gen);
+
+  for (const char* name : kFamilies) {
+    auto tmpl = ChatTemplate::FromName(name, TemplateTokens{});
+    FUZZ_CHECK(tmpl.ok());
+    for (bool add_generation_prompt : {true, false}) {
+      auto prompt = tmpl->Render(req->messages, add_generation_prompt);
+      if (!prompt.ok()) {
+        FUZZ_CHECK(!prompt.status().message().empty());
+        continue;
+      }
+      volatile size_t sink = prompt->size();
+      (void)sink;
+    }
+  }
+}
+
+void FuzzCompletion(std::string_view body) {
+  auto req = ParseCompletionRequest(body, Limits());
+  if (!req.ok()) return CheckError(req.error());
+  CheckModel(req->model);
+  CheckGeneration(req->gen, /*chat=*/false);
+  // Exactly one of the two prompt forms.
+  FUZZ_CHECK(req->prompt_text.has_value() != !req->prompt_tokens.empty());
+  for (int32_t id : req->prompt_tokens) FUZZ_CHECK(id >= 0 && id < Limits().n_vocab);
+  CheckResponses(Endpoint::kCompletion, req->model, req->prompt_text.value_or(""), req->gen);
+  FUZZ_CHECK(MustParse(TokenizeJson(req->prompt_tokens, nullptr)).is_object());
+}
+
+void FuzzTokenize(std::string_view body) {
+  auto req = ParseTokenizeRequest(body);
+  if (!req.ok()) return CheckError(req.error());
+  // The content as a detokenize answer and as a piece of a tokenize answer (raw bytes).
+  FUZZ_CHECK(MustParse(DetokenizeJson(req->content)).is_object());
+  std::vector<std::string> pieces = {req->content};
+  FUZZ_CHECK(MustParse(TokenizeJson({1}, req->with_pieces ? &pieces : nullptr)).is_object());
+}
+
+void FuzzDetokenize(std::string_view body) {
+  auto req = ParseDetokenizeRequest(body, Limits());
+  if (!req.ok()) return CheckError(req.error());
+  for (int32_t id : req->tokens) FUZZ_CHECK(id >= 0 && id < Limits().n_vocab);
+  FUZZ_CHECK(MustParse(TokenizeJson(req->tokens, nullptr)).is_object());
+}
+
+}  // namespace
+}  // namespace trellis::server
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  trellis::server::FuzzChat(body);
+  trellis::server::FuzzCompletion(body);
+  trellis::server::FuzzTokenize(body);
+  trellis::server::FuzzDetokenize(body);
+  return 0;
+}
