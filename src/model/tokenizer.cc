@@ -353,19 +353,33 @@ struct Fragment {
   size_t len;
 };
 
+// Whether [b, e) lies wholly inside one of `ranges` (sorted, non-overlapping).
+bool Inside(std::span<const ByteRange> ranges, size_t b, size_t e) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), b, [](size_t x, const ByteRange& r) { return x < r.begin; });
+  if (it == ranges.begin()) return false;
+  --it;
+  return b >= it->begin && e <= it->end;
+}
+
 // Cuts `text` at occurrences of special-token texts, longest texts first, leftmost
 // non-overlapping occurrences within each remaining raw run (llama.cpp's st_partition
-// without the per-model lstrip/rstrip attributes).
-std::vector<Fragment> Partition(const Vocab& v, std::string_view text, bool parse_special) {
+// without the per-model lstrip/rstrip attributes). Control (and unknown) tokens are cut
+// only with parse_special, and then, if `allowed` is given, only where the occurrence
+// lies inside one of its ranges; a refused occurrence stays raw text and the search goes
+// on from its next byte.
+std::vector<Fragment> Partition(const Vocab& v, std::string_view text, bool parse_special,
+                                const std::span<const ByteRange>* allowed = nullptr) {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
   std::vector<Fragment> next;
   for (int32_t id : v.special_tokens) {
     const auto& t = v.tokens[id];
-    if (!parse_special && (t.attr & (kAttrControl | kAttrUnknown))) continue;
+    const bool control = t.attr & (kAttrControl | kAttrUnknown);
+    if (!parse_special && control) continue;
+    const bool restricted = control && allowed != nullptr;
     const std::string_view st = t.text;
-    if (text.find(st) == std::string_view::npos) continue;
+    if (st.empty() || text.find(st) == std::string_view::npos) continue;
     next.clear();
     for (const Fragment& f : frags) {
       if (f.token >= 0) {
@@ -374,17 +388,47 @@ std::vector<Fragment> Partition(const Vocab& v, std::string_view text, bool pars
       }
       const size_t end = f.offset + f.len;
       const std::string_view window = text.substr(0, end);
-      size_t pos = f.offset;
-      for (size_t m; (m = window.find(st, pos)) != std::string_view::npos;) {
-        if (m > pos) next.push_back({-1, pos, m - pos});
+      size_t emit = f.offset;    // start of the raw text not yet pushed
+      size_t search = f.offset;  // where the next occurrence may start
+      for (size_t m; (m = window.find(st, search)) != std::string_view::npos;) {
+        if (restricted && !Inside(*allowed, m, m + st.size())) {
+          search = m + 1;
+          continue;
+        }
+        if (m > emit) next.push_back({-1, emit, m - emit});
         next.push_back({id, m, st.size()});
-        pos = m + st.size();
+        emit = search = m + st.size();
       }
-      if (pos < end) next.push_back({-1, pos, end - pos});
+      if (emit < end) next.push_back({-1, emit, end - emit});
     }
     frags.swap(next);
   }
   return frags;
+}
+
+// Ids of `frags` (from Partition over `text`), with BOS/EOS as Encode.
+std::vector<int32_t> EncodeFragments(const Vocab& v, std::string_view text, const std::vector<Fragment>& frags,
+                                     bool add_bos) {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_bos && v.add_bos && v.bos >= 0) out.push_back(v.bos);
+  bool after_special = true;  // SPM: the start counts as "after a special token"
+  for (const Fragment& f : frags) {
+    if (f.token >= 0) {
+      out.push_back(f.token);
+      after_special = true;
+      continue;
+    }
+    const std::string_view run = text.substr(f.offset, f.len);
+    if (v.kind == TokenizerKind::kSpm) {
+      tokenizer_internal::EncodeSpm(v, run, v.add_space_prefix && after_special, &out);
+    } else {
+      tokenizer_internal::EncodeBpe(v, run, &out);
+    }
+    after_special = false;
+  }
+  if (add_bos && v.add_eos && v.eos >= 0) out.push_back(v.eos);
+  return out;
 }
 
 }  // namespace
@@ -424,27 +468,18 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos, bool parse_special) const {
-  const Vocab& v = *vocab_;
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 2);
-  if (add_bos && v.add_bos && v.bos >= 0) out.push_back(v.bos);
-  bool after_special = true;  // SPM: the start counts as "after a special token"
-  for (const Fragment& f : Partition(v, text, parse_special)) {
-    if (f.token >= 0) {
-      out.push_back(f.token);
-      after_special = true;
-      continue;
-    }
-    const std::string_view run = text.substr(f.offset, f.len);
-    if (v.kind == TokenizerKind::kSpm) {
-      tokenizer_internal::EncodeSpm(v, run, v.add_space_prefix && after_special, &out);
-    } else {
-      tokenizer_internal::EncodeBpe(v, run, &out);
-    }
-    after_special = false;
-  }
-  if (add_bos && v.add_eos && v.eos >= 0) out.push_back(v.eos);
-  return out;
+  return EncodeFragments(*vocab_, text, Partition(*vocab_, text, parse_special), add_bos);
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithSpecialRanges(std::string_view text, bool add_bos,
+                                                        std::span<const ByteRange> special) const {
+  return EncodeFragments(*vocab_, text, Partition(*vocab_, text, /*parse_special=*/true, &special), add_bos);
+}
+
+size_t Tokenizer::max_token_bytes() const {
+  size_t n = 4;
+  for (const std::string& p : vocab_->pieces) n = std::max(n, p.size());
+  return n;
 }
 
 std::string Tokenizer::TokenToPiece(int32_t id, bool render_special) const {

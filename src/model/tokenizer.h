@@ -36,6 +36,12 @@ namespace tokenizer_internal {
 struct Vocab;
 }  // namespace tokenizer_internal
 
+// Bytes [begin, end) of a text.
+struct ByteRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
 class Tokenizer {
  public:
   // Builds from tokenizer.ggml.* metadata. Errors (naming the key or value) when the model
@@ -53,6 +59,23 @@ class Tokenizer {
   // ("<s>", "<|eot_id|>") in the text; user-defined tokens are always recognized.
   // Never fails: malformed UTF-8 is tokenized the way llama.cpp does.
   std::vector<int32_t> Encode(std::string_view text, bool add_bos, bool parse_special) const;
+
+  // Encode(text, add_bos, parse_special=true), except that a control-token text is
+  // recognized only where the occurrence lies wholly inside one of `special` (sorted,
+  // non-overlapping byte ranges of `text`); anywhere else it is tokenized as plain text,
+  // as parse_special=false would (user-defined tokens are recognized everywhere, as
+  // there). Tokenizing the whole text in one go keeps the ids of text without control
+  // texts outside `special` identical to Encode(text, add_bos, true) — no fragment
+  // boundaries are added, so SPM's space prefix and BPE merges are unchanged.
+  // Used for chat prompts: template markers are special, message content is not.
+  std::vector<int32_t> EncodeWithSpecialRanges(std::string_view text, bool add_bos,
+                                               std::span<const ByteRange> special) const;
+
+  // An upper bound on the text bytes one token of Encode() covers: the longest piece
+  // (special tokens' text included), at least 4 (one UTF-8 character, e.g. as <unk>).
+  // A text longer than n * max_token_bytes() cannot encode to n tokens or fewer.
+  // O(n_vocab).
+  size_t max_token_bytes() const;
 
   // Bytes of one token: SPM "▁" -> " " and <0xXX> -> that byte; BPE byte-level alphabet
   // mapped back to bytes. Control and unknown tokens give "" unless render_special, in which

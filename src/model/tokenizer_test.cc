@@ -414,6 +414,68 @@ void CheckLongInput(const std::string& vocab) {
 TEST(TokenizerTest, LongInputSpm) { CheckLongInput("ggml-vocab-llama-spm.gguf"); }
 TEST(TokenizerTest, LongInputBpe) { CheckLongInput("ggml-vocab-gpt-2.gguf"); }
 
+// EncodeWithSpecialRanges with everything special is Encode(parse_special=true), with
+// nothing special Encode(parse_special=false), on random text full of special texts.
+void CheckSpecialRangesExtremes(const std::string& vocab) {
+  auto tok = Load(vocab);
+  ASSERT_NE(tok, nullptr);
+  std::mt19937 rng(7);
+  const std::vector<std::string> parts = {"a", " b", "\n", "<s>", "</s>", "<|endoftext|>", "<", "s>", "|", "\xC3\xA4",
+                                          std::string(1, '\0'), "  ", "Hello"};
+  for (int iter = 0; iter < 1000; ++iter) {
+    std::string s;
+    for (unsigned k = rng() % 12; k > 0; --k) s += parts[rng() % parts.size()];
+    const ByteRange all[] = {{0, s.size()}};
+    const bool bos = iter % 2 == 0;
+    ASSERT_EQ(tok->EncodeWithSpecialRanges(s, bos, all), tok->Encode(s, bos, true)) << Escaped(s);
+    ASSERT_EQ(tok->EncodeWithSpecialRanges(s, bos, {}), tok->Encode(s, bos, false)) << Escaped(s);
+  }
+}
+TEST(TokenizerTest, SpecialRangesExtremesSpm) { CheckSpecialRangesExtremes("ggml-vocab-llama-spm.gguf"); }
+TEST(TokenizerTest, SpecialRangesExtremesBpe) { CheckSpecialRangesExtremes("ggml-vocab-gpt-2.gguf"); }
+
+TEST(TokenizerTest, SpecialRangesRecognizeControlTextsOnlyInside) {
+  auto tok = Load("ggml-vocab-llama-spm.gguf");
+  ASSERT_NE(tok, nullptr);
+  // "<s>" (0..3) may be special, "Hi</s>" (3..9) may not, the closing "</s>" (9..13) may.
+  const std::string text = "<s>Hi</s></s>";
+  const ByteRange ranges[] = {{0, 3}, {9, 13}};
+  const std::vector<int32_t> ids = tok->EncodeWithSpecialRanges(text, false, ranges);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids.front(), 1);
+  EXPECT_EQ(ids.back(), 2);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 1);  // the inner "</s>" is text
+  EXPECT_EQ(tok->Decode(ids, /*render_special=*/true), "<s> Hi</s></s>");
+  // The text between is tokenized exactly as Encode would tokenize it after a <s>.
+  const std::vector<int32_t> inner = tok->Encode("Hi</s>", false, false);
+  std::vector<int32_t> expect = {1};
+  expect.insert(expect.end(), inner.begin(), inner.end());
+  expect.push_back(2);
+  EXPECT_EQ(ids, expect);
+  // An occurrence straddling a range boundary is not special either.
+  const ByteRange half[] = {{0, 5}};
+  const std::vector<int32_t> straddle = tok->EncodeWithSpecialRanges("ab</s>", false, half);
+  EXPECT_EQ(std::count(straddle.begin(), straddle.end(), 2), 0);
+  EXPECT_EQ(straddle, tok->Encode("ab</s>", false, false));
+}
+
+TEST(TokenizerTest, MaxTokenBytesBoundsEncodedText) {
+  for (const char* vocab : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+    auto tok = Load(vocab);
+    ASSERT_NE(tok, nullptr);
+    const size_t mx = tok->max_token_bytes();
+    EXPECT_GE(mx, 4u);
+    for (int32_t id = 0; id < tok->n_vocab(); ++id) ASSERT_LE(tok->TokenToPiece(id, true).size(), mx);
+    std::mt19937 rng(3);
+    for (int iter = 0; iter < 300; ++iter) {
+      std::string s = LongText(1 + rng() % 3000);
+      for (int k = 0; k < 5; ++k) s[rng() % s.size()] = static_cast<char>(rng());
+      const std::vector<int32_t> ids = tok->Encode(s, false, true);
+      ASSERT_LE(s.size(), ids.size() * mx) << vocab;
+    }
+  }
+}
+
 TEST(UnicodeTest, FlagsAndByteAlphabet) {
   EXPECT_TRUE(CodepointFlags('a') & kUnicodeLetter);
   EXPECT_TRUE(CodepointFlags(0x4E2D) & kUnicodeLetter);  // 中
