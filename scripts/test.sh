@@ -2,7 +2,8 @@
 # The whole test suite: set up, then
 #   1. Release build, every CTest test (unit, reference-logit and end-to-end tests);
 #   2. ASan + UBSan build, the unit tests again (label `unit`) and the server load test;
-#   3. libFuzzer build (clang) of the GGUF reader, corpus replay plus a bounded run.
+#   3. libFuzzer builds (clang) of the GGUF reader, the HTTP request reader and the JSON
+#      request readers: corpus replay plus a bounded run of each.
 # Benchmarks are programs (trellis bench ...), not tests: they do not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +24,18 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -R '^server_load$' --timeout 600
 
-echo "== [3/3] libFuzzer: GGUF reader (${FUZZ_SECONDS}s)" >&2
+echo "== [3/3] libFuzzer: GGUF reader, HTTP reader, API readers (${FUZZ_SECONDS}s each)" >&2
 scripts/build.sh fuzz
-mkdir -p build-fuzz/fuzz-work
-build-fuzz/tests/gguf_fuzz -runs=0 tests/data/gguf_corpus
-build-fuzz/tests/gguf_fuzz -max_total_time="$FUZZ_SECONDS" -max_len=8192 -rss_limit_mb=2048 \
-  -artifact_prefix=build-fuzz/fuzz-work/ build-fuzz/fuzz-work tests/data/gguf_corpus 2>&1 | tail -3
+# fuzz NAME CORPUS MAX_LEN [flags...]: replays the committed corpus, then fuzzes for
+# FUZZ_SECONDS into a scratch directory (new inputs never go into the committed corpus).
+fuzz() {
+  local name=$1 corpus=$2 max_len=$3; shift 3
+  mkdir -p "build-fuzz/$name-work"
+  "build-fuzz/tests/$name" -runs=0 "$corpus"
+  "build-fuzz/tests/$name" -max_total_time="$FUZZ_SECONDS" -max_len="$max_len" -rss_limit_mb=2048 \
+    -artifact_prefix="build-fuzz/$name-work/" "$@" "build-fuzz/$name-work" "$corpus" 2>&1 | tail -3
+}
+fuzz gguf_fuzz tests/data/gguf_corpus 8192
+fuzz http_fuzz tests/data/http_corpus 16384 -dict=tests/data/http_corpus.dict
+fuzz api_fuzz tests/data/api_corpus 65536 -dict=tests/data/api_corpus.dict
 echo "== all test stages passed" >&2
