@@ -73,36 +73,86 @@ Status CheckAlternating(std::span<const ChatMessage> messages, bool allow_system
   return Status::Ok();
 }
 
-std::string RenderLlama2(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
-  std::string out;
+// Builds a rendering as segments: Special() for what the template writes, Content() for
+// message text. Adjacent pieces of one kind merge; empty pieces are dropped.
+class Segments {
+ public:
+  void Special(std::string_view s) { Add(s, true); }
+  void Content(std::string_view s) { Add(s, false); }
+  void Append(const std::vector<PromptSegment>& segs) {
+    for (const PromptSegment& p : segs) Add(p.text, p.special);
+  }
+  std::vector<PromptSegment> Take() { return std::move(out_); }
+
+ private:
+  void Add(std::string_view s, bool special) {
+    if (s.empty()) return;
+    if (!out_.empty() && out_.back().special == special) {
+      out_.back().text += s;
+    } else {
+      out_.push_back({std::string(s), special});
+    }
+  }
+  std::vector<PromptSegment> out_;
+};
+
+// Trim() of the concatenation of `segs`, segment by segment.
+std::vector<PromptSegment> TrimSegments(std::vector<PromptSegment> segs) {
+  constexpr std::string_view kWs = " \t\n\r\v\f";
+  while (!segs.empty()) {
+    std::string& t = segs.front().text;
+    t.erase(0, std::min(t.size(), t.find_first_not_of(kWs)));
+    if (!t.empty()) break;
+    segs.erase(segs.begin());
+  }
+  while (!segs.empty()) {
+    std::string& t = segs.back().text;
+    const size_t last = t.find_last_not_of(kWs);
+    t.erase(last == std::string::npos ? 0 : last + 1);
+    if (!t.empty()) break;
+    segs.pop_back();
+  }
+  return segs;
+}
+
+std::vector<PromptSegment> RenderLlama2(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
+  Segments out;
   std::span<const ChatMessage> loop = msgs;
-  std::string system;
-  bool has_system = false;
+  const ChatMessage* system = nullptr;
   if (!msgs.empty() && msgs[0].role == "system") {
-    system = msgs[0].content;
-    has_system = true;
+    system = &msgs[0];
     loop = msgs.subspan(1);
   }
   for (size_t i = 0; i < loop.size(); ++i) {
-    std::string content = loop[i].content;
-    if (i == 0 && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+    // The template builds `content` (with the system block on the first turn), then strips it.
+    Segments content;
+    if (i == 0 && system) {
+      content.Special("<<SYS>>\n");
+      content.Content(system->content);
+      content.Special("\n<</SYS>>\n\n");
+    }
+    content.Content(loop[i].content);
+    const std::vector<PromptSegment> trimmed = TrimSegments(content.Take());
     if (loop[i].role == "user") {
-      out += t.bos + "[INST] " + Trim(content) + " [/INST]";
+      out.Special(t.bos + "[INST] ");
+      out.Append(trimmed);
+      out.Special(" [/INST]");
     } else if (loop[i].role == "assistant") {
-      out += " " + Trim(content) + " " + t.eos;
+      out.Special(" ");
+      out.Append(trimmed);
+      out.Special(" " + t.eos);
     }
   }
-  return out;
+  return out.Take();
 }
 
-std::string RenderLlama3(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t, bool v31) {
-  std::string out;
+std::vector<PromptSegment> RenderLlama3(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t,
+                                        bool v31) {
+  Segments out;
   auto turn = [&](std::string_view role, std::string_view content) {
-    out += "<|start_header_id|>";
-    out += role;
-    out += "<|end_header_id|>\n\n";
-    out += Trim(content);
-    out += "<|eot_id|>";
+    out.Special("<|start_header_id|>" + std::string(role) + "<|end_header_id|>\n\n");
+    out.Content(Trim(content));
+    out.Special("<|eot_id|>");
   };
   if (v31) {
     std::span<const ChatMessage> loop = msgs;
@@ -111,26 +161,26 @@ std::string RenderLlama3(std::span<const ChatMessage> msgs, bool gen, const Temp
       system = Trim(msgs[0].content);
       loop = msgs.subspan(1);
     }
-    out += t.bos;
-    out += "<|start_header_id|>system<|end_header_id|>\n\n";
-    out += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
-    out += system;
-    out += "<|eot_id|>";
+    out.Special(t.bos + "<|start_header_id|>system<|end_header_id|>\n\n");
+    out.Special("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    out.Content(system);
+    out.Special("<|eot_id|>");
     for (const ChatMessage& m : loop) turn(m.role, m.content);
   } else {
     for (size_t i = 0; i < msgs.size(); ++i) {
-      if (i == 0) out += t.bos;
+      if (i == 0) out.Special(t.bos);
       turn(msgs[i].role, msgs[i].content);
     }
   }
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  if (gen) out.Special("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out.Take();
 }
 
-std::string RenderMistral(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
+std::vector<PromptSegment> RenderMistral(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
   // v0.1 raises on a system message; like llama.cpp we fold it into the first user turn.
-  std::string out = t.bos;
-  std::string system;
+  Segments out;
+  out.Special(t.bos);
+  std::string_view system;
   std::span<const ChatMessage> loop = msgs;
   if (!msgs.empty() && msgs[0].role == "system") {
     system = msgs[0].content;
@@ -138,60 +188,80 @@ std::string RenderMistral(std::span<const ChatMessage> msgs, const TemplateToken
   }
   for (size_t i = 0; i < loop.size(); ++i) {
     if (loop[i].role == "user") {
-      out += "[INST] " + (i == 0 && !system.empty() ? system + "\n\n" : std::string()) + loop[i].content + " [/INST]";
+      out.Special("[INST] ");
+      if (i == 0 && !system.empty()) {
+        out.Content(system);
+        out.Special("\n\n");
+      }
+      out.Content(loop[i].content);
+      out.Special(" [/INST]");
     } else {
-      out += loop[i].content + t.eos;
+      out.Content(loop[i].content);
+      out.Special(t.eos);
     }
   }
-  return out;
+  return out.Take();
 }
 
-std::string RenderMistralNemo(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
-  std::string out = t.bos;
+std::vector<PromptSegment> RenderMistralNemo(std::span<const ChatMessage> msgs, const TemplateTokens& t) {
+  Segments out;
+  out.Special(t.bos);
   std::span<const ChatMessage> loop = msgs;
   const bool has_system = !msgs.empty() && msgs[0].role == "system";
   if (has_system) loop = msgs.subspan(1);
   for (size_t i = 0; i < loop.size(); ++i) {
     if (loop[i].role == "user") {
+      out.Special("[INST]");
       if (i + 1 == loop.size() && has_system) {
-        out += "[INST]" + msgs[0].content + "\n\n" + loop[i].content + "[/INST]";
-      } else {
-        out += "[INST]" + loop[i].content + "[/INST]";
+        out.Content(msgs[0].content);
+        out.Special("\n\n");
       }
+      out.Content(loop[i].content);
+      out.Special("[/INST]");
     } else {
-      out += loop[i].content + t.eos;
+      out.Content(loop[i].content);
+      out.Special(t.eos);
     }
   }
-  return out;
+  return out.Take();
 }
 
-std::string RenderChatMl(std::span<const ChatMessage> msgs, bool gen, const std::string& default_system) {
-  std::string out;
+std::vector<PromptSegment> RenderChatMl(std::span<const ChatMessage> msgs, bool gen, const std::string& default_system) {
+  Segments out;
   if (!default_system.empty() && (msgs.empty() || msgs[0].role != "system")) {
-    out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
+    // The default system prompt is the template's (the GGUF's) text, not a client's.
+    out.Special("<|im_start|>system\n" + default_system + "<|im_end|>\n");
   }
-  for (const ChatMessage& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  if (gen) out += "<|im_start|>assistant\n";
-  return out;
+  for (const ChatMessage& m : msgs) {
+    out.Special("<|im_start|>" + m.role + "\n");
+    out.Content(m.content);
+    out.Special("<|im_end|>\n");
+  }
+  if (gen) out.Special("<|im_start|>assistant\n");
+  return out.Take();
 }
 
-std::string RenderZephyr(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t) {
-  std::string out;
+std::vector<PromptSegment> RenderZephyr(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t) {
+  Segments out;
   for (size_t i = 0; i < msgs.size(); ++i) {
-    out += "<|" + msgs[i].role + "|>\n" + msgs[i].content + t.eos + "\n";
-    if (i + 1 == msgs.size() && gen) out += "<|assistant|>\n";
+    out.Special("<|" + msgs[i].role + "|>\n");
+    out.Content(msgs[i].content);
+    out.Special(t.eos + "\n");
+    if (i + 1 == msgs.size() && gen) out.Special("<|assistant|>\n");
   }
-  return out;
+  return out.Take();
 }
 
-std::string RenderPhi3(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t) {
-  std::string out;
+std::vector<PromptSegment> RenderPhi3(std::span<const ChatMessage> msgs, bool gen, const TemplateTokens& t) {
+  Segments out;
   for (const ChatMessage& m : msgs) {
     if (m.role == "system" && m.content.empty()) continue;
-    out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+    out.Special("<|" + m.role + "|>\n");
+    out.Content(m.content);
+    out.Special("<|end|>\n");
   }
-  out += gen ? "<|assistant|>\n" : t.eos;
-  return out;
+  out.Special(gen ? "<|assistant|>\n" : t.eos);
+  return out.Take();
 }
 
 }  // namespace
@@ -247,7 +317,8 @@ std::string_view ChatTemplate::name() const {
   return "?";
 }
 
-Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const ChatMessage> messages,
+                                                                bool add_generation_prompt) const {
   TRELLIS_RETURN_IF_ERROR(CheckRoles(messages));
   switch (family_) {
     case TemplateFamily::kLlama2: return RenderLlama2(messages, tokens_);
@@ -264,6 +335,36 @@ Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, 
     case TemplateFamily::kPhi3: return RenderPhi3(messages, add_generation_prompt, tokens_);
   }
   return Internal("unhandled template family");
+}
+
+Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, RenderSegments(messages, add_generation_prompt));
+  return JoinSegments(segs);
+}
+
+std::string JoinSegments(std::span<const PromptSegment> segments) {
+  std::string out;
+  for (const PromptSegment& s : segments) out += s.text;
+  return out;
+}
+
+std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const PromptSegment> segments, bool add_bos) {
+  std::string text;
+  std::vector<ByteRange> special;
+  for (const PromptSegment& s : segments) {
+    if (s.special && !s.text.empty()) special.push_back({text.size(), text.size() + s.text.size()});
+    text += s.text;
+  }
+  return tok.EncodeWithSpecialRanges(text, add_bos, special);
+}
+
+Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
+                                        std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, tmpl.RenderSegments(messages, add_generation_prompt));
+  // Templates that spell out bos_token (llama2/3, mistral) must not get a second one.
+  const std::string& bos = tmpl.tokens().bos;
+  const bool has_bos = !bos.empty() && !segs.empty() && segs[0].special && segs[0].text.starts_with(bos);
+  return EncodeSegments(tok, segs, tok.add_bos() && !has_bos);
 }
 
 }  // namespace trellis::server

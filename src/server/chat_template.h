@@ -18,6 +18,13 @@
 // Anything else is an error naming the families, so an unknown template never produces
 // a garbage prompt. See docs/server.md.
 //
+// Special-token injection: RenderSegments marks which text the template wrote (markers,
+// role headers, bos/eos: special) and which came from messages (content). EncodeChat /
+// EncodeSegments let control-token texts become control tokens only in the template's
+// text, so a user writing "</s>" or "<|im_start|>" in a message gets those characters,
+// not a forged turn. Benign prompts tokenize exactly as the rendered text with
+// parse_special did (Tokenizer::EncodeWithSpecialRanges).
+//
 // Thread safety: immutable after construction; Render may be called concurrently.
 #pragma once
 
@@ -26,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/tokenizer.h"
 #include "util/status.h"
 
 namespace trellis::server {
@@ -33,6 +41,14 @@ namespace trellis::server {
 struct ChatMessage {
   std::string role;     // "system", "user" or "assistant"
   std::string content;
+};
+
+// A piece of a rendered prompt: written by the template (special = true: markers, role
+// headers, bos/eos, a template's default system prompt) or taken from a message's
+// content (special = false). Adjacent segments differ in `special`; none is empty.
+struct PromptSegment {
+  std::string text;
+  bool special = false;
 };
 
 enum class TemplateFamily { kLlama2, kLlama3, kLlama31, kMistral, kMistralNemo, kChatMl, kZephyr, kPhi3 };
@@ -55,6 +71,10 @@ class ChatTemplate {
   // The prompt for `messages`. InvalidArgument for roles other than system, user and
   // assistant, and where the template itself raises (mistral: roles must alternate).
   Result<std::string> Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // The same prompt as segments: JoinSegments(RenderSegments(m, g)) == Render(m, g). Same
+  // errors as Render.
+  Result<std::vector<PromptSegment>> RenderSegments(std::span<const ChatMessage> messages,
+                                                    bool add_generation_prompt) const;
 
   TemplateFamily family() const { return family_; }
   std::string_view name() const;
@@ -67,5 +87,20 @@ class ChatTemplate {
   TemplateTokens tokens_;
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
 };
+
+// The texts of `segments`, concatenated.
+std::string JoinSegments(std::span<const PromptSegment> segments);
+
+// Token ids of the joined segments: control-token texts are recognized in special
+// segments only; content is tokenized as with parse_special=false. The whole text is
+// tokenized in one pass, so boundaries between segments add no split. add_bos as
+// Tokenizer::Encode.
+std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const PromptSegment> segments, bool add_bos);
+
+// The prompt ids for a chat request: RenderSegments, then EncodeSegments with BOS added
+// when the tokenizer wants one and the template has not written bos_token itself.
+// Errors as Render (InvalidArgument: roles the template cannot render).
+Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
+                                        std::span<const ChatMessage> messages, bool add_generation_prompt);
 
 }  // namespace trellis::server
