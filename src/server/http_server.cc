@@ -74,7 +74,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
  public:
   enum class State { kIdle, kHead, kBody, kQueued, kWorker, kWriting, kClosed };
 
-  Connection(HttpServer::Impl& s, tcp::socket sock) : s_(s), stream_(std::move(sock)) {
+  Connection(HttpServer::Impl& s, tcp::socket sock) : s_(s), stream_(std::move(sock)), deadline_(s.io) {
     s_.open.fetch_add(1);
     s_.conns.insert(this);
     beast::error_code ec;
@@ -227,6 +227,20 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
     return true;
   }
 
+  // A deadline for reading a head or a body. tcp_stream's own expiry closes the socket,
+  // which would leave no way to answer 408; this one only cancels the read.
+  void Arm(std::chrono::milliseconds d) {
+    timed_out_ = false;
+    stream_.expires_never();
+    deadline_.expires_after(d);
+    deadline_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // cancelled: the read finished first
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+
   void WaitRequest() {
     state_ = State::kIdle;
     if (s_.stopping) return Close();
@@ -249,8 +263,9 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
     info_ = AccessInfo{};
     parser_.emplace();
     detail::ConfigureParser(*parser_, s_.opts.limits);
-    stream_.expires_after(s_.opts.limits.header_timeout);
+    Arm(s_.opts.limits.header_timeout);
     bhttp::async_read_header(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->deadline_.cancel();
       self->OnHead(ec);
     });
   }
@@ -258,7 +273,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
   void OnHead(beast::error_code ec) {
     if (state_ == State::kClosed) return;
     req_.remote = remote_;
-    if (ec == beast::error::timeout) {
+    if (timed_out_) {
       return Fail({408, fmt::format("the request head did not arrive within {} s (--header-timeout)",
                                     s_.opts.limits.header_timeout.count() / 1000.0)});
     }
@@ -294,15 +309,16 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
 
   void ReadBody() {
     state_ = State::kBody;
-    stream_.expires_after(s_.opts.limits.body_timeout);
+    Arm(s_.opts.limits.body_timeout);
     bhttp::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->deadline_.cancel();
       self->OnBody(ec);
     });
   }
 
   void OnBody(beast::error_code ec) {
     if (state_ == State::kClosed) return;
-    if (ec == beast::error::timeout) {
+    if (timed_out_) {
       return Fail({408, fmt::format("the request body did not arrive within {} s (--body-timeout)",
                                     s_.opts.limits.body_timeout.count() / 1000.0)});
     }
@@ -382,6 +398,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
 
   void Close() {
     state_ = State::kClosed;
+    deadline_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -389,6 +406,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
 
   HttpServer::Impl& s_;
   beast::tcp_stream stream_;
+  asio::steady_timer deadline_;  // head and body reads (Arm)
   beast::flat_buffer buf_;
   std::optional<detail::RequestParser> parser_;
   std::string remote_;
@@ -400,7 +418,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public HttpE
   int status_ = 0;
   size_t drained_ = 0;
   bool answered_ = false, streaming_ = false, stream_ended_ = false, broken_ = false;
-  bool probed_ = false, half_closed_ = false, keep_alive_override_ = true;
+  bool probed_ = false, half_closed_ = false, keep_alive_override_ = true, timed_out_ = false;
 };
 
 void HttpServer::Impl::Accept() {
