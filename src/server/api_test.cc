@@ -177,7 +177,8 @@ json RandomValue(std::mt19937& rng, int depth = 0) {
 void Mutate(json& j, std::mt19937& rng) {
   static const char* kKeys[] = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
                                 "top_p", "top_k", "min_p", "n", "seed", "stop", "logprobs", "top_logprobs",
-                                "stream", "stream_options", "echo", "tools", "logit_bias", "repeat_penalty"};
+                                "stream", "stream_options", "echo", "tools", "logit_bias", "repeat_penalty",
+                                "presence_penalty", "frequency_penalty", "response_format", "tool_choice"};
   const char* key = kKeys[rng() % std::size(kKeys)];
   switch (rng() % 4) {
     case 0: j.erase(key); break;
@@ -223,6 +224,8 @@ TEST(Api, FuzzedBodiesGiveARequestOrA4xx) {
       ASSERT_TRUE(c->gen.top_p > 0 && c->gen.top_p <= 1);
       ASSERT_TRUE(!c->gen.max_tokens || (*c->gen.max_tokens >= 1 && *c->gen.max_tokens <= kLimits.n_ctx));
       ASSERT_TRUE(c->gen.top_logprobs >= 0 && c->gen.top_logprobs <= kMaxTopLogprobs);
+      ASSERT_TRUE(c->gen.presence_penalty >= -2 && c->gen.presence_penalty <= 2);
+      ASSERT_TRUE(c->gen.frequency_penalty >= -2 && c->gen.frequency_penalty <= 2);
     } else {
       ++bad;
     }
