@@ -19,10 +19,10 @@ echo "== [2/3] ASan + UBSan build + unit tests" >&2
 scripts/build.sh asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 1800
-# The server under load (64 concurrent clients sharing a system prompt): no errors, and
-# LeakSanitizer fails the server's exit if anything leaked.
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -R '^server_load$' --timeout 600
+# The server under load (64 concurrent clients sharing a system prompt) and under hostile
+# input: no errors, and LeakSanitizer fails the server's exit if anything leaked.
+TRELLIS_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -R '^server_(load|hostile)$' --timeout 900
 
 echo "== [3/3] libFuzzer: GGUF reader, HTTP reader, API readers (${FUZZ_SECONDS}s each)" >&2
 scripts/build.sh fuzz

@@ -111,7 +111,13 @@ class Reader {
         return Fail(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) +
                              "], got " + Describe(*v));
       }
-      out = static_cast<float>(d);
+      // Checked again after the conversion: 1e-50 passes (0, 1] as a double and is 0.0f.
+      const float f = static_cast<float>(d);
+      if (f > static_cast<float>(hi) || (lo_open ? f <= static_cast<float>(lo) : f < static_cast<float>(lo))) {
+        return Fail(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) +
+                             "] as a 32-bit float, got " + Describe(*v));
+      }
+      out = f;
     }
   }
   // An integer in [lo, hi]. Floats (1.0, 1e400 -> refused by the parser, 2^64 -> a float)
@@ -328,6 +334,11 @@ std::optional<ApiError> CheckJsonShape(std::string_view body, const JsonShapeLim
       continue;
     }
     ++i;
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+      // Raw control bytes are never valid JSON (inside strings they must be escaped), and a
+      // raw NUL would end the parser's input early: refuse them here.
+      return Bad("", "the request body holds a raw control byte (at byte " + std::to_string(i - 1) + ")");
+    }
     if (in_string) {
       if (c == '"') {
         in_string = false;

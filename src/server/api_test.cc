@@ -379,6 +379,27 @@ TEST(ApiHostile, NulCharactersAreKept) {
   EXPECT_NO_THROW(json::parse(ErrorJson(e)));
 }
 
+// A raw control byte (a NUL after the object, a tab-less control inside a string) is not
+// JSON: 400, never a parse that stops early at the NUL.
+TEST(ApiHostile, RawControlBytesAreRefused) {
+  const std::string nul_after = std::string(R"({"prompt":"x"})") + '\0' + "junk";
+  EXPECT_FALSE(ParseCompletionRequest(nul_after, kLimits).ok());
+  const std::string nul_inside = std::string(R"({"prompt":"x)") + '\0' + R"("})";
+  EXPECT_FALSE(ParseCompletionRequest(nul_inside, kLimits).ok());
+  const std::string bell = std::string(R"({"prompt":"x)") + '\x07' + R"("})";
+  EXPECT_FALSE(ParseCompletionRequest(bell, kLimits).ok());
+  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\":\t\"x\"\r\n}", kLimits).ok());
+}
+
+// Found by api_fuzz: 1e-50 is in (0, 1] as a double and 0.0f as the float the sampler uses.
+TEST(ApiHostile, TinyFloatsAreCheckedAfterConversion) {
+  EXPECT_FALSE(ParseCompletionRequest(R"({"prompt":"x","top_p":1e-50})", kLimits).ok());
+  EXPECT_FALSE(ParseCompletionRequest(R"({"prompt":"x","repeat_penalty":1e-50})", kLimits).ok());
+  auto ok = ParseCompletionRequest(R"({"prompt":"x","top_p":1e-30})", kLimits);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_GT(ok->gen.top_p, 0.0f);
+}
+
 // Every integer field, given values no 64-bit integer holds or that are not integers:
 // 400 naming the field (UBSan in the asan build would flag a float->int overflow).
 TEST(ApiHostile, HugeAndWrongTypedIntegersAre400WithParam) {

@@ -80,6 +80,13 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
   limits_.model_id = opts_.model_id;
   limits_.n_ctx = engine_.options().n_ctx;
   limits_.n_vocab = model_.config().n_vocab;
+  // A text longer than this cannot fit the context whatever it tokenizes to: refused
+  // before tokenizing (a 10 MB prompt took 3.5 s to tokenize).
+  limits_.max_prompt_bytes =
+      opts_.max_prompt_bytes > 0
+          ? opts_.max_prompt_bytes
+          : std::min(static_cast<size_t>(limits_.n_ctx) * std::max<size_t>(1, tok_.max_token_bytes()),
+                     opts_.http.max_decoded_body);
   HttpServerOptions h;
   h.host = opts_.host;
   h.port = opts_.port;
@@ -306,7 +313,7 @@ void Server::OnAnswered(const HttpRequest& req, int status, const AccessInfo& in
 }
 
 void Server::HandleTokenize(const HttpRequest& req, HttpExchange& ex) {
-  auto r = ParseTokenizeRequest(req.body);
+  auto r = ParseTokenizeRequest(req.body, limits_);
   if (!r.ok()) return SendError(ex, r.error());
   const std::vector<int32_t> ids = tok_.Encode(r->content, r->add_special && tok_.add_bos(), true);
   std::vector<std::string> pieces;
@@ -329,16 +336,15 @@ void Server::HandleDetokenize(const HttpRequest& req, HttpExchange& ex) {
 void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
   auto r = ParseChatCompletionRequest(req.body, limits_);
   if (!r.ok()) return SendError(ex, r.error());
-  auto text = chat_.Render(r->messages, /*add_generation_prompt=*/true);
-  if (!text.ok()) {
-    ApiError e = MakeError(400, text.status().message());
+  // Template text is tokenized with special tokens recognized; message contents never are,
+  // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
+  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true);
+  if (!ids.ok()) {
+    ApiError e = MakeError(400, ids.status().message());
     e.param = "messages";
     return SendError(ex, e);
   }
-  // Templates that spell out bos_token (llama3, mistral) must not get a second one.
-  const std::string& bos = chat_.tokens().bos;
-  const bool has_bos = !bos.empty() && text->compare(0, bos.size(), bos) == 0;
-  std::vector<int32_t> prompt = tok_.Encode(*text, tok_.add_bos() && !has_bos, /*parse_special=*/true);
+  std::vector<int32_t> prompt = std::move(*ids);
   Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", ex);
 }
 
@@ -412,6 +418,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     out.created = created;
     out.model = opts_.model_id;
     out.text = echo;
+    out.text_offset_base = echo.size();
     out.with_logprobs = gen.logprobs;
     // The body is written only at the end (with its Content-Length and the final status),
     // so a closed connection cannot show up as a failed write as it does for streams:
@@ -464,11 +471,14 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     c.text.clear();
   }
   auto last_write = std::chrono::steady_clock::now();
+  size_t text_offset = echo.size();  // legacy logprobs: offsets run on across chunks
   while (ok) {
     GenerationDelta d = g->Next(250ms);
     if (!d.text.empty() || !d.logprobs.empty()) {
       c.text = std::move(d.text);
       c.logprobs = std::move(d.logprobs);
+      c.text_offset_base = text_offset;
+      text_offset = NextTextOffset(c);
       ok = send(ChunkJson(c));
       c.text.clear();
       c.logprobs.clear();
