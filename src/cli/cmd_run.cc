@@ -14,7 +14,7 @@ namespace trellis::cli {
 namespace {
 
 struct RunOpts {
-  std::string model, prompt, tokens, dump_logits, prompt_file;
+  std::string model, prompt, tokens, force_tokens, dump_logits, prompt_file;
   int n_predict = 64;
   int threads = 2;
   int ctx = 0;
@@ -40,7 +40,7 @@ struct RunOpts {
   }
 };
 
-Result<std::vector<int32_t>> ParseIds(const std::string& s) {
+Result<std::vector<int32_t>> ParseIds(const std::string& s, const std::string& flag = "--tokens") {
   std::vector<int32_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -50,12 +50,12 @@ Result<std::vector<int32_t>> ParseIds(const std::string& s) {
     try {
       v = std::stol(item, &pos);
     } catch (...) {
-      return InvalidArgument("--tokens: '" + item + "' is not an integer");
+      return InvalidArgument(flag + ": '" + item + "' is not an integer");
     }
-    if (pos != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument("--tokens: '" + item + "' is not a token id");
+    if (pos != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument(flag + ": '" + item + "' is not a token id");
     out.push_back(static_cast<int32_t>(v));
   }
-  if (out.empty()) return InvalidArgument("--tokens is empty");
+  if (out.empty()) return InvalidArgument(flag + " is empty");
   return out;
 }
 
@@ -179,6 +179,11 @@ int Run(const RunOpts& o) {
   GenerateRequest req;
   req.prompt = prompt;
   req.n_predict = o.n_predict;
+  if (!o.force_tokens.empty()) {
+    auto forced = ParseIds(o.force_tokens, "--force-tokens");
+    if (!forced.ok()) return Fail(forced.status().message());
+    req.force_tokens = std::move(*forced);
+  }
   req.sampling = o.Sampling();
   if (tok && !o.ignore_eos) req.is_eog = [&](int32_t id) { return tok->IsEog(id); };
 
@@ -225,6 +230,9 @@ int Run(const RunOpts& o) {
     std::ofstream f(o.dump_logits, std::ios::binary);
     f.write(reinterpret_cast<const char*>(res->prompt_logits.data()),
             static_cast<std::streamsize>(res->prompt_logits.size() * sizeof(float)));
+    // With --force-tokens, then one row per decode step (after each forced token was fed).
+    if (!req.force_tokens.empty()) f.write(reinterpret_cast<const char*>(res->decode_logits.data()),
+            static_cast<std::streamsize>(res->decode_logits.size() * sizeof(float)));
     if (!f) return Fail("cannot write " + o.dump_logits);
   }
   if (res->context_full && o.quiet) {
@@ -264,7 +272,11 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_option("--repeat-last-n", o->repeat_last_n, "window of the repetition penalty")->capture_default_str();
   app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
   app.add_flag("--print-token-ids", o->print_ids, "print generated ids on one stdout line instead of text");
-  app.add_option("--dump-logits", o->dump_logits, "write logits of every prompt position ([n_prompt][n_vocab] f32 LE)");
+  app.add_option("--dump-logits", o->dump_logits,
+                 "write f32 LE logits: one row per prompt position (then, with --force-tokens, one per forced token)");
+  app.add_option("--force-tokens", o->force_tokens,
+                 "teacher forcing: feed these comma-separated ids one at a time instead of sampling (with "
+                 "--dump-logits: len(prompt) + len(forced) rows)");
   app.add_flag("--no-bos", o->no_bos, "do not add BOS to a text prompt");
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("-q,--quiet", o->quiet, "no banner or speed line");

@@ -51,6 +51,15 @@ Result<GenerateResult> Engine::Generate(const GenerateRequest& req, const std::f
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
   }
+  for (int32_t t : req.force_tokens) {
+    if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+  }
+  const bool forced = !req.force_tokens.empty();
+  const int n_steps = forced ? static_cast<int>(req.force_tokens.size()) : req.n_predict;
+  if (forced && n_prompt + n_steps > opts_.n_ctx) {
+    return InvalidArgument(fmt::format("prompt of {} tokens and {} forced tokens do not fit the context of {}", n_prompt,
+                                       n_steps, opts_.n_ctx));
+  }
 
   // The session's block table; blocks go back to the pool whatever happens.
   std::vector<int32_t> table;
@@ -102,8 +111,8 @@ Result<GenerateResult> Engine::Generate(const GenerateRequest& req, const std::f
   std::copy_n(last, c.n_vocab, row.data());
   double t_first = 0;
   int pos = n_prompt;
-  for (int i = 0; i < req.n_predict; ++i) {
-    const int32_t tok = sampler.Sample(row, history, req.prompt.size());
+  for (int i = 0; i < n_steps; ++i) {
+    const int32_t tok = forced ? req.force_tokens[static_cast<size_t>(i)] : sampler.Sample(row, history, req.prompt.size());
     if (i == 0) {
       t_first = NowSeconds();
       res.ttft_seconds = t_first - t0;
@@ -111,8 +120,8 @@ Result<GenerateResult> Engine::Generate(const GenerateRequest& req, const std::f
     res.tokens.push_back(tok);
     history.push_back(tok);
     if (on_token && !on_token(tok)) break;
-    if (req.is_eog && req.is_eog(tok)) break;
-    if (i + 1 == req.n_predict) break;
+    if (!forced && req.is_eog && req.is_eog(tok)) break;
+    if (i + 1 == n_steps && !forced) break;  // forced: the last token is fed too, for its logits
     if (pos + 1 > opts_.n_ctx) {
       res.context_full = true;
       break;
@@ -125,6 +134,7 @@ Result<GenerateResult> Engine::Generate(const GenerateRequest& req, const std::f
     sb.n_logits = 1;
     TRELLIS_RETURN_IF_ERROR(forward_->Run(std::span<const SeqBatch>(&sb, 1)));
     std::copy_n(forward_->logits_row(0), c.n_vocab, row.data());
+    if (opts_.all_logits) res.decode_logits.insert(res.decode_logits.end(), row.begin(), row.end());
     ++pos;
   }
   if (!res.tokens.empty()) res.gen_seconds = NowSeconds() - t_first;

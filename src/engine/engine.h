@@ -40,6 +40,10 @@ struct GenerateRequest {
   SamplerParams sampling;
   // Stops generation when it returns true for a sampled token (end of generation).
   std::function<bool(int32_t)> is_eog;
+  // Teacher forcing (checking decode against a reference): step i feeds force_tokens[i]
+  // instead of a sampled token, for every i < size(); n_predict is ignored, is_eog too.
+  // With EngineOptions::all_logits, decode_logits gets the logits after each is fed.
+  std::vector<int32_t> force_tokens;
 };
 
 struct GenerateResult {
@@ -50,6 +54,9 @@ struct GenerateResult {
   double gen_seconds = 0;       // decode wall time after the first token
   bool context_full = false;    // stopped because n_ctx was reached
   std::vector<float> prompt_logits;  // [n_prompt][n_vocab] when EngineOptions::all_logits
+  // [steps][n_vocab] when EngineOptions::all_logits: row i is the logits after feeding
+  // tokens[i] through single-token decode (the distribution tokens[i + 1] is drawn from).
+  std::vector<float> decode_logits;
 };
 
 class Engine {

@@ -67,6 +67,10 @@ struct Request {
   uint64_t cache_salt = 0;                 // tenants with different salts share no blocks
   std::function<bool(int32_t)> is_stop;    // end of generation (e.g. tokenizer EOG)
   bool logits = false;                     // pass each sampled step's logits to on_token
+  // Teacher forcing (checking decode against a reference): generated token i is
+  // force_tokens[i] instead of a sampled one while i < size(); on_token still gets the
+  // logits it would have been drawn from.
+  std::vector<int32_t> force_tokens;
 };
 
 struct RequestResult {
