@@ -228,11 +228,14 @@ void Scheduler::Preempt(Session& s) {
   ++m_.preemptions;
 }
 
+// Every block this returns is fresh from the pool and counted once in blocks_allocated,
+// whichever path (free list, eviction, preemption) produced it.
 int32_t Scheduler::AllocateBlock(Session* requester, bool may_preempt) {
   int32_t id = pool_->Allocate();
-  if (id != BlockPool::kNoBlock) return id;
-  m_.evicted_blocks += cache_->Evict(1);
-  id = pool_->Allocate();
+  if (id == BlockPool::kNoBlock) {
+    m_.evicted_blocks += cache_->Evict(1);
+    id = pool_->Allocate();
+  }
   while (id == BlockPool::kNoBlock && may_preempt) {
     // Preempt the most recently admitted other session (it has done the least work).
     Session* victim = nullptr;

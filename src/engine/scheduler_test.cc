@@ -179,6 +179,69 @@ TEST(SchedulerTest, SecondSessionAcquiresTheSharedPrefix) {
   EXPECT_NEAR(m2.HitRate(), 96.0 / 205.0, 1e-9);
 }
 
+// The metrics on a workload small enough to count by hand (block size 4; the pool is
+// large enough that nothing is evicted or preempted). S = 10 shared tokens s0..s9.
+//   A = S + 2 own tokens (12), max_tokens 6, alone on an empty cache. Admission allocates
+//     ceil(12/4) = 3 blocks. Prefill computes 12 positions and samples token 1; tokens 2..6
+//     each need the previous one run through the model, so decode computes positions
+//     12..16 (5 tokens) and allocates blocks 3 and 4 on the way (2 on the decode path).
+//     Blocks 0..3 (positions 0..15) are full and enter the tree; block 4 is freed.
+//   B = S + 1 (11), max 5, and C = S + 3 (13), max 4, submitted together. Both match
+//     blocks 0 and 1 (s0..s7); block 2 holds s8 s9 and A's own tokens: no match.
+//     B acquires 2, allocates ceil(11/4) - 2 = 1, prefills positions 8..10 (3), decodes
+//     11..14 (4), which needs block 3: 1 more on the decode path.
+//     C acquires 2, allocates ceil(13/4) - 2 = 2, prefills 8..12 (5), decodes 13..15 (3)
+//     inside block 3: none more.
+// blocks_allocated = (3 + 2) + (1 + 1) + 2 = 9 (counting only admission gave 6);
+// blocks_acquired = 2 + 2 = 4; cached_tokens = 8 + 8 = 16; prompt tokens computed =
+// 12 + 3 + 5 = 20 = 36 prompt tokens - 16 cached; computed_tokens = 20 + 5 + 4 + 3 = 32,
+// i.e. prompt computed + (generated - 1) per request, as `bench prefix` derives it (it used
+// to subtract N x D generated tokens: 32 - 15 = 17, off by one per request).
+// Left in the pool: the tree's blocks, 9 - 2 freed partial blocks (A's 4, B's 3) = 7.
+TEST(SchedulerTest, CountersMatchAHandCountedWorkload) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  auto s = MakeScheduler(m, pool, SchedulerOptions{.block_size = 4, .kv_blocks = 32});
+  std::vector<int32_t> sys(10);
+  for (int i = 0; i < 10; ++i) sys[static_cast<size_t>(i)] = 20 + i;
+  auto a = sys, b = sys, c = sys;
+  a.insert(a.end(), {100, 101});
+  b.insert(b.end(), {200});
+  c.insert(c.end(), {300, 301, 302});
+  const auto ra = RunAll(*s, {Greedy(a, 6, false)});
+  const SchedulerMetrics ma = s->metrics();
+  EXPECT_EQ(ma.blocks_allocated, 5);
+  EXPECT_EQ(ma.computed_tokens, 17);
+  const auto rbc = RunAll(*s, {Greedy(b, 5, false), Greedy(c, 4, false)});
+  const SchedulerMetrics mt = s->metrics();
+
+  EXPECT_EQ(mt.blocks_allocated, 9);
+  EXPECT_EQ(mt.blocks_acquired, 4);
+  EXPECT_EQ(mt.cached_tokens, 16);
+  EXPECT_EQ(mt.prompt_tokens, 36);
+  EXPECT_EQ(mt.computed_tokens, 32);
+  EXPECT_EQ(mt.generated_tokens, 15);
+  EXPECT_EQ(mt.evicted_blocks, 0);
+  EXPECT_EQ(mt.preemptions, 0);
+  ASSERT_EQ(ra[0].tokens.size(), 6u);
+  ASSERT_EQ(rbc[0].tokens.size(), 5u);
+  ASSERT_EQ(rbc[1].tokens.size(), 4u);
+  EXPECT_EQ(ra[0].result.n_cached, 0);
+  EXPECT_EQ(rbc[0].result.n_cached, 8);
+  EXPECT_EQ(rbc[1].result.n_cached, 8);
+  // The bench's prompt-token figure, both ways.
+  int64_t prompt_computed = 0, decode = 0;
+  for (const Outcome* o : {&ra[0], &rbc[0], &rbc[1]}) {
+    prompt_computed += o->result.n_prompt - o->result.n_cached;
+    decode += static_cast<int64_t>(o->result.tokens.size()) - 1;
+  }
+  EXPECT_EQ(prompt_computed, 20);
+  EXPECT_EQ(mt.computed_tokens - decode, 20);
+  EXPECT_EQ(s->pool().n_used(), 7);
+  EXPECT_EQ(s->cache().stats().n_cached_blocks, 7);
+  EXPECT_EQ(s->cache().CheckInvariants(), "");
+}
+
 // Requests arriving together with a shared prefix compute it once: the later ones wait
 // for the first one's blocks to reach the tree instead of computing them in parallel.
 TEST(SchedulerTest, ConcurrentArrivalsComputeASharedPrefixOnce) {
