@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "engine/test_models.h"
@@ -15,20 +16,53 @@ namespace {
 
 constexpr size_t kVocab = 1024;  // the small test models' vocabulary
 
-// Worst over rows of rms(a - b) / std(b), the measure the reference test uses.
+// Worst over rows of rms(a - b) / std(b), the measure the reference test uses; +inf if
+// any row holds a NaN or an Inf, or the sizes differ.
 double RelDiff(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size() || b.empty() || b.size() % kVocab != 0) return std::numeric_limits<double>::infinity();
   double worst = 0;
-  for (size_t r = 0; r + kVocab <= b.size(); r += kVocab) {
-    double mean = 0, var = 0, d2 = 0;
-    for (size_t i = r; i < r + kVocab; ++i) mean += b[i];
-    mean /= kVocab;
-    for (size_t i = r; i < r + kVocab; ++i) {
-      var += (b[i] - mean) * (b[i] - mean);
-      d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    }
-    worst = std::max(worst, std::sqrt(d2 / var));
-  }
+  for (size_t r = 0; r < b.size(); r += kVocab) worst = testing::Worse(worst, testing::RmsOverStd(&a[r], &b[r], kVocab));
   return worst;
+}
+
+// A NaN or an Inf anywhere fails a comparison, in any row; std::max(worst, NaN) used to
+// keep `worst` and pass NaN logits.
+TEST(RmsOverStdTest, NanAndInfRowsFail) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d;
+  std::vector<float> ref(3 * kVocab);
+  for (float& x : ref) x = d(rng);
+  std::vector<float> ours = ref;
+  EXPECT_EQ(RelDiff(ours, ref), 0.0);
+  EXPECT_EQ(testing::RmsOverStd(ours.data(), ref.data(), kVocab), 0.0);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(bad);
+    ours = ref;
+    ours[kVocab + 5] = bad;  // a middle row: an earlier, finite row sets `worst` first
+    EXPECT_FALSE(testing::RmsOverStd(&ours[kVocab], &ref[kVocab], kVocab) < 1.0);
+    EXPECT_FALSE(RelDiff(ours, ref) < 1.0);
+    ours = ref;
+    std::vector<float> bad_ref = ref;
+    bad_ref[2 * kVocab] = bad;  // the reference side too
+    EXPECT_FALSE(testing::RmsOverStd(&ours[2 * kVocab], &bad_ref[2 * kVocab], kVocab) < 1.0);
+    EXPECT_FALSE(RelDiff(ours, bad_ref) < 1.0);
+  }
+  // A whole row of NaN (a forward pass that produced nothing but NaN) and one of Inf.
+  ours = ref;
+  std::fill(ours.begin() + kVocab, ours.begin() + 2 * kVocab, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_FALSE(RelDiff(ours, ref) < 1.0);
+  ours = ref;
+  std::fill(ours.begin(), ours.begin() + kVocab, std::numeric_limits<float>::infinity());
+  EXPECT_FALSE(RelDiff(ours, ref) < 1.0);
+  // A constant reference row has no spread to measure against.
+  std::vector<float> flat(kVocab, 2.f);
+  EXPECT_FALSE(testing::RmsOverStd(flat.data(), flat.data(), kVocab) < 1.0);
+  // The running worst keeps a NaN wherever it comes.
+  double worst = 0;
+  for (double x : {0.1, std::numeric_limits<double>::quiet_NaN(), 0.05}) worst = testing::Worse(worst, x);
+  EXPECT_FALSE(worst < 1.0);
+  EXPECT_EQ(std::max(0.1, std::numeric_limits<double>::quiet_NaN()), 0.1);  // the trap Worse avoids
 }
 
 // Bound on RelDiff between two runs that differ only in float summation order. With
@@ -76,7 +110,7 @@ TEST_P(EngineInvariance, PagingAndChunkingDoNotChangeResults) {
       ASSERT_EQ(r->prompt_logits.size(), base_logits.size());
       const double d = RelDiff(r->prompt_logits, base_logits);
       EXPECT_LT(d, InvarianceBound(GetParam())) << "block " << bs << " chunk " << chunk;
-      worst = std::max(worst, d);
+      worst = testing::Worse(worst, d);
       if (GetParam() == "f32") {
         EXPECT_EQ(r->tokens, base_tokens) << "block " << bs << " chunk " << chunk;
       }

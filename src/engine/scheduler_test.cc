@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <new>
 #include <random>
@@ -84,14 +85,36 @@ std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
   return out;
 }
 
+// max |a - b| / std(b); +inf if the sizes differ, any value is NaN or Inf, or b is
+// constant, so a broken run can never pass a `< bound` check.
 double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (a.size() != b.size() || b.empty()) return kInf;
   double mean = 0, var = 0, worst = 0;
-  for (float v : b) mean += v;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
+    mean += b[i];
+  }
   mean /= static_cast<double>(b.size());
   for (float v : b) var += (v - mean) * (v - mean);
   const double sd = std::sqrt(var / static_cast<double>(b.size()));
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  if (!(sd > 0)) return kInf;
+  for (size_t i = 0; i < a.size(); ++i) worst = testing::Worse(worst, std::abs(static_cast<double>(a[i]) - b[i]));
   return worst / sd;
+}
+
+TEST(SchedulerTest, MaxRelDiffFailsOnNanAndInf) {
+  std::vector<float> ref(64), ours;
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = static_cast<float>(i % 7) - 3.f;
+  EXPECT_EQ(MaxRelDiff(ref, ref), 0.0);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    ours = ref;
+    ours[10] = bad;
+    EXPECT_FALSE(MaxRelDiff(ours, ref) < 1e-4) << bad;
+    EXPECT_FALSE(MaxRelDiff(ref, ours) < 1e-4) << bad;
+  }
+  ours.assign(ref.size(), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_FALSE(MaxRelDiff(ours, ref) < 1e-4);
 }
 
 std::unique_ptr<Scheduler> MakeScheduler(const Model& m, ThreadPool& pool, SchedulerOptions o) {

@@ -3,11 +3,32 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <unistd.h>
 
 namespace trellis::testing {
+
+double RmsOverStd(const float* ours, const float* ref, size_t n) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (n == 0) return kInf;
+  double mean = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(ours[i]) || !std::isfinite(ref[i])) return kInf;
+    mean += ref[i];
+  }
+  mean /= static_cast<double>(n);
+  double diff2 = 0, var = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(ours[i]) - ref[i];
+    diff2 += d * d;
+    var += (ref[i] - mean) * (ref[i] - mean);
+  }
+  if (!(var > 0)) return kInf;
+  return std::sqrt(diff2 / var);
+}
 
 std::string TempPath(const std::string& name) {
   static std::atomic<int> counter{0};

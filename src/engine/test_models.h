@@ -1,7 +1,10 @@
-// Helpers for engine tests: small random models written to a temp directory, and a
-// rewriter that copies a GGUF with changes (to make broken or variant models).
+// Helpers for engine tests: small random models written to a temp directory, a
+// rewriter that copies a GGUF with changes (to make broken or variant models), and the
+// NaN-proof measure logits are compared with.
 #pragma once
 
+#include <cmath>
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -9,6 +12,17 @@
 #include "model/gguf_writer.h"
 
 namespace trellis::testing {
+
+// rms(ours - ref) / std(ref) over n values, the measure logits are compared with. +inf
+// when any value of either array is NaN or Inf, or ref is constant (std 0), so a
+// non-finite result can never pass a `< bound` check.
+double RmsOverStd(const float* ours, const float* ref, size_t n);
+
+// The worse of two error figures, NaN counting as worse than anything and staying once
+// there: the running worst over rows is `worst = Worse(worst, x)`. (std::max(worst, NaN)
+// returns worst and hides the NaN; `if (!(x <= worst)) worst = x` lets a later finite x
+// replace it.)
+inline double Worse(double worst, double x) { return std::isnan(worst) || x <= worst ? worst : x; }
 
 // A unique path under the test temp dir.
 std::string TempPath(const std::string& name);
