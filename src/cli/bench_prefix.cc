@@ -5,7 +5,8 @@
 // all; every session decodes D tokens (end-of-generation ignored).
 //   throughput  one op = fresh scheduler (pool, tree) + warm S[0:P] + N sessions run to
 //               completion concurrently; generated tokens / op seconds, heap allocations
-//               per op, KV blocks allocated vs acquired.
+//               per op, KV blocks allocated vs acquired, prompt tokens run through the
+//               model (warm-up included; checked against the scheduler's token count).
 //   ttft        concurrency 1: warm with S (L tokens), then time one probe sharing
 //               S[0:P] (phi = 1: the probe differs from S in its last token only, so it
 //               diverges inside the last block); the process's first probe is reported
@@ -52,16 +53,6 @@ double Stddev(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += (x - m) * (x - m);
   return std::sqrt(s / static_cast<double>(v.size() - 1));
-}
-
-// llama.cpp's server prompt cache on this machine (../shared/ANCHORS.md): TTFT ms at
-// L = 512, 2 threads, for phi 0, 0.25, 0.5, 0.75, 0.9.
-double LlamaCppTtftMs(double phi) {
-  static const std::pair<double, double> kAnchors[] = {{0, 4012}, {0.25, 3161}, {0.5, 2108}, {0.75, 1080}, {0.9, 589}};
-  for (const auto& [p, ms] : kAnchors) {
-    if (std::abs(p - phi) < 1e-9) return ms;
-  }
-  return NAN;
 }
 
 struct Bench {
@@ -127,6 +118,7 @@ struct Bench {
     }
     std::vector<double> secs, allocs, thr;
     SchedulerMetrics last;
+    int64_t prompt_computed = 0;
     for (int r = 0; r < o_.reps; ++r) {
       const int64_t a0 = HeapAllocations();
       const double t0 = NowSeconds();
@@ -135,22 +127,44 @@ struct Bench {
         std::fprintf(stderr, "bench prefix: %s\n", sched.status().ToString().c_str());
         std::exit(1);
       }
-      if (P > 0) Run(**sched, {Make(std::vector<int32_t>(system_.begin(), system_.begin() + P), 1)});
-      auto res = Run(**sched, sessions);
+      std::vector<RequestResult> res;
+      if (P > 0) res = Run(**sched, {Make(std::vector<int32_t>(system_.begin(), system_.begin() + P), 1)});
+      auto res_sessions = Run(**sched, sessions);
       const double dt = NowSeconds() - t0;
       last = (*sched)->metrics();
       sched->reset();
       allocs.push_back(static_cast<double>(HeapAllocations() - a0));
       secs.push_back(dt);
       int64_t gen = 0;
-      for (const auto& x : res) gen += static_cast<int64_t>(x.tokens.size());
+      for (const auto& x : res_sessions) gen += static_cast<int64_t>(x.tokens.size());
       thr.push_back(static_cast<double>(gen) / dt);
+      res.insert(res.end(), res_sessions.begin(), res_sessions.end());
+      prompt_computed = PromptTokensComputed(res, last);
     }
     return {{"figure", "throughput"}, {"phi", phi}, {"L", L}, {"D", D}, {"N", N}, {"B", B},
             {"prefix_tokens", P}, {"op_seconds", Median(secs)}, {"tok_s", Median(thr)},
             {"heap_allocs_per_op", Median(allocs)}, {"blocks_allocated", last.blocks_allocated},
             {"blocks_acquired", last.blocks_acquired}, {"computed_tokens", last.computed_tokens},
-            {"cached_tokens", last.cached_tokens}, {"reps", o_.reps}};
+            {"prompt_tokens_computed", prompt_computed}, {"cached_tokens", last.cached_tokens}, {"reps", o_.reps}};
+  }
+
+  // Prompt tokens run through the model in one op: each request's prompt less what it took
+  // from the cache. The scheduler's computed_tokens also counts decode steps, one per
+  // generated token except the last (never fed back), so the two must agree exactly;
+  // a preemption would recompute blocks and break that, and the figure with it.
+  static int64_t PromptTokensComputed(const std::vector<RequestResult>& res, const SchedulerMetrics& m) {
+    int64_t prompt = 0, decode = 0;
+    for (const auto& r : res) {
+      prompt += r.n_prompt - r.n_cached;
+      decode += std::max<int64_t>(0, static_cast<int64_t>(r.tokens.size()) - 1);
+    }
+    if (m.preemptions != 0 || prompt + decode != m.computed_tokens) {
+      std::fprintf(stderr, "bench prefix: %ld prompt + %ld decode tokens != %ld computed (%ld preemptions)\n",
+                   static_cast<long>(prompt), static_cast<long>(decode), static_cast<long>(m.computed_tokens),
+                   static_cast<long>(m.preemptions));
+      std::exit(1);
+    }
+    return prompt;
   }
 
   // Returns {ttft seconds of each rep, cached tokens}.
@@ -253,37 +267,39 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   // Figure 1: throughput and allocations vs phi.
   if (want("throughput")) {
     std::ofstream csv(o.out_dir + "/throughput.csv");
-    csv << "phi,prefix_tokens,tok_s,heap_allocs_per_op,blocks_allocated,blocks_acquired,computed_tokens,op_seconds\n";
+    csv << "phi,prefix_tokens,tok_s,heap_allocs_per_op,blocks_allocated,blocks_acquired,computed_tokens,op_seconds,"
+           "prompt_tokens_computed\n";
     md += "## Throughput and allocations per op (L = " + std::to_string(L) + ", D = " + std::to_string(D) +
           ", N = " + std::to_string(N) + ", B = " + std::to_string(B) + ")\n\n"
-          "| phi | prefix tokens | generated tok/s | op s | heap allocs/op | KV blocks allocated | KV blocks acquired | prompt tokens computed |\n"
+          "| phi | prefix tokens | generated tok/s | op s | heap allocs/op | KV blocks allocated | KV blocks acquired | "
+          "prompt tokens computed (warm-up included) |\n"
           "|---|---|---|---|---|---|---|---|\n";
     for (double phi : phis) {
       nlohmann::json j = bench.ThroughputPoint(phi, L, D, N, B);
       Emit(o, j);
       csv << phi << "," << j["prefix_tokens"] << "," << j["tok_s"] << "," << j["heap_allocs_per_op"] << ","
-          << j["blocks_allocated"] << "," << j["blocks_acquired"] << "," << j["computed_tokens"] << "," << j["op_seconds"] << "\n";
+          << j["blocks_allocated"] << "," << j["blocks_acquired"] << "," << j["computed_tokens"] << "," << j["op_seconds"]
+          << "," << j["prompt_tokens_computed"] << "\n";
       char row[256];
       std::snprintf(row, sizeof row, "| %.2f | %d | %.2f | %.2f | %.0f | %ld | %ld | %ld |\n", phi,
                     j["prefix_tokens"].get<int>(), j["tok_s"].get<double>(), j["op_seconds"].get<double>(),
                     j["heap_allocs_per_op"].get<double>(), j["blocks_allocated"].get<long>(),
-                    j["blocks_acquired"].get<long>(), j["computed_tokens"].get<long>() - static_cast<long>(N) * D);
+                    j["blocks_acquired"].get<long>(), j["prompt_tokens_computed"].get<long>());
       md += row;
       std::fprintf(stderr, "%s", row);
     }
   }
 
-  // Figure 2: TTFT vs phi. llama.cpp's figures are for the TinyLlama shape only.
-  const ModelConfig& mc = (*model)->config();
-  const bool tinyllama_shape = mc.n_layer == 22 && mc.n_embd == 2048 && mc.n_head_kv == 4 && mc.n_ff == 5632 && L == 512;
+  // Figure 2: TTFT vs phi. Trellis only: a comparison with another server belongs in a
+  // run that measures both (bench/llamacpp_server_prefix.py), not in numbers copied here.
   if (want("ttft")) {
     auto cold = bench.Ttft(0, L, B, 1);
     std::vector<double> phis2 = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
     std::ofstream csv(o.out_dir + "/ttft.csv");
-    csv << "phi,cached_tokens,ttft_ms,ttft_min_ms,ttft_max_ms,bound_ms,llamacpp_ms,hit\n";
+    csv << "phi,cached_tokens,ttft_ms,ttft_min_ms,ttft_max_ms,bound_ms,hit\n";
     md += "\n## TTFT vs phi (L = " + std::to_string(L) + ", concurrency 1, probe decodes 1 token)\n\n"
           "cold start (first probe of the process, phi = 0): " + std::to_string(static_cast<int>(cold.first[0] * 1e3)) +
-          " ms\n\n| phi | cached tokens | hit | TTFT ms (median) | bound ms | within bound | llama.cpp server ms |\n|---|---|---|---|---|---|---|\n";
+          " ms\n\n| phi | cached tokens | hit | TTFT ms (median) | bound ms | within bound |\n|---|---|---|---|---|---|\n";
     double ttft0 = 0;
     for (double phi : phis2) {
       auto [t, cached] = bench.Ttft(phi, L, B, o.reps);
@@ -291,16 +307,13 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
       if (phi == 0) ttft0 = ms;
       const double hit = static_cast<double>(cached) / L;
       const double bound = (1 - hit) * ttft0 + 0.05 * ttft0;
-      const double ref = tinyllama_shape ? LlamaCppTtftMs(phi) : NAN;
       Emit(o, {{"figure", "ttft"}, {"phi", phi}, {"L", L}, {"B", B}, {"cached_tokens", cached}, {"hit", hit},
-               {"ttft_ms", ms}, {"bound_ms", bound}, {"llamacpp_ms", std::isnan(ref) ? nlohmann::json() : nlohmann::json(ref)},
-               {"runs_ms", t}});
+               {"ttft_ms", ms}, {"bound_ms", bound}, {"runs_ms", t}});
       csv << phi << "," << cached << "," << ms << "," << *std::min_element(t.begin(), t.end()) * 1e3 << ","
-          << *std::max_element(t.begin(), t.end()) * 1e3 << "," << bound << "," << (std::isnan(ref) ? "" : std::to_string(ref))
-          << "," << hit << "\n";
+          << *std::max_element(t.begin(), t.end()) * 1e3 << "," << bound << "," << hit << "\n";
       char row[256];
-      std::snprintf(row, sizeof row, "| %.2f | %d | %.3f | %.1f | %.1f | %s | %s |\n", phi, cached, hit, ms, bound,
-                    ms <= bound ? "yes" : "NO", std::isnan(ref) ? "-" : std::to_string(static_cast<int>(ref)).c_str());
+      std::snprintf(row, sizeof row, "| %.2f | %d | %.3f | %.1f | %.1f | %s |\n", phi, cached, hit, ms, bound,
+                    ms <= bound ? "yes" : "NO");
       md += row;
       std::fprintf(stderr, "%s", row);
     }
