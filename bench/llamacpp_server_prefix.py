@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""llama.cpp server's prompt cache on the `trellis bench prefix` grid, for side-by-side
-comparison. Starts an llama-server you built elsewhere on 127.0.0.1, sends token-id
-prompts (so both runtimes see identical tokens), and measures:
+"""llama.cpp server's prompt cache on the `trellis bench prefix` grid. Starts an
+llama-server you built elsewhere on 127.0.0.1, sends token-id prompts, and measures:
 
   ttft        concurrency 1, -np 1: warm with S (L tokens), then a probe sharing the first
               round(phi*L/32)*32 tokens, n_predict 1; wall time of the probe (median).
   concurrent  -np N: warm S[0:P] once, then N sessions (S[0:P] + own suffix, L tokens,
               D generated) sent at once; wall time and prompt tokens computed.
+
+Not a like-for-like comparison with `trellis bench prefix` (docs/BENCHMARKS.md): the ids
+come from this script's RNG, not the ones trellis draws (only lengths and shared
+fractions match), and times here are HTTP round trips, trellis's are in process.
 
 Random-weight models need byte/control tokens banned (logit_bias on ids 0..258) or the
 server fails on un-decodable output (ANCHORS.md).
