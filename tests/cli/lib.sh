@@ -1,6 +1,6 @@
 # Shared helpers for the trellis end-to-end tests. Source after setting TRELLIS and DATA:
 #   TRELLIS=$1 DATA=$2; source "$(dirname "$0")/lib.sh"
-# Gives $tmp (removed on exit), say, die, expect_fail and known_bug.
+# Gives $tmp (removed on exit), say, die, ok and expect_fail.
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -11,7 +11,6 @@ n_checks=0
 say() { echo "check: $*"; }
 die() { echo "FAIL: $*" >&2; exit 1; }
 ok() { n_checks=$((n_checks + 1)); echo "  ok   $*"; }
-known_bug() { echo "  KNOWN BUG: $*"; }
 
 # expect_fail REGEX -- CMD...: CMD must exit non-zero from an error, not a signal (0 < rc
 # < 128), within 30 s (timeout exits 124), and print exactly one stderr line
