@@ -38,14 +38,25 @@ c2=$(jget "$tmp/c2.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
 [[ $c2 -gt 0 ]] || die "second call cached_tokens = $c2: $(cat "$tmp/c2.json")"
 ok "second call cached_tokens = $c2 of $(jget "$tmp/c2.json" "j['usage']['prompt_tokens']")"
 
-say "greedy with a seed is deterministic; the same request twice gives the same text"
-body=$(chat 'Say something.' 12 ',"temperature":0')
-post /v1/chat/completions "$body" "$tmp/g1.json" >/dev/null; post /v1/chat/completions "$body" "$tmp/g2.json" >/dev/null
-[[ $(jget "$tmp/g1.json" "j['choices'][0]['message']['content']") == "$(jget "$tmp/g2.json" "j['choices'][0]['message']['content']")" ]] || die "greedy differs"
-body=$(chat 'Say something.' 12 ',"temperature":1,"seed":7')
-post /v1/chat/completions "$body" "$tmp/s1.json" >/dev/null; post /v1/chat/completions "$body" "$tmp/s2.json" >/dev/null
-[[ $(jget "$tmp/s1.json" "j['choices'][0]['message']['content']") == "$(jget "$tmp/s2.json" "j['choices'][0]['message']['content']")" ]] || die "seeded sampling differs"
-ok "identical"
+say "greedy, and sampling with a seed, are deterministic: the same request twice gives the same text"
+# same_twice NAME BODY: both answers must be 200 with non-empty content before they are
+# compared (two failed requests would otherwise compare equal: two empty strings).
+same_twice() {
+  local name=$1 body=$2 i code text
+  for i in 1 2; do
+    code=$(post /v1/chat/completions "$body" "$tmp/$name$i.json")
+    [[ $code == 200 ]] || die "$name request $i -> $code: $(head -c 300 "$tmp/$name$i.json")"
+    text=$(jget "$tmp/$name$i.json" "j['choices'][0]['message']['content']") || die "$name request $i: $(head -c 300 "$tmp/$name$i.json")"
+    [[ -n $text ]] || die "$name request $i: empty content: $(head -c 300 "$tmp/$name$i.json")"
+  done
+  local a b
+  a=$(jget "$tmp/${name}1.json" "j['choices'][0]['message']['content']")
+  b=$(jget "$tmp/${name}2.json" "j['choices'][0]['message']['content']")
+  [[ $a == "$b" ]] || die "$name differs: '$a' vs '$b'"
+  ok "$name: the same ${#a} characters twice"
+}
+same_twice greedy "$(chat 'Say something.' 12 ',"temperature":0')"
+same_twice seeded "$(chat 'Say something.' 12 ',"temperature":1,"seed":7')"
 
 say "streamed chat: role chunk, content chunks, finish_reason, usage chunk, [DONE]"
 curl -sN -m 30 "$base/v1/chat/completions" -d "$(chat 'Stream please.' 6 ',"stream":true,"stream_options":{"include_usage":true}')" >"$tmp/s.sse"
