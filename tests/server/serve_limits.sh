@@ -72,10 +72,12 @@ done
 [[ $(metric trellis_requests_running) == 0 ]] || die "request still running"
 gen=$(metric trellis_generated_tokens_total)
 [[ $gen -lt 30000 ]] || die "generated all $gen tokens: not cancelled"
-used=$(metric trellis_kv_blocks_used)
-# What stays in use is the radix cache's copy of the full blocks (evictable), not the session's.
+# What may stay in use is the radix cache's copy of the full blocks (evictable), never
+# the session's own: every used block is a cached one.
+used=$(metric trellis_kv_blocks_used) cached=$(metric trellis_kv_blocks_cached)
+[[ $used -gt 0 && $used == "$cached" ]] || die "kv_blocks_used $used != kv_blocks_cached $cached: a session still holds blocks"
 [[ $(metric trellis_queue_depth) == 0 ]] || die "queue not empty"
-ok "cancelled after $gen tokens; kv_blocks_used $used (cache), running 0"
+ok "cancelled after $gen tokens; kv_blocks_used $used = the prefix cache's; running 0"
 [[ $(post /v1/completions '{"prompt":"still alive","max_tokens":2}' "$tmp/alive.json") == 200 ]] || die "not serving after the disconnect"
 stop_server
 
