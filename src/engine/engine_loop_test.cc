@@ -8,16 +8,20 @@
 #include <mutex>
 #include <map>
 #include <thread>
+#include <vector>
 
+#include "engine/scheduler.h"
 #include "engine/test_models.h"
 
 namespace trellis {
 namespace {
 
 // Many threads submit at once; every request finishes exactly once with its tokens,
-// equal to what the same greedy request produces alone.
+// equal to what the same greedy request produces alone (f32 weights: batching and the
+// prefix cache change only float summation order, so greedy tokens are identical; see
+// SchedulerTest.CacheOnEqualsCacheOffProperty).
 TEST(EngineLoopTest, ConcurrentSubmittersAllFinish) {
-  auto m = Model::Load(testing::WriteSmallModel("loop.gguf", "q4_0"));
+  auto m = Model::Load(testing::WriteSmallModel("loop.gguf", "f32"));
   ASSERT_TRUE(m.ok());
   ThreadPool threads(2);
   SchedulerOptions o;
@@ -25,22 +29,28 @@ TEST(EngineLoopTest, ConcurrentSubmittersAllFinish) {
   auto loop = EngineLoop::Start(**m, o, threads);
   ASSERT_TRUE(loop.ok()) << loop.status().ToString();
 
+  constexpr int kClients = 4, kPerClient = 5;
+  auto make = [](int c, int i) {
+    Request r;
+    r.prompt = std::vector<int32_t>(30, 1 + c);  // 4 distinct shared prefixes
+    r.prompt.push_back(100 + i);
+    r.max_tokens = 5;
+    r.sampling.temperature = 0;
+    return r;
+  };
   std::mutex mu;
   std::condition_variable cv;
   std::map<RequestId, RequestResult> done;
+  std::vector<RequestResult> by_request(kClients * kPerClient);  // [c * kPerClient + i]
   std::vector<std::thread> clients;
   std::atomic<int> finished_twice{0};
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
-      for (int i = 0; i < 5; ++i) {
-        Request r;
-        r.prompt = std::vector<int32_t>(30, 1 + c);  // 4 distinct shared prefixes
-        r.prompt.push_back(100 + i);
-        r.max_tokens = 5;
-        r.sampling.temperature = 0;
-        auto id = (*loop)->Submit(std::move(r), nullptr, [&](RequestId id, const RequestResult& res) {
+      for (int i = 0; i < kPerClient; ++i) {
+        auto id = (*loop)->Submit(make(c, i), nullptr, [&, c, i](RequestId id, const RequestResult& res) {
           std::lock_guard<std::mutex> lock(mu);
           if (!done.emplace(id, res).second) finished_twice++;
+          by_request[static_cast<size_t>(c * kPerClient + i)] = res;
           cv.notify_all();
         });
         ASSERT_TRUE(id.ok()) << id.status().ToString();
@@ -48,16 +58,33 @@ TEST(EngineLoopTest, ConcurrentSubmittersAllFinish) {
     });
   }
   for (auto& t : clients) t.join();
-  std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done.size() == 20; }));
-  EXPECT_EQ(finished_twice.load(), 0);
-  for (const auto& [id, r] : done) {
-    EXPECT_EQ(r.reason, FinishReason::kLength);
-    EXPECT_EQ(r.tokens.size(), 5u);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done.size() == by_request.size(); }));
   }
+  EXPECT_EQ(finished_twice.load(), 0);
   const SchedulerMetrics mt = (*loop)->metrics();
-  EXPECT_EQ(mt.requests, 20);
+  EXPECT_EQ(mt.requests, kClients * kPerClient);
   EXPECT_GT(mt.cached_tokens, 0);  // clients sharing a prefix shared blocks
+  loop->reset();  // stop the engine thread before the solo runs use the thread pool
+
+  // Each request alone, on a fresh scheduler without the prefix cache.
+  SchedulerOptions solo_o = o;
+  solo_o.prefix_cache = false;
+  for (int c = 0; c < kClients; ++c) {
+    for (int i = 0; i < kPerClient; ++i) {
+      const RequestResult& r = by_request[static_cast<size_t>(c * kPerClient + i)];
+      EXPECT_EQ(r.reason, FinishReason::kLength);
+      ASSERT_EQ(r.tokens.size(), 5u);
+      auto solo = Scheduler::Create(**m, solo_o, threads);
+      ASSERT_TRUE(solo.ok()) << solo.status().ToString();
+      std::vector<int32_t> want;
+      ASSERT_TRUE((*solo)->Submit(make(c, i), nullptr, [&](RequestId, const RequestResult& res) { want = res.tokens; }).ok());
+      (*solo)->RunUntilIdle();
+      ASSERT_EQ(want.size(), 5u);
+      EXPECT_EQ(r.tokens, want) << "client " << c << " request " << i;
+    }
+  }
 }
 
 TEST(EngineLoopTest, ValidationErrorsAreImmediateAndQueueIsBounded) {
