@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -136,6 +137,38 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_EQ(PackedBytes(WeightMatrix{GgmlType::kQ4_0, nullptr, 17, 64, 36}), 2 * PackedGroupBytes(GgmlType::kQ4_0, 64));
 }
 
+// Overwrites a matrix's original (row-major) bytes once its reference output is taken:
+// all 0xFF makes every f16/bf16 value and block scale NaN, so a run that fell back to the
+// row-major kernels instead of the packed copy writes NaN and fails the comparison. That
+// is how these tests know the packed kernel ran.
+void PoisonRowMajor(Packed& m) { std::fill(m.bytes.begin(), m.bytes.end(), uint8_t{0xFF}); }
+
+// Types whose packed kernel the ISA must have; the tests fail if one is missing, rather
+// than skipping it and passing with nothing run.
+std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
+  if (isa == KernelIsa::kAvx512) {
+    return {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+            GgmlType::kF16, GgmlType::kBF16};
+  }
+  return {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};  // + Q8_0 with AVX-VNNI
+}
+
+// Runs `check(type)` for every type with a packed kernel for `isa`; fails if a required
+// type has none.
+template <typename F>
+void ForEachPackedType(KernelIsa isa, F check) {
+  const std::vector<GgmlType> required = RequiredPacked(isa);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
+    if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) {
+      EXPECT_EQ(std::find(required.begin(), required.end(), type), required.end())
+          << KernelIsaName(isa) << " has no packed kernel for " << GetGgmlTypeTraits(type).name;
+      continue;
+    }
+    check(type);
+  }
+}
+
 // The packed AVX-512 kernels against a double-precision reference built from the
 // dequantized weights and the quantized activations the packed kernels consume: the
 // integer dots are exact, so only f32 rounding of scales and sums differs.
@@ -146,13 +179,11 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
   const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17}};
   ThreadPool pool(2);
   uint32_t seed = 10;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
-    if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
+  ForEachPackedType(isa, [&](GgmlType type) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " rows=" << s.rows << " cols=" << s.cols
                                       << " n_tokens=" << s.n_tokens);
-      const Packed m = MakePacked(type, s.rows, s.cols, seed++);
+      Packed m = MakePacked(type, s.rows, s.cols, seed++);
       const int64_t x_stride = s.cols + 3, y_stride = s.rows + 5;
       const std::vector<float> x = Gaussian(s.n_tokens * x_stride, seed++);
       // Reference: dequantized weights . dequantized Q8_0 activations, in double.
@@ -191,6 +222,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
       }
       AlignedBuffer scratch(MatMulScratchBytes(type, s.cols, s.n_tokens));
       std::vector<float> y(y_ref.size(), -7.f);
+      PoisonRowMajor(m);
       matmul_internal::MatMulWithIsa(isa, m.w, x.data(), x_stride, s.n_tokens, y.data(), y_stride, pool,
                                      scratch.ptr);
       int bad = 0;
@@ -205,7 +237,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
         }
       }
     }
-  }
+  });
 }
 
 // Packed kernels against the original-layout reference (MatMulRef, which quantizes
@@ -213,35 +245,52 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
 // dots, so equal up to f32 rounding.
 void KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa isa) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
-    if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) continue;
+  ForEachPackedType(isa, [&](GgmlType type) {
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
     const int64_t rows = 100, cols = 1024, n_tokens = 12;
-    const Packed m = MakePacked(type, rows, cols, 77);
+    Packed m = MakePacked(type, rows, cols, 77);
     const std::vector<float> x = Gaussian(n_tokens * cols, 78);
     std::vector<float> y_ref(static_cast<size_t>(n_tokens * rows)), y(y_ref.size());
     MatMulRef(m.w, x.data(), cols, n_tokens, y_ref.data(), rows);
     AlignedBuffer scratch(MatMulScratchBytes(type, cols, n_tokens));
+    PoisonRowMajor(m);
     matmul_internal::MatMulWithIsa(isa, m.w, x.data(), cols, n_tokens, y.data(), rows, pool, scratch.ptr);
     double err = 0, ref = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       err += (y[i] - y_ref[i]) * static_cast<double>(y[i] - y_ref[i]);
       ref += y_ref[i] * static_cast<double>(y_ref[i]);
     }
-    EXPECT_LT(std::sqrt(err / ref), 1e-5);
+    EXPECT_LT(std::sqrt(err / ref), 1e-5);  // NaN (a row-major fallback) fails too
+  });
+}
+
+// The poison does what PoisonRowMajor promises: the same matrix without its packed copy
+// (the row-major kernels) writes non-finite values once its bytes are poisoned.
+TEST(PackedTest, PoisonedRowMajorBytesGiveNaN) {
+  ThreadPool pool(1);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
+    SCOPED_TRACE(GetGgmlTypeTraits(type).name);
+    Packed m = MakePacked(type, 16, 256, 5);
+    PoisonRowMajor(m);
+    m.w.packed = nullptr;
+    const std::vector<float> x = Gaussian(2 * 256, 6);
+    std::vector<float> y(2 * 16, 0.f);
+    AlignedBuffer scratch(MatMulScratchBytes(type, 256, 2));
+    matmul_internal::MatMulWithIsa(KernelIsa::kScalar, m.w, x.data(), 256, 2, y.data(), 16, pool, scratch.ptr);
+    for (float v : y) ASSERT_FALSE(std::isfinite(v));
   }
 }
 
+// Skipped (reported as such, not passed) on CPUs without the ISA.
 TEST(PackedTest, Avx512KernelsMatchReference) {
-  if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  if (!IsaSupported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 VNNI/BF16 on this CPU";
   KernelsMatchReferenceFor(KernelIsa::kAvx512);
   KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kAvx512);
 }
 
 TEST(PackedTest, Avx2KernelsMatchReference) {
-  if (!IsaSupported(KernelIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
-  ASSERT_NE(matmul_internal::GetPackedKernel(KernelIsa::kAvx2, GgmlType::kQ4_0).fn, nullptr);
+  if (!IsaSupported(KernelIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   KernelsMatchReferenceFor(KernelIsa::kAvx2);
   KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kAvx2);
 }
