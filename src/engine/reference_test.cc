@@ -1,18 +1,23 @@
 // Compares the whole model against llama.cpp: for each reference model and prompt in
-// tests/data/reference, the logits of every prompt position and the greedy
-// continuation. Tolerances and their justification: tests/data/reference/README.md.
+// tests/data/reference, the logits of every prompt position, the logits of every one of
+// the 32 single-token decode steps (teacher-forced on llama.cpp's own greedy tokens, so
+// a near-tie cannot switch the check off), once through Engine and once batched with
+// other sessions through the Scheduler (first computed, then from the prefix cache), and
+// the greedy continuation. Tolerances: tests/data/README.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 
 namespace trellis {
 namespace {
@@ -30,6 +35,72 @@ std::vector<float> ReadF32(const std::string& path) {
   std::vector<float> out(b.size() / 4);
   std::memcpy(out.data(), b.data(), out.size() * 4);
   return out;
+}
+
+// rms(ours - ref) / std(ref) over one row; +inf when either row holds a NaN or an Inf,
+// so a non-finite value can never pass a `< bound` check (std::max would drop a NaN).
+double RelRms(const float* ours, const float* ref, int n) {
+  double mean = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(ours[i]) || !std::isfinite(ref[i])) return std::numeric_limits<double>::infinity();
+    mean += ref[i];
+  }
+  mean /= n;
+  double diff2 = 0, var = 0;
+  for (int i = 0; i < n; ++i) {
+    diff2 += (static_cast<double>(ours[i]) - ref[i]) * (static_cast<double>(ours[i]) - ref[i]);
+    var += (ref[i] - mean) * (ref[i] - mean);
+  }
+  if (var <= 0) return std::numeric_limits<double>::infinity();
+  return std::sqrt(diff2 / var);
+}
+
+// worst = max(worst, rel), except that a NaN, once seen, stays (std::max drops it).
+void KeepWorst(double& worst, double rel) {
+  if (std::isnan(worst)) return;
+  if (std::isnan(rel) || rel > worst) worst = rel;
+}
+
+double Top2Margin(const float* row, int n) {
+  std::vector<float> sorted(row, row + n);
+  std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+  return sorted[0] - sorted[1];
+}
+
+// Compares `rows` rows of ours against ref: every row's rms/std below rms_bound, and the
+// argmax equal wherever llama.cpp's own top-2 margin exceeds margin_bound. Returns the
+// worst rms/std (inf if any row is non-finite).
+double CompareRows(const float* ours, const float* ref, size_t rows, int n_vocab, double rms_bound,
+                   double margin_bound, const std::string& what) {
+  double worst = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = ours + r * n_vocab;
+    const float* b = ref + r * n_vocab;
+    const double rel = RelRms(a, b, n_vocab);
+    KeepWorst(worst, rel);
+    EXPECT_LT(rel, rms_bound) << what << " row " << r;
+    if (Top2Margin(b, n_vocab) > margin_bound) {
+      EXPECT_EQ(Sampler::Greedy({a, static_cast<size_t>(n_vocab)}), Sampler::Greedy({b, static_cast<size_t>(n_vocab)}))
+          << what << " row " << r;
+    }
+  }
+  return worst;
+}
+
+TEST(ReferenceCompare, NonFiniteRowsFail) {
+  std::vector<float> ref = {1, 2, 3, 4}, ours = ref;
+  EXPECT_EQ(RelRms(ours.data(), ref.data(), 4), 0.0);
+  ours[2] = std::nanf("");
+  EXPECT_FALSE(RelRms(ours.data(), ref.data(), 4) < 1.0);
+  ours[2] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(RelRms(ours.data(), ref.data(), 4) < 1.0);
+  ours = ref;
+  ref[0] = std::nanf("");
+  EXPECT_FALSE(RelRms(ours.data(), ref.data(), 4) < 1.0);
+  // The worst-row accumulation keeps a NaN too.
+  double worst = 0;
+  for (double rel : {0.1, std::nan(""), 0.05}) KeepWorst(worst, rel);
+  EXPECT_FALSE(worst < 1.0);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
@@ -68,28 +139,8 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
     ASSERT_TRUE(res.ok()) << res.status().ToString();
 
     // Per-position logit agreement.
-    double worst = 0;
-    for (size_t p = 0; p < prompt.size(); ++p) {
-      const float* a = res->prompt_logits.data() + p * n_vocab;
-      const float* b = ref_logits.data() + p * n_vocab;
-      double mean = 0, diff2 = 0, var = 0;
-      for (int i = 0; i < n_vocab; ++i) mean += b[i];
-      mean /= n_vocab;
-      for (int i = 0; i < n_vocab; ++i) {
-        diff2 += (a[i] - b[i]) * (a[i] - b[i]);
-        var += (b[i] - mean) * (b[i] - mean);
-      }
-      const double rel = std::sqrt(diff2 / n_vocab) / std::sqrt(var / n_vocab);
-      worst = std::max(worst, rel);
-      // Argmax must agree where llama.cpp's own top-2 margin is decisive.
-      std::vector<float> row(b, b + n_vocab);
-      std::vector<float> sorted = row;
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > margin_bound) {
-        EXPECT_EQ(Sampler::Greedy({a, static_cast<size_t>(n_vocab)}), Sampler::Greedy(row))
-            << "position " << p << " threads " << threads;
-      }
-    }
+    const double worst = CompareRows(res->prompt_logits.data(), ref_logits.data(), prompt.size(), n_vocab, rms_bound,
+                                     margin_bound, "prompt, threads " + std::to_string(threads));
     EXPECT_LT(worst, rms_bound) << tc.model << " p" << tc.prompt_len << " threads " << threads;
     RecordProperty("worst_rms_over_std_t" + std::to_string(threads), std::to_string(worst));
     std::printf("[ref] %s p%d threads %d: worst rms/std %.5f (bound %.3f)\n", tc.model.c_str(), tc.prompt_len,
@@ -115,6 +166,93 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
     std::printf("[ref] %s p%d threads %d: greedy equal for %zu of %zu tokens\n", tc.model.c_str(), tc.prompt_len,
                 threads, matched, greedy.size());
   }
+}
+
+// Decode against llama.cpp step by step: the prompt, then llama.cpp's 32 greedy tokens fed
+// one at a time through the paged KV; each step's logits against llama.cpp's logits after
+// the same token (MODEL.pN.decode_logits.f32, tests/data/README.md).
+TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
+  const Case& tc = GetParam();
+  std::ifstream tf(kDir + "tolerances.json");
+  const nlohmann::json tol = nlohmann::json::parse(tf);
+  const double rms_bound = tol[tc.model][0];
+  const double margin_bound = tol[tc.model][1];
+  const std::string stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
+  std::ifstream jf(stem + ".json");
+  const nlohmann::json ref = nlohmann::json::parse(jf);
+  const std::vector<int32_t> prompt = ref["prompt"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
+  const std::vector<float> ref_prompt = ReadF32(stem + ".all_logits.f32");
+  const std::vector<float> ref_decode = ReadF32(stem + ".decode_logits.f32");
+  auto model = Model::Load(kDir + tc.model + ".gguf");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int n_vocab = (*model)->config().n_vocab;
+  ASSERT_EQ(ref_decode.size(), greedy.size() * static_cast<size_t>(n_vocab)) << stem << ".decode_logits.f32";
+
+  // 1. Engine, one session: single-token decode through the paged KV.
+  for (int threads : {1, 2}) {
+    EngineOptions eo;
+    eo.n_threads = threads;
+    eo.all_logits = true;
+    eo.max_batch_tokens = 128;
+    eo.block_size = 16;  // decode crosses block boundaries within the 32 steps
+    auto engine = Engine::Create(**model, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    GenerateRequest req;
+    req.prompt = prompt;
+    req.force_tokens = greedy;
+    auto res = (*engine)->Generate(req);
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
+    const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
+                                     margin_bound, "engine decode, threads " + std::to_string(threads));
+    std::printf("[ref-decode] %s p%d engine threads %d: worst rms/std %.5f over %zu steps (bound %.3f)\n",
+                tc.model.c_str(), tc.prompt_len, threads, worst, greedy.size(), rms_bound);
+  }
+
+  // 2. Scheduler: the same forced request batched with two other sessions, then again
+  //    alone with its prefix from the radix cache. on_token reports the logits each token
+  //    was drawn from: step 0 is the last prompt position, step k the decode after greedy[k-1].
+  ThreadPool pool(2);
+  SchedulerOptions so;
+  so.block_size = 16;
+  so.max_batch_tokens = 96;
+  so.prefill_chunk = 64;
+  auto sched = Scheduler::Create(**model, so, pool);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  auto run_forced = [&](const std::string& what, bool with_noise) {
+    std::vector<float> rows;
+    Request r;
+    r.prompt = prompt;
+    r.max_tokens = static_cast<int>(greedy.size()) + 1;
+    r.sampling.temperature = 0;
+    r.force_tokens = greedy;
+    r.logits = true;
+    RequestResult result;
+    auto id = (*sched)->Submit(
+        r, [&](RequestId, int32_t, std::span<const float> l) { rows.insert(rows.end(), l.begin(), l.end()); },
+        [&](RequestId, const RequestResult& rr) { result = rr; });
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    if (with_noise) {
+      for (int k = 0; k < 2; ++k) {
+        Request noise;
+        for (int i = 0; i < 40 + 23 * k; ++i) noise.prompt.push_back(1 + (i * 37 + k * 11) % (n_vocab - 1));
+        noise.max_tokens = 48;
+        noise.sampling.temperature = 0.8f;
+        ASSERT_TRUE((*sched)->Submit(noise, nullptr, nullptr).ok());
+      }
+    }
+    (*sched)->RunUntilIdle();
+    ASSERT_EQ(rows.size(), (greedy.size() + 1) * static_cast<size_t>(n_vocab)) << what;
+    const double w0 = CompareRows(rows.data(), ref_prompt.data() + (prompt.size() - 1) * n_vocab, 1, n_vocab,
+                                  rms_bound, margin_bound, what + " last prompt position");
+    const double worst = CompareRows(rows.data() + n_vocab, ref_decode.data(), greedy.size(), n_vocab, rms_bound,
+                                     margin_bound, what);
+    std::printf("[ref-decode] %s p%d %s: worst rms/std %.5f (last prompt row %.5f), %d cached\n", tc.model.c_str(),
+                tc.prompt_len, what.c_str(), worst, w0, result.n_cached);
+  };
+  run_forced("scheduler batched", true);
+  run_forced("scheduler from cache", false);
 }
 
 std::vector<Case> AllCases() {

@@ -107,6 +107,9 @@ Status Scheduler::Validate(const Request& req) const {
     if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
   }
   if (req.max_tokens < 0) return InvalidArgument(fmt::format("max_tokens {} is negative", req.max_tokens));
+  for (int32_t t : req.force_tokens) {
+    if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+  }
   TRELLIS_RETURN_IF_ERROR(ValidateSamplerParams(req.sampling));
   const int64_t need = (n + opts_.block_size) / opts_.block_size;  // prompt + the first generated token
   if (need > opts_.kv_blocks) {
@@ -420,7 +423,10 @@ bool Scheduler::Step() {
       // Report the raw logits (before penalties) with the token sampled from them.
       raw_logits_.assign(logits_buf_.begin(), logits_buf_.end());
     }
-    const int32_t tok = s.sampler.Sample(logits_buf_, s.tokens, static_cast<size_t>(s.result.n_prompt));
+    const size_t step = s.result.tokens.size();
+    const int32_t tok = step < s.req.force_tokens.size()
+                            ? s.req.force_tokens[step]
+                            : s.sampler.Sample(logits_buf_, s.tokens, static_cast<size_t>(s.result.n_prompt));
     if (s.result.tokens.empty()) s.result.ttft_seconds = NowSeconds() - s.t_submit;
     s.tokens.push_back(tok);
     s.result.tokens.push_back(tok);

@@ -3,7 +3,10 @@
 reference outputs (tests/data/reference, see tests/data/README.md).
 
 usage: check_reference.py MODEL.pN.json MODEL.pN.all_logits.f32 tolerances.json MODEL_NAME
-                          OUR_LOGITS.f32 OUR_IDS.txt
+                          OUR_LOGITS.f32 OUR_IDS.txt [MODEL.pN.decode_logits.f32]
+With the decode reference (a run with --force-tokens = `greedy`), the dump holds the
+prompt rows and then one row per forced token; those are checked the same way (rms/std
+bound, argmax where the reference margin is decisive).
 Checks: dump size = n_prompt * n_vocab * 4; every row's rms(ours - ref) / std(ref) is
 below the model's bound; the greedy ids equal `greedy` up to the first divergence, and a
 divergence is allowed only where the deciding reference margin (last prompt row's top-1
@@ -36,7 +39,22 @@ def top2_margin(row):
     return best - second
 
 
-def main(ref_json, ref_logits, tol_json, name, our_logits, our_ids):
+def rel_rms(o, f):
+    """rms(o - f) / std(f); inf for a non-finite value (NaN never passes a < check)."""
+    n = len(f)
+    if not all(math.isfinite(x) for x in o) or not all(math.isfinite(x) for x in f):
+        return math.inf
+    mean = sum(f) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in f) / n)
+    rms = math.sqrt(sum((a - b) ** 2 for a, b in zip(o, f)) / n)
+    return rms / std if std > 0 else math.inf
+
+
+def argmax(row):
+    return max(range(len(row)), key=lambda i: (row[i], -i))
+
+
+def main(ref_json, ref_logits, tol_json, name, our_logits, our_ids, ref_decode=None):
     ref = json.load(open(ref_json))
     rms_bound, margin_bound = json.load(open(tol_json))[name]
     prompt, greedy, margins = ref["prompt"], ref["greedy"], ref["greedy_top2_margins"]
@@ -46,12 +64,30 @@ def main(ref_json, ref_logits, tol_json, name, our_logits, our_ids):
     assert n_vocab * n_prompt == len(ref_l), "reference logits size is not a multiple of n_prompt"
     ok = True
 
+    dec_l = read_f32(ref_decode) if ref_decode else array.array("f")
+    n_dec = len(dec_l) // n_vocab
     size = os.path.getsize(our_logits)
-    if size != n_prompt * n_vocab * 4:
-        print(f"  FAIL dump size {size} != n_prompt*n_vocab*4 = {n_prompt}*{n_vocab}*4 = {n_prompt * n_vocab * 4}")
+    if size != (n_prompt + n_dec) * n_vocab * 4:
+        print(f"  FAIL dump size {size} != (n_prompt+n_decode)*n_vocab*4 = ({n_prompt}+{n_dec})*{n_vocab}*4")
         return 1
-    print(f"  ok   dump size {size} = {n_prompt} x {n_vocab} x 4")
+    print(f"  ok   dump size {size} = ({n_prompt} + {n_dec}) x {n_vocab} x 4")
     ours = read_f32(our_logits)
+
+    if n_dec:
+        worst_dec = 0.0
+        for r in range(n_dec):
+            o = ours[(n_prompt + r) * n_vocab:(n_prompt + r + 1) * n_vocab]
+            f = dec_l[r * n_vocab:(r + 1) * n_vocab]
+            rel = rel_rms(o, f)
+            if not rel <= worst_dec:
+                worst_dec = rel
+            if not rel < rms_bound:
+                ok = False
+                print(f"  FAIL decode step {r}: rms/std {rel:.4g} >= {rms_bound}")
+            if top2_margin(f) > margin_bound and argmax(o) != argmax(f):
+                ok = False
+                print(f"  FAIL decode step {r}: argmax {argmax(o)} != llama.cpp's {argmax(f)} (margin {top2_margin(f):.3f})")
+        print(f"  {'ok  ' if ok else 'FAIL'} decode: worst rms/std {worst_dec:.4g} over {n_dec} forced steps vs bound {rms_bound}")
 
     worst, worst_row = 0.0, -1
     for r in range(n_prompt):
@@ -91,4 +127,4 @@ def main(ref_json, ref_logits, tol_json, name, our_logits, our_ids):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:7]))
+    sys.exit(main(*sys.argv[1:8]))

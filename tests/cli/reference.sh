@@ -31,6 +31,24 @@ check_model ref-b-q6_k p67
 check_model ref-a-f16 p67 -b 5 --block-size 8 -t 1
 check_model ref-a-q4_0 p67 -b 13 --block-size 1
 
+# Decode step by step: llama.cpp's greedy tokens forced one at a time (--force-tokens);
+# the dump then holds the prompt rows and one row per forced token.
+check_decode() {  # NAME PROMPT
+  local name=$1 p=$2
+  local json=$ref/$name.$p.json
+  local ids forced
+  ids=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompt"])))' "$json")
+  forced=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["greedy"])))' "$json")
+  say "$name $p: 32 forced decode steps vs llama.cpp's logits"
+  timeout 60 "$TRELLIS" run -m "$ref/$name.gguf" --tokens "$ids" --force-tokens "$forced" --print-token-ids \
+    --dump-logits "$tmp/d.f32" -q >"$tmp/dids.txt" 2>"$tmp/err.txt" || die "run failed: $(cat "$tmp/err.txt")"
+  python3 "$here/check_reference.py" "$json" "$ref/$name.$p.all_logits.f32" "$ref/tolerances.json" "$name" \
+    "$tmp/d.f32" "$tmp/dids.txt" "$ref/$name.$p.decode_logits.f32" || die "$name $p decode does not match llama.cpp"
+  n_checks=$((n_checks + 1))
+}
+check_decode ref-a-q4_0 p67
+check_decode ref-b-q6_k p67
+
 say "the checker itself rejects a wrong dump (all zeros)"
 head -c $((67 * 1024 * 4)) /dev/zero >"$tmp/zero.f32"
 if python3 "$here/check_reference.py" "$ref/ref-a-f16.p67.json" "$ref/ref-a-f16.p67.all_logits.f32" \
