@@ -84,6 +84,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   s->scheduled_.reserve(static_cast<size_t>(o.max_running));
   s->run_len_.reserve(static_cast<size_t>(o.max_running));
   s->match_.reserve(static_cast<size_t>(blocks));
+  s->tail_key_.reserve(static_cast<size_t>(o.n_ctx + 2 * o.block_size));
   s->running_.reserve(static_cast<size_t>(o.max_running));
   s->cancel_.reserve(64);
   s->logits_buf_.resize(static_cast<size_t>(c.n_vocab));
@@ -176,23 +177,51 @@ bool Scheduler::Admit(Session& s) {
       s.table.push_back(match_[static_cast<size_t>(i)]);
     }
   }
+  // Reuse to the token: the next block's leading tokens may be cached too, in a whole
+  // block the last position falls inside or in one that matches part of what follows (a
+  // finished session's last, partly filled block, or a full one). Its first `j` slots
+  // are copied into this session's own first new block: shared blocks are never written.
+  int32_t cow_src = BlockPool::kNoBlock, j = 0;
+  if (opts_.prefix_cache) {
+    const int64_t room = (n - 1) - static_cast<int64_t>(k) * B;  // the last position is always computed
+    if (static_cast<int64_t>(match_.size()) > k) {
+      cow_src = match_[static_cast<size_t>(k)];
+      j = static_cast<int32_t>(room);  // < B: k stopped short of a whole matched block
+    } else if (room > 0) {
+      const auto rest = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(k) * B,
+                                                                    static_cast<size_t>(std::min<int64_t>(room, B)));
+      const RadixCache::PartialMatch pm = cache_->MatchPartial(s.locked, rest);
+      cow_src = pm.block;
+      j = std::min(pm.n_tokens, B - 1);
+    }
+    if (j <= 0) cow_src = BlockPool::kNoBlock, j = 0;
+    // Hold the source so eviction below cannot recycle it before the copy.
+    if (cow_src != BlockPool::kNoBlock) pool_->Acquire(cow_src);
+  }
   const int32_t need = static_cast<int32_t>((n + B - 1) / B) - k;
   if (pool_->n_free() < need) m_.evicted_blocks += cache_->Evict(need);
   if (pool_->n_free() < need) {
+    if (cow_src != BlockPool::kNoBlock) pool_->Release(cow_src);
     ReleaseSession(s);  // wait: blocks are short and nothing more can be evicted now
     return false;
   }
   for (int32_t i = 0; i < need; ++i) s.table.push_back(pool_->Allocate());
+  if (cow_src != BlockPool::kNoBlock) {
+    pool_->CopySlots(cow_src, s.table[static_cast<size_t>(k)], j);
+    pool_->Release(cow_src);
+    ++m_.partial_copies;
+  }
   m_.blocks_allocated += need;
   m_.blocks_acquired += k;
-  s.n_computed = k * B;
+  s.n_computed = k * B + j;
   s.n_tree_blocks = k;
   s.admit_order = ++admit_counter_;
-  s.result.n_cached = k * B;
+  s.result.n_cached = k * B + j;
   if (!s.admitted_once) {
     s.admitted_once = true;
     m_.prompt_tokens += s.result.n_prompt;
-    m_.cached_tokens += k * B;
+    m_.cached_tokens += k * B + j;
+    m_.partial_tokens += j;
   }
   return true;
 }
@@ -291,7 +320,27 @@ void Scheduler::InsertFullBlocks(Session& s) {
   s.n_tree_blocks = full;
 }
 
+// A finished session's K/V stays useful: the next turn of a conversation starts with
+// everything it computed (prompt and reply). Its full blocks are in the tree already; its
+// last, partly filled block goes in too, keyed by its tokens padded with kPad, so a later
+// prompt can copy its prefix (MatchPartial). The block is never written again.
+void Scheduler::CacheFinished(Session& s) {
+  if (!opts_.prefix_cache || s.table.empty() || s.n_computed <= 0) return;
+  InsertFullBlocks(s);
+  const int B = opts_.block_size;
+  const int32_t full = s.n_computed / B;
+  const int32_t rem = s.n_computed % B;
+  if (rem == 0 || static_cast<size_t>(full) >= s.table.size()) return;
+  tail_key_.assign(s.tokens.begin(), s.tokens.begin() + static_cast<int64_t>(full) * B + rem);
+  tail_key_.resize(static_cast<size_t>(full + 1) * B, RadixCache::kPad);
+  match_.assign(s.table.begin(), s.table.begin() + full + 1);
+  // Where the same tokens are cached already, the tree keeps its block; ours is released
+  // with the session's other references.
+  cache_->Insert(Namespace(s), tail_key_, match_);
+}
+
 void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
+  if (reason != FinishReason::kError) CacheFinished(s);
   ReleaseSession(s);
   s.done = true;
   s.result.reason = reason;

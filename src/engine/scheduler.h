@@ -96,6 +96,8 @@ struct SchedulerMetrics {
   int64_t generated_tokens = 0;
   int64_t blocks_allocated = 0;   // fresh blocks from the pool
   int64_t blocks_acquired = 0;    // cached blocks shared (refcount + 1)
+  int64_t partial_copies = 0;     // cached block prefixes copied into a new block (reuse to the token)
+  int64_t partial_tokens = 0;     // prompt tokens those copies brought (part of cached_tokens)
   int64_t evicted_blocks = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
@@ -142,6 +144,7 @@ class Scheduler {
   int32_t AllocateBlock(Session* requester, bool may_preempt);
   void Preempt(Session& s);
   void InsertFullBlocks(Session& s);
+  void CacheFinished(Session& s);  // its full blocks and its partly filled last block
   void ReleaseSession(Session& s);
   void Finish(Session& s, FinishReason reason, Status error = Status::Ok());
   uint64_t Namespace(const Session& s) const;
@@ -164,6 +167,7 @@ class Scheduler {
   std::vector<Session*> scheduled_;
   std::vector<int32_t> run_len_;
   std::vector<int32_t> match_;
+  std::vector<int32_t> tail_key_;   // a finished session's tokens, padded to whole blocks
   std::vector<float> logits_buf_;   // (n_vocab) logits being sampled from
   std::vector<float> raw_logits_;   // (n_vocab) copy for Request::logits
 };

@@ -194,12 +194,15 @@ TEST(SchedulerTest, SecondSessionAcquiresTheSharedPrefix) {
   EXPECT_EQ(r1[0].result.n_cached, 0);
   const SchedulerMetrics m1 = s->metrics();
   auto r2 = RunAll(*s, {Greedy(b, 4)});
-  EXPECT_EQ(r2[0].result.n_cached, 96);  // 6 whole blocks of the 100 shared tokens
+  // 6 whole blocks of the 100 shared tokens, then the first 4 slots of a's 7th block
+  // (a's last, partly filled block, cached when a finished), copied into b's own.
+  EXPECT_EQ(r2[0].result.n_cached, 100);
   const SchedulerMetrics m2 = s->metrics();
   EXPECT_EQ(m2.blocks_acquired - m1.blocks_acquired, 6);
-  EXPECT_EQ(m2.blocks_allocated - m1.blocks_allocated, 1);  // 102 tokens + 4: blocks 7 only
-  EXPECT_EQ(m2.cached_tokens, 96);
-  EXPECT_NEAR(m2.HitRate(), 96.0 / 205.0, 1e-9);
+  EXPECT_EQ(m2.blocks_allocated - m1.blocks_allocated, 1);  // 102 tokens + 4: block 7 only (the copy)
+  EXPECT_EQ(m2.partial_copies - m1.partial_copies, 1);
+  EXPECT_EQ(m2.cached_tokens, 100);
+  EXPECT_NEAR(m2.HitRate(), 100.0 / 205.0, 1e-9);
 }
 
 // The metrics on a workload small enough to count by hand (block size 4; the pool is
@@ -208,19 +211,22 @@ TEST(SchedulerTest, SecondSessionAcquiresTheSharedPrefix) {
 //     ceil(12/4) = 3 blocks. Prefill computes 12 positions and samples token 1; tokens 2..6
 //     each need the previous one run through the model, so decode computes positions
 //     12..16 (5 tokens) and allocates blocks 3 and 4 on the way (2 on the decode path).
-//     Blocks 0..3 (positions 0..15) are full and enter the tree; block 4 is freed.
+//     Blocks 0..3 (positions 0..15) are full and enter the tree as they fill; at the finish
+//     block 4 (position 16 only) enters it too, as a partly filled block.
 //   B = S + 1 (11), max 5, and C = S + 3 (13), max 4, submitted together. Both match
-//     blocks 0 and 1 (s0..s7); block 2 holds s8 s9 and A's own tokens: no match.
-//     B acquires 2, allocates ceil(11/4) - 2 = 1, prefills positions 8..10 (3), decodes
-//     11..14 (4), which needs block 3: 1 more on the decode path.
-//     C acquires 2, allocates ceil(13/4) - 2 = 2, prefills 8..12 (5), decodes 13..15 (3)
-//     inside block 3: none more.
+//     blocks 0 and 1 (s0..s7) whole; block 2 holds s8 s9 and A's own tokens: its first 2
+//     slots match, and are copied into a block of their own (reuse to the token).
+//     B acquires 2, allocates ceil(11/4) - 2 = 1 (the copy), prefills position 10 (1),
+//     decodes 11..14 (4), which needs one more block on the decode path.
+//     C acquires 2, allocates ceil(13/4) - 2 = 2 (the first is the copy), prefills 10..12
+//     (3), decodes 13..15 (3) inside its last block: none more.
 // blocks_allocated = (3 + 2) + (1 + 1) + 2 = 9 (counting only admission gave 6);
-// blocks_acquired = 2 + 2 = 4; cached_tokens = 8 + 8 = 16; prompt tokens computed =
-// 12 + 3 + 5 = 20 = 36 prompt tokens - 16 cached; computed_tokens = 20 + 5 + 4 + 3 = 32,
-// i.e. prompt computed + (generated - 1) per request, as `bench prefix` derives it (it used
-// to subtract N x D generated tokens: 32 - 15 = 17, off by one per request).
-// Left in the pool: the tree's blocks, 9 - 2 freed partial blocks (A's 4, B's 3) = 7.
+// blocks_acquired = 2 + 2 = 4; cached_tokens = 10 + 10 = 20 (4 of them copied); prompt
+// tokens computed = 12 + 1 + 3 = 16 = 36 prompt tokens - 20 cached; computed_tokens =
+// 16 + 5 + 4 + 3 = 28, i.e. prompt computed + (generated - 1) per request, as
+// `bench prefix` derives it.
+// Left in the pool: every block, all in the tree: A's 4 full and its partial one, B's
+// 2 full... (its copy, full by the end, and its partial last), C's 2 full = 9.
 TEST(SchedulerTest, CountersMatchAHandCountedWorkload) {
   const Model& m = SmallModel("q4_0");
   ThreadPool pool(2);
@@ -240,9 +246,11 @@ TEST(SchedulerTest, CountersMatchAHandCountedWorkload) {
 
   EXPECT_EQ(mt.blocks_allocated, 9);
   EXPECT_EQ(mt.blocks_acquired, 4);
-  EXPECT_EQ(mt.cached_tokens, 16);
+  EXPECT_EQ(mt.cached_tokens, 20);
+  EXPECT_EQ(mt.partial_copies, 2);
+  EXPECT_EQ(mt.partial_tokens, 4);
   EXPECT_EQ(mt.prompt_tokens, 36);
-  EXPECT_EQ(mt.computed_tokens, 32);
+  EXPECT_EQ(mt.computed_tokens, 28);
   EXPECT_EQ(mt.generated_tokens, 15);
   EXPECT_EQ(mt.evicted_blocks, 0);
   EXPECT_EQ(mt.preemptions, 0);
@@ -250,18 +258,18 @@ TEST(SchedulerTest, CountersMatchAHandCountedWorkload) {
   ASSERT_EQ(rbc[0].tokens.size(), 5u);
   ASSERT_EQ(rbc[1].tokens.size(), 4u);
   EXPECT_EQ(ra[0].result.n_cached, 0);
-  EXPECT_EQ(rbc[0].result.n_cached, 8);
-  EXPECT_EQ(rbc[1].result.n_cached, 8);
+  EXPECT_EQ(rbc[0].result.n_cached, 10);
+  EXPECT_EQ(rbc[1].result.n_cached, 10);
   // The bench's prompt-token figure, both ways.
   int64_t prompt_computed = 0, decode = 0;
   for (const Outcome* o : {&ra[0], &rbc[0], &rbc[1]}) {
     prompt_computed += o->result.n_prompt - o->result.n_cached;
     decode += static_cast<int64_t>(o->result.tokens.size()) - 1;
   }
-  EXPECT_EQ(prompt_computed, 20);
-  EXPECT_EQ(mt.computed_tokens - decode, 20);
-  EXPECT_EQ(s->pool().n_used(), 7);
-  EXPECT_EQ(s->cache().stats().n_cached_blocks, 7);
+  EXPECT_EQ(prompt_computed, 16);
+  EXPECT_EQ(mt.computed_tokens - decode, 16);
+  EXPECT_EQ(s->pool().n_used(), 9);
+  EXPECT_EQ(s->cache().stats().n_cached_blocks, 9);
   EXPECT_EQ(s->cache().CheckInvariants(), "");
 }
 
@@ -300,7 +308,69 @@ TEST(SchedulerTest, DifferentSaltsShareNothing) {
   c.cache_salt = 1;
   EXPECT_EQ(RunAll(*s, {a})[0].result.n_cached, 0);
   EXPECT_EQ(RunAll(*s, {b})[0].result.n_cached, 0);
-  EXPECT_EQ(RunAll(*s, {c})[0].result.n_cached, 64);
+  // 4 whole blocks and 15 slots of the fifth: all but the last position, which is
+  // always computed.
+  EXPECT_EQ(RunAll(*s, {c})[0].result.n_cached, 79);
+}
+
+// Reuse to the token, against the same requests without the cache (f32: only summation
+// order may differ). A warm prompt P, then prompts that end at every offset inside P's
+// blocks, prompts that continue P past a block boundary, and the continuation of a
+// finished session (P + its reply + more): each must reuse every cached position but the
+// last, and give the logits and tokens of a cold run.
+TEST(SchedulerTest, ReuseToTheTokenEqualsCacheOff) {
+  const Model& m = SmallModel("f32");
+  ThreadPool pool(2);
+  SchedulerOptions on;
+  on.block_size = 8;
+  on.kv_blocks = 256;
+  on.n_ctx = 256;
+  SchedulerOptions off = on;
+  off.prefix_cache = false;
+  std::mt19937 rng(5);
+  std::vector<int32_t> warm(37);
+  for (auto& t : warm) t = static_cast<int32_t>(rng() % 1000) + 3;
+
+  // (ASSERT_* needs a void function: the outcome goes to *out.)
+  auto check = [&](Scheduler& s, const Request& r, int expect_cached, const std::string& what, Outcome* out = nullptr) {
+    auto hot = RunAll(s, {r});
+    if (out) *out = hot[0];
+    EXPECT_EQ(hot[0].result.n_cached, expect_cached) << what;
+    auto cold_s = MakeScheduler(m, pool, off);
+    auto cold = RunAll(*cold_s, {r});
+    ASSERT_EQ(hot[0].tokens, cold[0].tokens) << what;
+    ASSERT_EQ(hot[0].logits.size(), cold[0].logits.size()) << what;
+    for (size_t k = 0; k < cold[0].logits.size(); ++k) {
+      EXPECT_LT(MaxRelDiff(hot[0].logits[k], cold[0].logits[k]), 1e-4) << what << " step " << k;
+    }
+    EXPECT_EQ(s.cache().CheckInvariants(), "") << what;
+  };
+
+  auto s = MakeScheduler(m, pool, on);
+  Outcome first;
+  check(*s, Greedy(warm, 6), 0, "warm", &first);
+  // Prompts that stop inside P: all but the last position come from the cache, whole
+  // blocks shared, the rest copied from the block the prompt ends in.
+  for (int len = 2; len <= 37; len += 5) {
+    std::vector<int32_t> p(warm.begin(), warm.begin() + len);
+    check(*s, Greedy(p, 3), len - 1, "prefix of " + std::to_string(len));
+  }
+  // Prompts that leave P inside a block: the shared part is reused to the token.
+  for (int cut : {9, 15, 20, 33}) {
+    std::vector<int32_t> p(warm.begin(), warm.begin() + cut);
+    p.push_back(999);
+    p.push_back(998);
+    check(*s, Greedy(p, 3), cut, "diverging after " + std::to_string(cut));
+  }
+  // The next turn: P, the reply (the first session computed all of it but its last token),
+  // then more. Everything the first session computed is reused.
+  std::vector<int32_t> turn2 = warm;
+  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+  for (int t : {11, 12, 13}) turn2.push_back(t);
+  check(*s, Greedy(turn2, 4), static_cast<int>(warm.size() + first.tokens.size()) - 1, "second turn");
+  const SchedulerMetrics mt = s->metrics();
+  EXPECT_GT(mt.partial_copies, 0);
+  EXPECT_EQ(mt.running + mt.waiting, 0);
 }
 
 TEST(SchedulerTest, EvictsColdPrefixesUnderPressure) {

@@ -45,4 +45,22 @@ void BlockPool::Release(int32_t id) {
   if (--refcount_[static_cast<size_t>(id)] == 0) free_.push_back(id);
 }
 
+void BlockPool::CopySlots(int32_t src, int32_t dst, int32_t n_slots) {
+  TRELLIS_CHECK(src >= 0 && src < n_blocks_ && dst >= 0 && dst < n_blocks_ && src != dst);
+  TRELLIS_CHECK(n_slots >= 0 && n_slots <= layout_.block_size);
+  if (n_slots == 0) return;
+  const uint8_t* from = BlockData(src);
+  uint8_t* to = BlockData(dst);
+  // Each (layer, K/V, kv head) is a [block_size][head_dim] f16 run: copy its first n_slots rows.
+  const size_t bytes = static_cast<size_t>(n_slots) * static_cast<size_t>(layout_.head_dim) * sizeof(uint16_t);
+  for (int l = 0; l < layout_.n_layer; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int h = 0; h < layout_.n_head_kv; ++h) {
+        const size_t off = layout_.ElementOffset(l, kv, h, 0) * sizeof(uint16_t);
+        std::memcpy(to + off, from + off, bytes);
+      }
+    }
+  }
+}
+
 }  // namespace trellis

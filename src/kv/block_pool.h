@@ -52,6 +52,9 @@ class BlockPool {
   const KvLayout& layout() const { return layout_; }
   size_t block_bytes() const { return block_bytes_; }
   uint8_t* BlockData(int32_t id) { return base_ + static_cast<size_t>(id) * block_bytes_; }
+  // Copy-on-write of a cached block's prefix: copies the K/V of slots [0, n_slots) of
+  // block src, every layer, into block dst. REQUIRES: src != dst, 0 <= n_slots <= block_size.
+  void CopySlots(int32_t src, int32_t dst, int32_t n_slots);
   PagedKv view() const { return PagedKv{base_, layout_}; }
 
  private:

@@ -429,6 +429,26 @@ NodeId RadixCache::MatchPrefix(uint64_t ns, std::span<const int32_t> tokens, std
       .first;
 }
 
+RadixCache::PartialMatch RadixCache::MatchPartial(NodeId node, std::span<const int32_t> rest) {
+  Impl& im = *impl_;
+  PartialMatch best;
+  if (!im.Valid(node) || rest.empty()) return best;
+  const size_t limit = std::min(rest.size(), static_cast<size_t>(block_size_));
+  NodeId best_child = kNoNode;
+  for (NodeId c = im.N(node).first_child; c != kNoNode; c = im.N(c).next_sibling) {
+    const int32_t* key = im.Key(im.N(c).first_block);
+    size_t j = 0;
+    while (j < limit && key[j] == rest[j]) ++j;  // kPad never equals a token id
+    if (static_cast<int32_t>(j) > best.n_tokens) {
+      best.n_tokens = static_cast<int32_t>(j);
+      best.block = im.N(c).first_block;
+      best_child = c;
+    }
+  }
+  if (best_child != kNoNode) im.Touch(best_child, /*hit=*/true);
+  return best;
+}
+
 int32_t RadixCache::Peek(uint64_t ns, std::span<const int32_t> tokens) const {
   const Impl& im = *impl_;
   const NodeId root = im.FindRoot(ns);
@@ -558,6 +578,20 @@ std::string RadixCache::Impl::CheckSubtree(NodeId root, std::vector<uint8_t>* se
       if (pool_ && pool_->refcount(b) < 1) return fmt::format("tree block {} has refcount 0", b);
     }
     if (chain != n.stats.n_blocks) return fmt::format("node {}: n_blocks {} but chain {}", id, n.stats.n_blocks, chain);
+    // A partly filled block (key padded with kPad) ends its edge and its node is a leaf;
+    // its key is tokens then padding, never a pad in the middle.
+    for (int32_t b = n.first_block; b != kNoBlock; b = next_block_[static_cast<size_t>(b)]) {
+      const int32_t* key = Key(b);
+      int32_t filled = 0;
+      while (filled < block_size_ && key[filled] != kPad) ++filled;
+      for (int32_t t = filled; t < block_size_; ++t) {
+        if (key[t] != kPad) return fmt::format("block {}: a token after the padding", b);
+      }
+      if (filled == 0) return fmt::format("block {} holds no token", b);
+      if (filled < block_size_ && (next_block_[static_cast<size_t>(b)] != kNoBlock || n.first_child != kNoNode)) {
+        return fmt::format("partly filled block {} is not the end of a leaf edge", b);
+      }
+    }
     if (root_node) {
       if (chain != 0 || n.lock_ref != 1 || n.parent != kNoNode) return fmt::format("root {} malformed", id);
     } else {

@@ -5,7 +5,8 @@
 // a node's key is the tokens of its blocks (block_size tokens each). Children are keyed
 // by the tokens of their first block. Five operations carry the design:
 //   MatchPrefix  longest cached whole-block prefix; splits a node once when the match
-//                ends inside it; refreshes access statistics along the path.
+//                ends inside it; refreshes access statistics along the path. MatchPartial
+//                then extends it into one more block, to the token (copy-on-write).
 //   Insert       adds the whole blocks of a sequence; where its tokens are already cached
 //                the cached blocks win and are reported back, so a caller that computed a
 //                duplicate can swap its block for the shared one.
@@ -92,6 +93,24 @@ class RadixCache {
   // (the namespace root when nothing matched); lock it to keep the match from eviction.
   NodeId MatchPrefix(uint64_t ns, std::span<const int32_t> tokens, std::vector<int32_t>* blocks);
 
+  // Key value of the unfilled slots of a partly filled block (a session's last block,
+  // cached when it finishes): no token id equals it, so such a block never matches as a
+  // whole block, only through MatchPartial.
+  static constexpr int32_t kPad = -1;
+
+  // Reuse to the token. After MatchPrefix returned `node`, `rest` are the tokens that
+  // follow the matched whole blocks: the cached block directly under `node` (a full one,
+  // or a partly filled one whose key ends in kPad) whose leading tokens agree longest
+  // with `rest`. The caller copies that block's first n_tokens slots into a block of its
+  // own (copy-on-write: cached blocks are never written). n_tokens is 0 when nothing
+  // agrees; it is < block_size whenever rest has a whole block (MatchPrefix took those).
+  // Refreshes the matched child's access statistics; takes no reference.
+  struct PartialMatch {
+    int32_t block = BlockPool::kNoBlock;
+    int32_t n_tokens = 0;
+  };
+  PartialMatch MatchPartial(NodeId node, std::span<const int32_t> rest);
+
   // How many whole blocks of `tokens` MatchPrefix would return, without splitting or
   // touching access statistics.
   int32_t Peek(uint64_t ns, std::span<const int32_t> tokens) const;
@@ -102,6 +121,8 @@ class RadixCache {
   };
   // Inserts the first blocks.size() whole blocks of `tokens`:
   // REQUIRES: tokens.size() >= blocks.size() * block_size.
+  // A partly filled last block is inserted with its key padded with kPad to a whole
+  // block; it must be the last block of `blocks` and is never written after.
   // For the leading positions already cached, the cached block id is written back into
   // `blocks` (so the caller can release its own duplicate and acquire the cached one);
   // the rest are added to the tree, which takes one pool reference on each.

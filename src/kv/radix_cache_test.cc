@@ -116,6 +116,54 @@ TEST(RadixCacheTest, PartialBlockDoesNotMatchAndSplitHappensOnce) {
   EXPECT_EQ(cache.CheckInvariants(), "");
 }
 
+// ---- MatchPartial: reuse to the token ----------------------------------------------------
+
+TEST(RadixCacheTest, MatchPartialFindsTheLongestLeadingRunInTheNextBlock) {
+  RadixCache cache(nullptr, 4, 64);
+  const Tokens seq = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  std::vector<int32_t> blocks = {7, 8, 9};
+  cache.Insert(kNs, seq, blocks);
+  // A partly filled block after the first: 1 2 3 4 | 5 6 20 pad.
+  const Tokens tail = {1, 2, 3, 4, 5, 6, 20, RadixCache::kPad};
+  std::vector<int32_t> tail_blocks = {7, 30};
+  EXPECT_EQ(cache.Insert(kNs, tail, tail_blocks).n_existing, 1);
+  EXPECT_EQ(cache.CheckInvariants(), "");
+
+  NodeId node = kNoNode;
+  const Tokens q = {1, 2, 3, 4, 5, 6, 7, 0};  // stops inside the full block 8
+  EXPECT_EQ(Match(cache, kNs, q, &node), (std::vector<int32_t>{7}));
+  auto pm = cache.MatchPartial(node, Tokens{5, 6, 7, 0});
+  EXPECT_EQ(pm.block, 8);
+  EXPECT_EQ(pm.n_tokens, 3);
+  pm = cache.MatchPartial(node, Tokens{5, 6, 20, 21});  // the partly filled block, to its end
+  EXPECT_EQ(pm.block, 30);
+  EXPECT_EQ(pm.n_tokens, 3);
+  pm = cache.MatchPartial(node, Tokens{5, 6});  // both agree on 2: either block serves
+  EXPECT_EQ(pm.n_tokens, 2);
+  pm = cache.MatchPartial(node, Tokens{9, 9, 9});
+  EXPECT_EQ(pm.n_tokens, 0);
+  EXPECT_EQ(pm.block, BlockPool::kNoBlock);
+  // A padded block never matches as a whole block: MatchPrefix stops before it.
+  EXPECT_EQ(Match(cache, kNs, Tokens{1, 2, 3, 4, 5, 6, 20, 21}), (std::vector<int32_t>{7}));
+  // The same padded key again is the same cached block (no duplicate).
+  std::vector<int32_t> again = {7, 31};
+  EXPECT_EQ(cache.Insert(kNs, tail, again).n_existing, 2);
+  EXPECT_EQ(again[1], 30);
+  EXPECT_EQ(cache.CheckInvariants(), "");
+}
+
+TEST(RadixCacheTest, PartlyFilledLeavesAreEvictedLikeOthers) {
+  auto pool = MakePool(4, 8);
+  RadixCache cache(pool.get(), 4, 8);
+  std::vector<int32_t> ids;
+  InsertAndRelease(cache, *pool, kNs, {1, 2, 3, 4, 5, RadixCache::kPad, RadixCache::kPad, RadixCache::kPad}, &ids);
+  EXPECT_EQ(pool->n_used(), 2);
+  EXPECT_EQ(cache.CheckInvariants(), "");
+  EXPECT_EQ(cache.Evict(8), 2);
+  EXPECT_EQ(pool->n_used(), 0);
+  EXPECT_EQ(cache.CheckInvariants(), "");
+}
+
 TEST(RadixCacheTest, MatchRefreshesAccessStatistics) {
   RadixCache cache(nullptr, 1, 16);
   std::vector<int32_t> blocks = {0, 1};
