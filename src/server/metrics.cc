@@ -80,6 +80,10 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
          m.pool_total ? static_cast<double>(m.pool_used) / m.pool_total : 0.0);
   Metric(out, "trellis_queue_depth", "gauge", "requests waiting to be admitted", static_cast<double>(queue_depth));
   Metric(out, "trellis_requests_running", "gauge", "requests admitted and running", m.running);
+  Metric(out, "trellis_partial_block_copies_total", "counter",
+         "cached block prefixes copied into a new block (prefix reuse to the token)", m.partial_copies);
+  Metric(out, "trellis_partial_block_tokens_total", "counter", "prompt tokens those copies brought",
+         m.partial_tokens);
   Metric(out, "trellis_evicted_blocks_total", "counter", "cached blocks evicted from the prefix cache",
          m.evicted_blocks);
   Metric(out, "trellis_preemptions_total", "counter", "sessions preempted for KV blocks", m.preemptions);
