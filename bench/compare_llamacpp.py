@@ -63,7 +63,10 @@ def main():
                      "pp_ratio": round(med["trellis"][0] / med["llama.cpp"][0], 3),
                      f"trellis_tg{a.n}": round(med["trellis"][1], 2), f"llamacpp_tg{a.n}": round(med["llama.cpp"][1], 2),
                      "tg_ratio": round(med["trellis"][1] / med["llama.cpp"][1], 3),
-                     "runs_each": len(runs["trellis"][0])})
+                     "runs_each": len(runs["trellis"][0]), "model_bytes": os.path.getsize(model),
+                     # every run, space-separated, so the medians can be checked from the file
+                     **{f"{k.replace('.', '')}_{t}_runs": " ".join(f"{x:.2f}" for x in runs[k][i])
+                        for k in runs for i, t in ((0, "pp"), (1, "tg"))}})
     keys = list(rows[0].keys())
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
