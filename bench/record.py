@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Run one benchmark and keep its raw results in bench/results/, with where they came from.
 
-The benchmark writes a CSV somewhere (its own --csv / -o option); this script runs it,
-then copies that CSV to bench/results/NAME-YYYY-MM-DD.csv (or the --dest you give)
-behind a header of `# key: value` comment lines:
+The benchmark writes a CSV somewhere (its own --csv / -o option), or prints JSON lines
+(--json-stdout); this script runs it, then copies that CSV (or the JSON lines as CSV
+rows) to bench/results/NAME-YYYY-MM-DD.csv (or the --dest you give) behind a header of `# key: value` comment lines:
 
   date, commit (git rev-parse --short HEAD of --tree, the work tree the binary was built
   from; "+dirty" if its src/ differs from HEAD), cpu
@@ -17,7 +17,7 @@ bench/render_tables.py reads these files to regenerate the tables in docs/BENCHM
   bench/record.py --name prefix-ttft --csv /tmp/p/ttft.csv --threads 2 -- \\
       build/trellis bench prefix -m /tmp/tinyllama-q4_0.gguf --only ttft -r 3 -o /tmp/p
 """
-import argparse, datetime, json, os, shlex, shutil, subprocess, sys
+import argparse, csv, datetime, json, os, shlex, shutil, subprocess, sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -74,7 +74,11 @@ def metadata(tree, trellis, threads, command, notes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True, help="results file stem, e.g. compare_llamacpp, prefix-ttft")
-    ap.add_argument("--csv", required=True, help="the CSV the command writes")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--csv", help="the CSV the command writes")
+    src.add_argument("--json-stdout", action="store_true",
+                     help="the command prints JSON objects, one a line (e.g. --json): each becomes a CSV row, "
+                          "lists joined by spaces; run several commands with `sh -c '...; ...'` for several rows")
     ap.add_argument("--dest", help="default: bench/results/NAME-DATE.csv")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tree", default=ROOT, help="git work tree the benchmarked binary was built from")
@@ -87,16 +91,25 @@ def main():
         ap.error("no command")
     trellis = a.trellis or os.path.join(a.tree, "build", "trellis")
     meta = metadata(a.tree, trellis, a.threads, cmd, a.note)  # before the run: the commit it ran at
-    if os.path.exists(a.csv):
+    if a.csv and os.path.exists(a.csv):
         os.remove(a.csv)  # benchmarks that append must not mix in an older run
-    subprocess.run(cmd, check=True)
+    run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE if a.json_stdout else None, text=True)
     day = meta["date"][:10]
     dest = a.dest or os.path.join(ROOT, "bench", "results", f"{a.name}-{day}.csv")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with open(a.csv) as src, open(dest, "w") as out:
+    with open(dest, "w", newline="") as out:
         for k, v in meta.items():
             out.write(f"# {k}: {v}\n")
-        shutil.copyfileobj(src, out)
+        if a.csv:
+            with open(a.csv) as src:
+                shutil.copyfileobj(src, out)
+        else:
+            rows = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            w = csv.DictWriter(out, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: " ".join(str(x) for x in v) if isinstance(v, list) else v for k, v in r.items()})
     print(f"record: {dest}", file=sys.stderr)
 
 

@@ -87,6 +87,18 @@ def render_speed_llamacpp(meta, rows):
          "target"], out)
 
 
+def render_speed_sessions(meta, rows):
+    """`trellis bench speed -s N --json` rows: one session's tg against N decoding together."""
+    out = []
+    for r in rows:
+        n = int(r["sessions"])
+        out.append([str(n), f(r["tg_tok_s"], 1), f(r["tg_batched_tok_s"], 1), f"**{f(r['tg_batched_over_single'], 2)}**",
+                    ">= 5" if n == 8 else "-"])
+    tg = rows[0]["tg_tokens"]
+    return provenance(meta) + f"Medians of {rows[0]['reps']} repetitions (tokens/s).\n\n" + table(
+        ["sessions N", f"one session tg{tg}", f"N sessions together, aggregate tg{tg}", "ratio", "target"], out)
+
+
 def render_prefix_throughput(meta, rows):
     out = [[f(r["phi"], 2), r["prefix_tokens"], f(r["tok_s"], 2), f(r["op_seconds"], 2), f(r["heap_allocs_per_op"], 0),
             r["blocks_allocated"], r["blocks_acquired"], r["prompt_tokens_computed"]] for r in rows]
@@ -134,6 +146,7 @@ def render_serve(meta, rows):
 
 RENDERERS = {
     "speed_llamacpp": render_speed_llamacpp,
+    "speed_sessions": render_speed_sessions,
     "prefix_throughput": render_prefix_throughput,
     "prefix_ttft": render_prefix_ttft,
     "prefix_blocksize": render_prefix_blocksize,
