@@ -22,10 +22,7 @@
 // OUT/server.log, and stops it with SIGTERM at the end.
 #include "cli/bench_serve.h"
 
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +36,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_http.h"
 #include "cli/commands.h"
 #include "util/clock.h"
 #include "util/status.h"
@@ -58,31 +56,6 @@ struct RequestResult {
 };
 
 // --- the workload ---------------------------------------------------------------------
-
-// `n_words` words of deterministic English-like text; a longer text extends a shorter one.
-std::string SystemText(int n_words) {
-  static const char* kWords[] = {
-      "the", "service", "answers", "questions", "about", "orders", "and", "delivery", "of", "books",
-      "to", "customers", "in", "every", "region", "with", "care", "when", "a", "parcel",
-      "is", "late", "we", "check", "tracking", "number", "first", "then", "offer", "refund",
-      "or", "new", "shipment", "for", "free", "our", "store", "opens", "at", "eight",
-      "closes", "six", "on", "weekdays", "never", "promise", "dates", "that", "warehouse", "cannot",
-      "meet", "always", "be", "polite", "short", "clear", "mention", "return", "policy", "thirty",
-      "days", "gift", "cards", "are", "not", "refundable", "shipping", "costs", "depend", "weight",
-      "destination", "express", "takes", "two", "standard", "five", "working", "if", "unsure", "ask"};
-  constexpr uint64_t kN = sizeof(kWords) / sizeof(kWords[0]);
-  std::string s = "You are the assistant of an online bookshop.";
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (int i = 0; i < n_words; ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    std::string w = kWords[(x >> 33) % kN];
-    const bool start = i % 12 == 0;
-    if (start) w[0] = static_cast<char>(w[0] - 'a' + 'A');
-    s += " " + w;
-    if (i % 12 == 11) s += ".";
-  }
-  return s + ".";
-}
 
 std::string Question(int client, int k) {
   return "Customer " + std::to_string(client) + " asks (question " + std::to_string(k) +
@@ -108,32 +81,8 @@ json RequestBody(const ServeBenchOptions& o, const std::string& system, const st
 
 // --- HTTP -----------------------------------------------------------------------------
 
-// "http://host:port[/prefix][/v1]" -> client address and path prefix.
-struct Endpoint {
-  std::string host_port, prefix;
-};
-
-Endpoint ParseUrl(std::string url) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  const size_t scheme = url.find("://");
-  const size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
-  Endpoint e{url.substr(0, slash), slash == std::string::npos ? "" : url.substr(slash)};
-  if (e.prefix.size() >= 3 && e.prefix.compare(e.prefix.size() - 3, 3, "/v1") == 0) e.prefix.resize(e.prefix.size() - 3);
-  return e;
-}
-
 std::unique_ptr<httplib::Client> MakeClient(const Endpoint& ep, const ServeBenchOptions& o) {
-  auto c = std::make_unique<httplib::Client>(ep.host_port);
-  c->set_connection_timeout(10);
-  c->set_read_timeout(o.timeout_s);
-  c->set_write_timeout(30);
-  // One connection per request by default: on a kept-alive connection to a server that
-  // does not set TCP_NODELAY (trellis serve, cpp-httplib 0.11), Nagle's algorithm and
-  // the client's delayed ACKs hold each streamed chunk back up to ~40 ms.
-  c->set_keep_alive(o.keep_alive);
-  c->set_tcp_nodelay(true);
-  if (!o.api_key.empty()) c->set_bearer_token_auth(o.api_key.c_str());
-  return c;
+  return MakeHttpClient(ep, o.timeout_s, o.keep_alive, o.api_key);
 }
 
 // Applies one SSE event's JSON to `r`; `t` is seconds since the request was sent.
@@ -166,50 +115,14 @@ void OnEvent(const json& ev, bool completions, double t, RequestResult& r) {
 // Sends one streamed request and parses the SSE answer as it arrives.
 RequestResult SendOne(httplib::Client& cli, const std::string& path, const json& body, bool completions) {
   RequestResult r;
-  std::string buf, raw;
-  bool done = false;
-  const double t0 = NowSeconds();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    const double t = NowSeconds() - t0;
-    buf.append(data, n);
-    if (raw.size() < 512) raw.append(data, std::min<size_t>(n, 512));
-    size_t end;
-    while ((end = buf.find('\n')) != std::string::npos) {
-      std::string line = buf.substr(0, end);
-      buf.erase(0, end + 1);
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.rfind("data:", 0) != 0) continue;  // blank lines, ": ping" comments
-      std::string payload = line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-      if (payload == "[DONE]") {
-        done = true;
-        continue;
-      }
-      json ev = json::parse(payload, nullptr, false);
-      if (ev.is_discarded()) {
-        r.error = "bad SSE event: " + payload.substr(0, 120);
-        return false;
-      }
-      OnEvent(ev, completions, t, r);
-      if (!r.error.empty()) return false;
-    }
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool sent = cli.send(req, res, err);
-  r.e2e = NowSeconds() - t0;
+  const SseOutcome out = PostSse(cli, path, body.dump(), [&](const json& ev, double t) {
+    OnEvent(ev, completions, t, r);
+    return r.error.empty();
+  });
+  r.e2e = out.seconds;
   if (!r.error.empty()) return r;
-  if (!sent) {
-    r.error = "HTTP client: " + httplib::to_string(err);
-  } else if (res.status != 200) {
-    r.error = "HTTP " + std::to_string(res.status) + ": " + raw.substr(0, 200);
-  } else if (!done) {
-    r.error = "stream ended without [DONE]";
+  if (!out.error.empty()) {
+    r.error = out.error;
   } else if (r.ttft < 0) {
     r.error = "no text chunk in the stream";
   } else if (r.prompt_tokens == 0) {
@@ -218,95 +131,16 @@ RequestResult SendOne(httplib::Client& cli, const std::string& path, const json&
   return r;
 }
 
-// Token count of `text` by the server's /tokenize (llama.cpp's and trellis's shape), or -1.
-int CountTokens(httplib::Client& cli, const Endpoint& ep, const std::string& text) {
-  auto res = cli.Post(ep.prefix + "/tokenize", json({{"content", text}, {"add_special", false}}).dump(), "application/json");
-  if (!res || res->status != 200) return -1;
-  json j = json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || !j.contains("tokens") || !j["tokens"].is_array()) return -1;
-  return static_cast<int>(j["tokens"].size());
-}
-
-// The system prompt, sized to about `target` tokens; `n_tokens` gets its count (-1 = unknown).
-std::string CalibratedSystem(httplib::Client& cli, const Endpoint& ep, int target, int& n_tokens) {
-  int words = std::max(1, target * 3 / 4);  // English text: ~1.3 tokens per word
-  std::string text = SystemText(words);
-  n_tokens = -1;
-  for (int round = 0; round < 4; ++round) {
-    n_tokens = CountTokens(cli, ep, text);
-    if (n_tokens <= 0 || std::abs(n_tokens - target) <= 4) break;
-    words = std::max(1, static_cast<int>(std::lround(words * static_cast<double>(target) / n_tokens)));
-    text = SystemText(words);
-  }
-  if (n_tokens > 0) n_tokens = CountTokens(cli, ep, text);
-  return text;
-}
-
 // --- the server started here ----------------------------------------------------------
 
-// `trellis serve` as a child process on a free loopback port. Stopped (SIGTERM, then
-// SIGKILL after 10 s) when destroyed.
-class ChildServer {
- public:
-  ChildServer() = default;
-  ChildServer(const ChildServer&) = delete;
-  ChildServer& operator=(const ChildServer&) = delete;
-  ~ChildServer() { Stop(); }
-
-  // Starts the server and waits (up to 120 s) until it prints its address.
-  Result<std::string> Start(const ServeBenchOptions& o, const std::string& log_path) {
-    std::vector<std::string> args = {"trellis", "serve", "-m", o.model, "--host", "127.0.0.1", "--port", "0",
-                                     "--threads", std::to_string(o.threads)};
-    std::istringstream extra(o.serve_args);
-    for (std::string a; extra >> a;) args.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::remove(log_path.c_str());  // a previous run's start-up line must not be read
-    std::fflush(nullptr);
-    pid_ = fork();
-    if (pid_ < 0) return IoError("fork failed");
-    if (pid_ == 0) {
-      if (!std::freopen(log_path.c_str(), "w", stderr) || !std::freopen("/dev/null", "w", stdout)) _exit(127);
-      execv("/proc/self/exe", argv.data());
-      _exit(127);
-    }
-    const std::string key = "listening on ";
-    for (int i = 0; i < 1200; ++i) {
-      std::ifstream f(log_path);
-      std::string line;
-      while (std::getline(f, line)) {
-        const size_t p = line.find(key);
-        if (p != std::string::npos) return line.substr(p + key.size(), line.find(' ', p + key.size()) - p - key.size());
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return IoError("trellis serve exited at start-up; see " + log_path);
-      }
-      usleep(100 * 1000);
-    }
-    return IoError("trellis serve printed no address within 120 s; see " + log_path);
-  }
-
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      usleep(100 * 1000);
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
+// Starts `trellis serve` (this binary) on a free loopback port; returns its address.
+Result<std::string> StartTrellis(ChildProcess& server, const ServeBenchOptions& o, const std::string& log_path) {
+  std::vector<std::string> args = {"trellis", "serve", "-m", o.model, "--host", "127.0.0.1", "--port", "0",
+                                   "--threads", std::to_string(o.threads)};
+  std::istringstream extra(o.serve_args);
+  for (std::string a; extra >> a;) args.push_back(a);
+  return server.Start("/proc/self/exe", std::move(args), log_path, "trellis serve");
+}
 
 // --- statistics and output ------------------------------------------------------------
 
@@ -422,7 +256,7 @@ int RunAgainst(const ServeBenchOptions& o, const std::string& url) {
   const std::string path = ep.prefix + (o.completions ? "/v1/completions" : "/v1/chat/completions");
   auto setup = MakeClient(ep, o);
   int system_tokens = -1;
-  const std::string system = CalibratedSystem(*setup, ep, o.system_tokens, system_tokens);
+  const std::string system = CalibratedBookshopText(*setup, ep, o.system_tokens, system_tokens);
   for (int i = 0; i < o.warmup; ++i) {
     RequestResult w = SendOne(*setup, path, RequestBody(o, system, "Warm-up question " + std::to_string(i) + "."), o.completions);
     if (!w.error.empty()) return Fail("bench serve: warm-up request failed: " + w.error);
@@ -471,8 +305,8 @@ int RunServeBench(const ServeBenchOptions& opts) {
     return RunAgainst(o, o.url);
   }
   if (o.label.empty()) o.label = "trellis";
-  ChildServer server;
-  auto addr = server.Start(o, o.out_dir + "/server.log");
+  ChildProcess server;
+  auto addr = StartTrellis(server, o, o.out_dir + "/server.log");
   if (!addr.ok()) return Fail(addr.status().ToString());
   const int rc = RunAgainst(o, *addr);
   server.Stop();
