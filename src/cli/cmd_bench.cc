@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_chat.h"
 #include "cli/bench_prefix.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
@@ -235,6 +236,38 @@ std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App&
   return {s, so};
 }
 
+// `bench chat` (bench_chat.cc): its options; the runner checks parsed() on the app.
+std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& app) {
+  CLI::App* s = app.add_subcommand("chat", "multi-turn streamed conversations carrying their whole history: prompt, "
+                                           "cached tokens and TTFT per turn, against trellis serve and llama-server");
+  auto co = std::make_shared<ChatBenchOptions>();
+  s->add_option("-m,--model", co->model, "GGUF for the servers started here (default: TinyLlama-shaped Q4_0)");
+  s->add_option("--url", co->url, "a running trellis (or other) server instead of starting trellis serve -m MODEL");
+  s->add_option("--label", co->label, "name of that server in the table and CSV")->capture_default_str();
+  s->add_option("--llama-server", co->llama_server, "also run llama.cpp's llama-server (this binary) on -m MODEL");
+  s->add_option("--llama-np", co->llama_np, "llama-server -np (default: one slot per conversation)");
+  s->add_option("--llama-ctx", co->llama_ctx, "llama-server -c (default: 2048 per slot)");
+  s->add_option("--llama-template", co->llama_template,
+                "llama-server --chat-template-file (default: tests/data/templates/TinyLlama-1.1B-Chat-v1.0.jinja)");
+  s->add_option("--llama-args", co->llama_args, "extra llama-server arguments, space-separated");
+  s->add_flag("!--no-ban-bytes", co->llama_ban_bytes,
+              "do not send llama-server logit_bias banning ids 0..258 (needed with random weights)");
+  s->add_option("-T,--turns", co->turns, "turns per conversation")->capture_default_str();
+  s->add_option("-S,--system-tokens", co->system_tokens, "system prompt tokens (about; sized via /tokenize)")
+      ->capture_default_str();
+  s->add_option("-W,--question-words", co->question_words, "words per user message")->capture_default_str();
+  s->add_option("-M,--reply-tokens", co->reply_tokens, "max_tokens of each reply")->capture_default_str();
+  s->add_option("-C,--conversations", co->conversations, "conversations run in parallel")->capture_default_str();
+  s->add_option("--seed", co->seed, "seed of the user messages")->capture_default_str();
+  s->add_option("-t,--threads", co->threads, "--threads of each server started here")->capture_default_str();
+  s->add_option("--serve-args", co->serve_args, "extra arguments for the trellis serve started here, space-separated");
+  s->add_option("--warmup", co->warmup, "unmeasured one-token requests sent to each server first")->capture_default_str();
+  s->add_option("--timeout", co->timeout_s, "seconds to wait for one answer")->capture_default_str();
+  s->add_option("-o,--out", co->out_dir, "results folder (chat.csv, chat.png, server logs)")->capture_default_str();
+  s->add_flag("--json", co->json, "print one JSON object instead of the table");
+  return {s, co};
+}
+
 Runner AddBenchCommand(CLI::App& app) {
   app.require_subcommand(1);
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
@@ -264,8 +297,17 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
-  return [o, speed, prefix, po, serve, roofline] {
+  auto chat = AddChatBench(app);
+  return [o, speed, prefix, po, serve, roofline, chat] {
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
+    if (chat.first->parsed()) {
+      if (chat.second->model.empty() && (chat.second->url.empty() || !chat.second->llama_server.empty())) {
+        auto m = DefaultModel(false);
+        if (!m.ok()) return Fail(m.status().ToString());
+        chat.second->model = *m;
+      }
+      return RunChatBench(*chat.second);
+    }
     if (serve.first->parsed()) {
       if (serve.second->url.empty() && serve.second->model.empty()) {
         auto m = DefaultModel(false);
@@ -283,7 +325,7 @@ Runner AddBenchCommand(CLI::App& app) {
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
       return RunPrefixBench(*po);
     }
-    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, roofline)");
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, roofline)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
     if (o->sessions < 1 || o->sessions > 256) return Fail("bench: --sessions must be in 1..256");
     if (o->sessions > 1 && o->tg == 0) return Fail("bench: --sessions needs generated tokens (-n > 0)");
