@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,33 +104,58 @@ TEST(ReferenceCompare, NonFiniteRowsFail) {
   EXPECT_FALSE(worst < 1.0);
 }
 
+// One reference case as tests/data/README.md describes it: the tolerances, llama.cpp's
+// prompt, greedy tokens, margins and logits, and the model.
+struct Reference {
+  double rms_bound = 0, margin_bound = 0;
+  std::string stem;
+  std::vector<int32_t> prompt, greedy;
+  std::vector<double> margins;
+  std::vector<float> prompt_logits;  // [n_prompt][n_vocab]
+  std::unique_ptr<Model> model;
+  int n_vocab = 0;
+};
+
+// Fills *r; ASSERTs (so call it through ASSERT_NO_FATAL_FAILURE).
+void LoadReference(const Case& tc, Reference* r) {
+  std::ifstream tf(kDir + "tolerances.json");
+  const nlohmann::json tol = nlohmann::json::parse(tf);
+  r->rms_bound = tol[tc.model][0];
+  r->margin_bound = tol[tc.model][1];
+  r->stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
+  std::ifstream jf(r->stem + ".json");
+  const nlohmann::json ref = nlohmann::json::parse(jf);
+  r->prompt = ref["prompt"].get<std::vector<int32_t>>();
+  r->greedy = ref["greedy"].get<std::vector<int32_t>>();
+  r->margins = ref["greedy_top2_margins"].get<std::vector<double>>();
+  r->prompt_logits = ReadF32(r->stem + ".all_logits.f32");
+  auto model = Model::Load(kDir + tc.model + ".gguf");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  r->model = std::move(model).value();
+  r->n_vocab = r->model->config().n_vocab;
+  ASSERT_EQ(r->prompt_logits.size(), r->prompt.size() * static_cast<size_t>(r->n_vocab));
+}
+
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
   const Case& tc = GetParam();
-  std::ifstream tf(kDir + "tolerances.json");
-  const nlohmann::json tol = nlohmann::json::parse(tf);
-  const double rms_bound = tol[tc.model][0];
-  const double margin_bound = tol[tc.model][1];
-  const std::string stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
-  std::ifstream jf(stem + ".json");
-  const nlohmann::json ref = nlohmann::json::parse(jf);
-  const std::vector<int32_t> prompt = ref["prompt"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
-  const std::vector<double> margins = ref["greedy_top2_margins"].get<std::vector<double>>();
-  const std::vector<float> ref_logits = ReadF32(stem + ".all_logits.f32");
-
-  auto model = Model::Load(kDir + tc.model + ".gguf");
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const int n_vocab = (*model)->config().n_vocab;
-  ASSERT_EQ(ref_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
+  Reference r;
+  ASSERT_NO_FATAL_FAILURE(LoadReference(tc, &r));
+  const double rms_bound = r.rms_bound, margin_bound = r.margin_bound;
+  const std::vector<int32_t>& prompt = r.prompt;
+  const std::vector<int32_t>& greedy = r.greedy;
+  const std::vector<double>& margins = r.margins;
+  const std::vector<float>& ref_logits = r.prompt_logits;
+  const int n_vocab = r.n_vocab;
+  auto& model = r.model;
 
   for (int threads : {1, 2}) {
     EngineOptions eo;
     eo.n_threads = threads;
     eo.all_logits = true;
     eo.max_batch_tokens = 128;  // the 300-token prompt runs as 3 chunks over the paged cache
-    auto engine = Engine::Create(**model, eo);
+    auto engine = Engine::Create(*model, eo);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     GenerateRequest req;
     req.prompt = prompt;
@@ -173,21 +199,16 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
 // the same token (MODEL.pN.decode_logits.f32, tests/data/README.md).
 TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   const Case& tc = GetParam();
-  std::ifstream tf(kDir + "tolerances.json");
-  const nlohmann::json tol = nlohmann::json::parse(tf);
-  const double rms_bound = tol[tc.model][0];
-  const double margin_bound = tol[tc.model][1];
-  const std::string stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
-  std::ifstream jf(stem + ".json");
-  const nlohmann::json ref = nlohmann::json::parse(jf);
-  const std::vector<int32_t> prompt = ref["prompt"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
-  const std::vector<float> ref_prompt = ReadF32(stem + ".all_logits.f32");
-  const std::vector<float> ref_decode = ReadF32(stem + ".decode_logits.f32");
-  auto model = Model::Load(kDir + tc.model + ".gguf");
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const int n_vocab = (*model)->config().n_vocab;
-  ASSERT_EQ(ref_decode.size(), greedy.size() * static_cast<size_t>(n_vocab)) << stem << ".decode_logits.f32";
+  Reference r;
+  ASSERT_NO_FATAL_FAILURE(LoadReference(tc, &r));
+  const double rms_bound = r.rms_bound, margin_bound = r.margin_bound;
+  const std::vector<int32_t>& prompt = r.prompt;
+  const std::vector<int32_t>& greedy = r.greedy;
+  const std::vector<float>& ref_prompt = r.prompt_logits;
+  const std::vector<float> ref_decode = ReadF32(r.stem + ".decode_logits.f32");
+  const int n_vocab = r.n_vocab;
+  auto& model = r.model;
+  ASSERT_EQ(ref_decode.size(), greedy.size() * static_cast<size_t>(n_vocab)) << r.stem << ".decode_logits.f32";
 
   // 1. Engine, one session: single-token decode through the paged KV.
   for (int threads : {1, 2}) {
@@ -196,7 +217,7 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
     eo.all_logits = true;
     eo.max_batch_tokens = 128;
     eo.block_size = 16;  // decode crosses block boundaries within the 32 steps
-    auto engine = Engine::Create(**model, eo);
+    auto engine = Engine::Create(*model, eo);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     GenerateRequest req;
     req.prompt = prompt;
@@ -218,7 +239,7 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   so.block_size = 16;
   so.max_batch_tokens = 96;
   so.prefill_chunk = 64;
-  auto sched = Scheduler::Create(**model, so, pool);
+  auto sched = Scheduler::Create(*model, so, pool);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   auto run_forced = [&](const std::string& what, bool with_noise) {
     std::vector<float> rows;

@@ -76,6 +76,8 @@ std::string SerializeStreamHead(int status, std::string_view content_type,
                                 const std::vector<std::pair<std::string, std::string>>& headers,
                                 const std::string& request_id, bool keep_alive);
 std::string_view StatusReason(int status);
+// ASCII case-insensitive equality (header names, codings, auth schemes).
+bool IEquals(std::string_view a, std::string_view b);
 
 // Checks on a complete head, before the body is read: method and target shape, both
 // Content-Length and Transfer-Encoding (400: request smuggling), declared length over

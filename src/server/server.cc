@@ -122,14 +122,6 @@ std::string Server::ErrorBody(int status, const std::string& message) const {
   return ErrorJson(MakeError(status, message, status >= 500 ? "server_error" : "invalid_request_error"));
 }
 
-void Server::SendError(HttpExchange& ex, const ApiError& e) const {
-  HttpResponse r;
-  r.status = e.status;
-  r.body = ErrorJson(e);
-  if (e.status == 503) r.headers.emplace_back("Retry-After", "1");
-  ex.Respond(r);
-}
-
 namespace {
 
 HttpResponse ErrorResponse(const ApiError& e) {
@@ -140,20 +132,10 @@ HttpResponse ErrorResponse(const ApiError& e) {
   return r;
 }
 
-bool IStartsWith(std::string_view s, std::string_view prefix) {
-  if (s.size() < prefix.size()) return false;
-  for (size_t i = 0; i < prefix.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // The credentials of `Authorization: Bearer <token>`; the scheme is case-insensitive
 // (RFC 9110 11.1), one or more spaces follow it.
 std::string_view BearerToken(std::string_view auth) {
-  if (!IStartsWith(auth, "bearer ")) return {};
+  if (auth.size() < 7 || !IEquals(auth.substr(0, 7), "bearer ")) return {};
   auth.remove_prefix(7);
   while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
   while (!auth.empty() && (auth.back() == ' ' || auth.back() == '\t')) auth.remove_suffix(1);
@@ -187,6 +169,8 @@ std::string LogSafe(std::string_view s) {
 }
 
 }  // namespace
+
+void Server::SendError(HttpExchange& ex, const ApiError& e) const { ex.Respond(ErrorResponse(e)); }
 
 std::optional<HttpResponse> Server::Authorize(const HttpRequest& req, uint64_t& salt) const {
   salt = 0;

@@ -313,6 +313,17 @@ def raw(port, data, read_timeout=5.0, pieces=(), shut_wr=False, n=1, close_wait=
     return out if n > 1 else out[0]
 
 
+def wait_disconnects_above(srv, before, seconds=2.0):
+    """Polls trellis_client_disconnects_total until it passes `before` or `seconds` pass;
+    returns the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = srv.metrics().get("trellis_client_disconnects_total", 0)
+        if now > before or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
 def req(port, method, path, body=None, headers=None, timeout=30):
     """One request with http.client on a fresh connection. body: dict/list (JSON), str or bytes."""
     if isinstance(body, (dict, list)):
@@ -1578,12 +1589,7 @@ def _(srv):
     s.sendall(post_bytes(COMP, {"prompt": NEVER, "max_tokens": 480, "temperature": 0}))
     time.sleep(0.05)
     s.close()
-    deadline = time.monotonic() + 2
-    while True:
-        now = srv.metrics().get("trellis_client_disconnects_total", 0)
-        if now > before or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    now = wait_disconnects_above(srv, before)
     expect(now > before, f"trellis_client_disconnects_total still {now:g} 2 s after the close")
 
 
@@ -1597,12 +1603,7 @@ def _(srv):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     s.close()  # RST
     expect(got is not None, "no stream data before the reset")
-    deadline = time.monotonic() + 2
-    while True:
-        now = srv.metrics().get("trellis_client_disconnects_total", 0)
-        if now > before or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    now = wait_disconnects_above(srv, before)
     expect(now > before, f"trellis_client_disconnects_total still {now:g} 2 s after the reset")
 
 
