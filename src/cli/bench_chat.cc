@@ -27,8 +27,10 @@
 //
 // Random-weight models: trellis has no ignore_eos, so a reply may end early at an
 // end-of-generation token (rare with random logits; completion tokens are reported).
-// llama-server gets "ignore_eos": true and, by default, logit_bias banning token ids
-// 0..258 (control and byte tokens: with random weights it answers HTTP 500 otherwise).
+// llama-server gets "ignore_eos": true. Both servers get, by default, the same logit_bias
+// banning token ids 0..258 (control and byte tokens: with random weights llama-server
+// answers HTTP 500 otherwise, and a reply of raw bytes re-tokenizes differently), so both
+// sample from the same vocabulary and their conversations stay comparable token for token.
 //
 // Output: a markdown table on stdout (or one JSON object with --json), OUT/chat.csv (one
 // row per server, conversation and turn, behind `# key: value` lines with the date, git
@@ -111,13 +113,11 @@ std::string Question(uint64_t seed, int conversation, int turn, int n_words) {
 json RequestBody(const ChatBenchOptions& o, const json& messages, int max_tokens, bool llama) {
   json b = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
             {"stream_options", {{"include_usage", true}}}};
-  if (llama) {
-    b["ignore_eos"] = true;
-    if (o.llama_ban_bytes) {  // llama-server's form: [[token id, false]] bans the token
-      json ban = json::array();
-      for (int i = 0; i <= 258; ++i) ban.push_back(json::array({i, false}));
-      b["logit_bias"] = ban;
-    }
+  if (llama) b["ignore_eos"] = true;
+  if (o.llama_ban_bytes) {  // llama.cpp's form, which trellis also takes: [[token id, false]] bans it
+    json ban = json::array();
+    for (int i = 0; i <= 258; ++i) ban.push_back(json::array({i, false}));
+    b["logit_bias"] = ban;
   }
   return b;
 }

@@ -28,7 +28,7 @@ struct ChatBenchOptions {
   int llama_ctx = 0;  // llama-server -c (0 = 2048 per slot)
   uint64_t seed = 1;
   bool json = false;
-  bool llama_ban_bytes = true;  // logit_bias banning ids 0..258 for llama-server (random weights)
+  bool llama_ban_bytes = true;  // logit_bias banning ids 0..258, sent to both servers (random weights)
 };
 
 int RunChatBench(const ChatBenchOptions& o);

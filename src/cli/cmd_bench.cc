@@ -251,7 +251,7 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
                 "llama-server --chat-template-file (default: tests/data/templates/TinyLlama-1.1B-Chat-v1.0.jinja)");
   s->add_option("--llama-args", co->llama_args, "extra llama-server arguments, space-separated");
   s->add_flag("!--no-ban-bytes", co->llama_ban_bytes,
-              "do not send llama-server logit_bias banning ids 0..258 (needed with random weights)");
+              "do not send both servers logit_bias banning ids 0..258 (llama-server needs it with random weights)");
   s->add_option("-T,--turns", co->turns, "turns per conversation")->capture_default_str();
   s->add_option("-S,--system-tokens", co->system_tokens, "system prompt tokens (about; sized via /tokenize)")
       ->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace trellis {
 
@@ -32,7 +33,19 @@ Status ValidateSamplerParams(const SamplerParams& p) {
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
     return InvalidArgument("frequency_penalty must be in [-2, 2] (0 = off)");
   }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) return InvalidArgument("logit_bias token ids must be >= 0");
+    if (!(bias >= -100.0f && bias <= 100.0f)) return InvalidArgument("logit_bias biases must be in [-100, 100]");
+  }
   return Status::Ok();
+}
+
+void Sampler::ApplyLogitBias(std::span<float> logits) const {
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
+    float& l = logits[static_cast<size_t>(id)];
+    l = bias <= -100.0f ? -std::numeric_limits<float>::infinity() : l + bias;
+  }
 }
 
 void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> history, size_t n_prompt) {
@@ -70,6 +83,7 @@ void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> h
 }
 
 int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history, size_t n_prompt) {
+  ApplyLogitBias(logits);
   ApplyPenalties(logits, history, n_prompt);
   // Invalid parameters are refused by ValidateSamplerParams at the API edge; a NaN that
   // slipped through still samples greedily rather than from an undefined distribution.
@@ -88,6 +102,8 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
     std::sort(cand_.begin(), cand_.end(), by_logit);
   }
   cand_.resize(keep);
+  // Banned tokens (logit_bias -100: -inf) sort last; none may be drawn, even by rounding.
+  while (cand_.size() > 1 && cand_.back().first == -std::numeric_limits<float>::infinity()) cand_.pop_back();
 
   // Softmax over the survivors (before temperature, as llama.cpp's top-p / min-p see it).
   auto softmax = [&](float temp) {

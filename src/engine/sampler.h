@@ -3,6 +3,10 @@
 // The chain follows llama.cpp's default order: penalties, then top-k, top-p, min-p,
 // temperature, and a draw from the remaining distribution with a seeded RNG.
 //
+// logit_bias comes first (as in llama.cpp's chain): logit[id] += bias, and a bias of -100
+// bans the token outright (the logit becomes -inf), which is what OpenAI's API promises
+// for -100 and what a caller banning tokens means.
+//
 // Penalties (llama.cpp's llama_sampler_penalties applies all three together, first):
 //   repeat_penalty     CTRL-style, over the last `repeat_last_n` tokens of the history
 //                      (prompt and generated), once per distinct token.
@@ -37,11 +41,14 @@ struct SamplerParams {
   float presence_penalty = 0.0f;   // [-2, 2]; 0: disabled
   float frequency_penalty = 0.0f;  // [-2, 2]; 0: disabled
   uint64_t seed = 0xC0FFEE;
+  // (token id, bias in [-100, 100]); ids at or past n_vocab are ignored. Callers must
+  // leave at least one token unbanned (the API refuses a request banning all).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // InvalidArgument naming the first parameter out of range (non-finite temperature,
 // top_p / min_p outside [0, 1], repeat_penalty <= 0, top_k < 0, presence_penalty /
-// frequency_penalty outside [-2, 2]).
+// frequency_penalty outside [-2, 2], a logit_bias id < 0 or bias outside [-100, 100]).
 Status ValidateSamplerParams(const SamplerParams& p);
 
 class Sampler {
@@ -59,6 +66,7 @@ class Sampler {
   const SamplerParams& params() const { return params_; }
 
  private:
+  void ApplyLogitBias(std::span<float> logits) const;
   void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history, size_t n_prompt);
 
   SamplerParams params_;

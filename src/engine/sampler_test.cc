@@ -238,5 +238,48 @@ TEST(SamplerTest, ValidatesPenalties) {
   EXPECT_NE(ValidateSamplerParams(p).message().find("frequency_penalty"), std::string::npos);
 }
 
+TEST(SamplerTest, LogitBiasAddsAndMinusHundredBans) {
+  SamplerParams p;
+  p.temperature = 0;
+  p.logit_bias = {{1, -100.0f}, {3, 4.5f}, {99, 100.0f}};  // 99: past n_vocab, ignored
+  Sampler greedy(p, 6);
+  auto l = Logits();
+  EXPECT_EQ(greedy.Sample(l, {}, 0), 3);  // -1 + 4.5 = 3.5 beats 2.9
+  EXPECT_TRUE(std::isinf(l[1]) && l[1] < 0);
+  p.logit_bias = {{1, -100.0f}};
+  Sampler greedy2(p, 6);
+  l = Logits();
+  EXPECT_EQ(greedy2.Sample(l, {}, 0), 5);  // the argmax is banned: the next best
+  // Sampling at a high temperature never draws a banned token, even all but one banned.
+  p.temperature = 2.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0;
+  p.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {3, -100.0f}, {5, -100.0f}};
+  Sampler s(p, 6);
+  for (int i = 0; i < 200; ++i) {
+    l = Logits();
+    ASSERT_EQ(s.Sample(l, {}, 0), 4);
+  }
+  p.logit_bias = {{1, -100.0f}};
+  Sampler s2(p, 6);
+  for (int i = 0; i < 500; ++i) {
+    l = Logits();
+    ASSERT_NE(s2.Sample(l, {}, 0), 1);
+  }
+}
+
+TEST(SamplerTest, ValidatesLogitBias) {
+  SamplerParams p;
+  p.logit_bias = {{0, -100.0f}, {5, 100.0f}};
+  EXPECT_TRUE(ValidateSamplerParams(p).ok());
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(ValidateSamplerParams(p).ok());
+  p.logit_bias = {{1, 101.0f}};
+  EXPECT_FALSE(ValidateSamplerParams(p).ok());
+  p.logit_bias = {{1, NAN}};
+  EXPECT_NE(ValidateSamplerParams(p).message().find("logit_bias"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace trellis

@@ -441,6 +441,28 @@ TEST(SchedulerTest, CancelFreesBlocks) {
   EXPECT_EQ(s->pool().n_free(), 32);
 }
 
+// logit_bias reaches the sampler of a batched session: the banned ids never appear, and a
+// bias of +100 on one id makes it the whole reply.
+TEST(SchedulerTest, LogitBiasBansAndForcesTokens) {
+  const Model& m = SmallModel("q4_0");
+  ThreadPool pool(2);
+  auto s = MakeScheduler(m, pool, SchedulerOptions{.block_size = 16, .kv_blocks = 32});
+  const std::vector<int32_t> p = {1, 5, 9, 13, 17, 21};
+  const Outcome plain = RunAll(*s, {Greedy(p, 8, false)})[0];
+  ASSERT_EQ(plain.tokens.size(), 8u);
+  Request ban = Greedy(p, 8, false);
+  for (int32_t t : plain.tokens) ban.sampling.logit_bias.emplace_back(t, -100.0f);
+  Request force = Greedy(p, 8, false);
+  force.sampling.logit_bias = {{42, 100.0f}};
+  force.sampling.temperature = 0.9f;
+  const auto out = RunAll(*s, {ban, force});
+  ASSERT_EQ(out[0].tokens.size(), 8u);
+  for (int32_t t : out[0].tokens) {
+    EXPECT_EQ(std::count(plain.tokens.begin(), plain.tokens.end(), t), 0) << "banned token " << t << " sampled";
+  }
+  EXPECT_EQ(out[1].tokens, std::vector<int32_t>(8, 42));
+}
+
 TEST(SchedulerTest, LongPromptDoesNotStallRunningDecode) {
   const Model& m = SmallModel("q4_0");
   ThreadPool pool(2);

@@ -1,17 +1,19 @@
 #include "server/api.h"
 
 #include <cmath>
+#include <climits>
 #include <exception>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 // Fields accepted and ignored (they do not change the output of this server):
 //   user, store, metadata, service_tier, parallel_tool_calls, prediction,
 //   reasoning_effort; in messages: name, tool_call_id
-//   (role "tool" itself is refused), refusal; an empty tools / functions array, an empty
-//   logit_bias object, suffix "" and tool_choice "none".
+//   (role "tool" itself is refused), refusal; an empty tools / functions array,
+//   suffix "" and tool_choice "none".
 // Fields that would change the output and are not implemented are refused with 400 and
-// the parameter named: n != 1, best_of != 1, non-empty tools / functions / logit_bias,
+// the parameter named: n != 1, best_of != 1, non-empty tools / functions,
 // tool_choice / function_call other than "none", response_format other than
 // {"type": "text"} (no JSON mode), modalities other than ["text"], audio,
 // web_search_options, a non-empty suffix, and tool_calls / function_call in messages.
@@ -219,9 +221,62 @@ void RefuseUnsupported(Reader& r) {
   for (const char* key : {"audio", "web_search_options"}) {
     if (r.Get(key)) r.Fail(key, std::string("'") + key + "' is not supported by this server");
   }
-  if (const json* lb = r.Get("logit_bias"); lb && !(lb->is_object() && lb->empty())) {
-    r.Fail("logit_bias", "logit_bias is not supported by this server");
+}
+
+// logit_bias in OpenAI's form, {"<token id>": bias}, or llama.cpp's, [[id, bias|false]]
+// (false bans). Ids below n_vocab, biases in [-100, 100], at most kMaxLogitBias entries,
+// and at least one token left unbanned (-100 bans: see SamplerParams::logit_bias).
+void ReadLogitBias(Reader& r, const ApiLimits& limits, GenerationParams& g) {
+  const json* lb = r.Get("logit_bias");
+  if (!lb) return;
+  if (!lb->is_object() && !lb->is_array()) {
+    return r.Fail("logit_bias", "'logit_bias' must be an object of token id -> bias, got " + Describe(*lb));
   }
+  if (lb->size() > kMaxLogitBias) {
+    return r.Fail("logit_bias", "'logit_bias' holds at most " + std::to_string(kMaxLogitBias) + " entries, got " +
+                                    std::to_string(lb->size()));
+  }
+  std::map<int32_t, float> bias;
+  auto add = [&](const std::string& id_text, int64_t id, const json& v) {
+    if (id < 0 || id >= limits.n_vocab) {
+      r.Fail("logit_bias", "'logit_bias' token ids must be integers in [0, " + std::to_string(limits.n_vocab) +
+                               "), got " + id_text.substr(0, kMaxEchoBytes));
+      return false;
+    }
+    double d = -100.0;  // false: banned (llama.cpp's form)
+    if (!(v.is_boolean() && !v.get<bool>())) {
+      if (!v.is_number() || !std::isfinite(d = v.get<double>()) || d < -100.0 || d > 100.0) {
+        r.Fail("logit_bias", "'logit_bias' biases must be numbers in [-100, 100], got " + Describe(v));
+        return false;
+      }
+    }
+    bias[static_cast<int32_t>(id)] = static_cast<float>(d);
+    return true;
+  };
+  if (lb->is_object()) {
+    for (const auto& [key, v] : lb->items()) {
+      int64_t id = -1;  // decimal digits only: no sign, no spaces, no exponent
+      if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos) {
+        id = std::stoll(key);
+      }
+      if (!add(key, id, v)) return;
+    }
+  } else {
+    for (const json& e : *lb) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer()) {
+        return r.Fail("logit_bias", "'logit_bias' as an array holds [token id, bias or false] pairs, got " + Describe(e));
+      }
+      const int64_t id = e[0].is_number_unsigned() ? (e[0].get<uint64_t>() > INT32_MAX ? -1 : e[0].get<int64_t>())
+                                                   : e[0].get<int64_t>();
+      if (!add(e[0].dump(), id, e[1])) return;
+    }
+  }
+  size_t banned = 0;
+  for (const auto& [id, b] : bias) banned += b <= -100.0f;
+  if (banned >= static_cast<size_t>(limits.n_vocab)) {
+    return r.Fail("logit_bias", "'logit_bias' bans every token of the vocabulary");
+  }
+  g.logit_bias.assign(bias.begin(), bias.end());
 }
 
 // Options common to chat and completions. `chat`: logprobs is a boolean with
@@ -287,6 +342,7 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
     sr.Bool("include_usage", g.include_usage);
     if (!sr.ok()) r.Fail("stream_options.include_usage", sr.error().message);
   }
+  ReadLogitBias(r, limits, g);
   RefuseUnsupported(r);
 }
 

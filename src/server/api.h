@@ -90,6 +90,8 @@ struct GenerationParams {
   float repeat_penalty = 1.0f;    // (0, 10] (extension)
   float presence_penalty = 0.0f;  // [-2, 2]; over the generated tokens (OpenAI)
   float frequency_penalty = 0.0f; // [-2, 2]; over the generated tokens (OpenAI)
+  // (token id, bias in [-100, 100]) sorted by id; -100 bans the token (OpenAI)
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  // at most kMaxStops non-empty strings
   bool logprobs = false;
@@ -100,6 +102,7 @@ struct GenerationParams {
 inline constexpr int kMaxStops = 16;
 inline constexpr size_t kMaxStopBytes = 256;  // per stop string
 inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr size_t kMaxLogitBias = 4096;  // logit_bias entries
 
 struct ChatCompletionRequest {
   std::string model;

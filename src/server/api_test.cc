@@ -475,7 +475,9 @@ TEST(ApiHostile, WrongTypesForEveryFieldAre400WithParam) {
       {"stop", {"1", "true", "{}", "[1]", "[\"\"]", "[[\"a\"]]", "[null]"}},
       {"stream_options", {"1", "\"x\"", "[]"}},
       {"tools", {"1", "\"x\"", "{}", "[{}]"}},
-      {"logit_bias", {"1", "[]", "{\"1\":5}"}},
+      {"logit_bias", {"1", "\"x\"", "{\"-1\":5}", "{\"1e3\":5}", "{\" 1\":5}", "{\"\":5}", "{\"99999999999\":1}",
+                      "{\"1\":101}", "{\"1\":\"5\"}", "{\"1\":true}", "[[1]]", "[[\"1\",5]]", "[[1,true]]",
+                      "[[-1,false]]", "[1]"}},
   };
   for (const Field& f : chat) {
     for (const std::string& v : f.bad) {
@@ -595,6 +597,27 @@ TEST(ApiHostile, PenaltiesAreParsed) {
   EXPECT_EQ(d->gen.frequency_penalty, 0.0f);
   EXPECT_EQ(ChatError(Chat(R"("presence_penalty":2.01)")).param, "presence_penalty");
   EXPECT_EQ(ChatError(Chat(R"("frequency_penalty":-2.5)")).param, "frequency_penalty");
+}
+
+TEST(ApiHostile, LogitBiasIsParsedInBothForms) {
+  auto r = ParseChatCompletionRequest(Chat(R"("logit_bias":{"7":-100,"2":3.5,"31999":100})"), kLimits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  using Bias = std::vector<std::pair<int32_t, float>>;
+  EXPECT_EQ(r->gen.logit_bias, (Bias{{2, 3.5f}, {7, -100.0f}, {31999, 100.0f}}));
+  auto a = ParseCompletionRequest(R"({"prompt":"x","logit_bias":[[5,false],[1,-2]]})", kLimits);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_EQ(a->gen.logit_bias, (Bias{{1, -2.0f}, {5, -100.0f}}));
+  EXPECT_EQ(ChatError(Chat(R"("logit_bias":{"32000":1})")).param, "logit_bias");  // = n_vocab
+  // Banning the whole vocabulary leaves nothing to sample.
+  ApiLimits three = kLimits;
+  three.n_vocab = 3;
+  auto all = ParseChatCompletionRequest(Chat(R"("logit_bias":{"0":-100,"1":-100,"2":-100})"), three);
+  ASSERT_FALSE(all.ok());
+  EXPECT_NE(all.error().message.find("every token"), std::string::npos);
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat(R"("logit_bias":{"0":-100,"1":-100,"2":-99})"), three).ok());
+  std::string big = "{";
+  for (size_t i = 0; i <= kMaxLogitBias; ++i) big += (i ? ",\"" : "\"") + std::to_string(i) + "\":1";
+  EXPECT_EQ(ChatError(Chat("\"logit_bias\":" + big + "}")).param, "logit_bias");
 }
 
 TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {

@@ -61,6 +61,7 @@ std::optional<ApiError> Generation::Start() {
   req.sampling.repeat_penalty = p_.gen.repeat_penalty;
   req.sampling.presence_penalty = p_.gen.presence_penalty;
   req.sampling.frequency_penalty = p_.gen.frequency_penalty;
+  req.sampling.logit_bias = p_.gen.logit_bias;
   req.sampling.seed = p_.gen.seed.value_or(p_.seed);
   req.cache_salt = p_.cache_salt;
   const Tokenizer* tok = &tok_;

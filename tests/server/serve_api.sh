@@ -110,6 +110,20 @@ post /v1/chat/completions "$(chat 'x' 3 ',"logprobs":true,"top_logprobs":3')" "$
 post /v1/completions '{"prompt":"Hi","max_tokens":2,"logprobs":2,"temperature":0}' "$tmp/lp2.json" >/dev/null
 [[ $(jget "$tmp/lp2.json" "(lambda l: len(l['tokens']) == 2 and len(l['top_logprobs'][0]) == 2 and abs(l['token_logprobs'][0] - max(l['top_logprobs'][0].values())) < 1e-6)(j['choices'][0]['logprobs'])") == True ]] \
   || die "completion logprobs: $(cat "$tmp/lp2.json")"
+
+say "logit_bias: banning the ids of the greedy reply changes it; object and array forms agree"
+post /v1/completions '{"prompt":"Hi","max_tokens":4,"temperature":0}' "$tmp/lb0.json" >/dev/null
+t0=$(jget "$tmp/lb0.json" "j['choices'][0]['text']")
+curl -s "$base/tokenize" -d "$(python3 -c 'import json,sys; print(json.dumps({"content": sys.argv[1]}))' "$t0")" >"$tmp/lbt.json"
+obj=$(jget "$tmp/lbt.json" "json.dumps({str(t): -100 for t in j['tokens']})")
+arr=$(jget "$tmp/lbt.json" "json.dumps([[t, False] for t in j['tokens']])")
+[[ $obj != "{}" ]] || die "'$t0' tokenizes to nothing"
+[[ $(post /v1/completions "{\"prompt\":\"Hi\",\"max_tokens\":4,\"temperature\":0,\"logit_bias\":$obj}" "$tmp/lb1.json") == 200 ]] || die "$(cat "$tmp/lb1.json")"
+[[ $(post /v1/completions "{\"prompt\":\"Hi\",\"max_tokens\":4,\"temperature\":0,\"logit_bias\":$arr}" "$tmp/lb2.json") == 200 ]] || die "$(cat "$tmp/lb2.json")"
+t1=$(jget "$tmp/lb1.json" "j['choices'][0]['text']")
+[[ "$t0" != "$t1" ]] || die "logit_bias $obj changed nothing: '$t0'"
+[[ $(jget "$tmp/lb2.json" "j['choices'][0]['text']") == "$t1" ]] || die "the array form differs: $(cat "$tmp/lb1.json" "$tmp/lb2.json")"
+ok "greedy '$t0' -> with $obj '$t1'"
 ok "greedy token is the top entry"
 
 say "tokenize / detokenize round trip"
