@@ -9,6 +9,7 @@ PACKAGES=(
   libfmt-dev libcli11-dev nlohmann-json3-dev gnuplot-nox
   libcpp-httplib-dev nodejs curl
   libboost-dev zlib1g-dev libbrotli-dev brotli
+  libucx-dev ucx-utils libxxhash-dev pkg-config
 )
 
 missing=()

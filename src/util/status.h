@@ -25,6 +25,7 @@ enum class StatusCode {
   kIoError,            // the OS refused a read, write, open or map
   kCancelled,          // the caller asked to stop
   kUnavailable,        // a peer or service is not reachable now
+  kDeadlineExceeded,   // the operation's deadline passed before it completed
   kInternal,           // a bug surfaced as an error at an API edge
 };
 
@@ -59,6 +60,7 @@ inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceEx
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // Result<T> holds either a T or a non-OK Status.
