@@ -18,6 +18,7 @@ Runner AddGgufInfoCommand(CLI::App& app);
 Runner AddGenModelCommand(CLI::App& app);
 Runner AddBenchCommand(CLI::App& app);
 Runner AddServeCommand(CLI::App& app);
+Runner AddStoreCommand(CLI::App& app);
 
 // Prints "trellis: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add("gen-model", "write a random-weight llama model of a named shape", trellis::cli::AddGenModelCommand);
   add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
   add("serve", "OpenAI-compatible HTTP server", trellis::cli::AddServeCommand);
+  add("store", "prefix tensor store server for this node", trellis::cli::AddStoreCommand);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,447 @@
+#include "store/client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "net/wire.h"
+#include "store/protocol.h"
+#include "store/server.h"
+
+namespace trellis::store {
+
+using net::ConnId;
+using net::Deadline;
+using net::WireReader;
+using net::WireWriter;
+
+namespace {
+
+void WriteKey(WireWriter& w, const Key& k) {
+  w.U64(k.lo);
+  w.U64(k.hi);
+}
+
+Result<std::pair<std::string, uint16_t>> SplitAddress(const std::string& a) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return InvalidArgument("store address '" + a + "' is not HOST:PORT");
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535 || std::stoi(port) == 0) {
+    return InvalidArgument("store address '" + a + "' has no valid port");
+  }
+  return std::pair<std::string, uint16_t>(a.substr(0, colon), static_cast<uint16_t>(std::stoi(port)));
+}
+
+}  // namespace
+
+struct StoreClient::Impl {
+  struct Member {
+    std::string address;
+    uint64_t node = 0;
+    ConnId conn = 0;
+    net::RemoteRegion region;
+    bool ready = false;
+  };
+  ClientOptions opt;
+  std::vector<Member> members;
+  std::map<uint64_t, size_t> by_node;
+  std::vector<std::pair<uint64_t, size_t>> ring;  // (point, member), sorted
+  mutable std::mutex stats_mu;
+  ClientStats st;
+  std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes
+
+  size_t OwnerOf(const Key& k) const {
+    auto it = std::lower_bound(ring.begin(), ring.end(), std::pair<uint64_t, size_t>(k.lo, 0));
+    return it == ring.end() ? ring.front().second : it->second;
+  }
+
+  // Runs Call on the loop and waits (bounded by the call's deadline).
+  Result<std::string> CallSync(size_t m, uint16_t type, std::string body, Deadline d) {
+    std::promise<Result<std::string>> p;
+    auto f = p.get_future();
+    // The callbacks outlive the posted task: they capture values, and references only to
+    // this frame (which waits for them).
+    t->Post([this, &p, &body, m, type, d] {
+      EnsureConnected(m, d, [this, &p, &body, m, type, d](Status s) {
+        if (!s.ok()) return p.set_value(s);
+        t->Call(members[m].conn, type, std::move(body), d, [&p](Result<std::string> r) { p.set_value(std::move(r)); });
+      });
+    });
+    return f.get();
+  }
+
+  // (Loop thread.) Calls then(Ok) once member m is connected and greeted, or then(error).
+  bool EnsureConnected(size_t m, Deadline d, std::function<void(Status)> then) {
+    Member& mb = members[m];
+    if (mb.ready && t->IsConnected(mb.conn)) {
+      then(Status::Ok());
+      return true;
+    }
+    mb.ready = false;
+    auto hp = SplitAddress(mb.address);
+    if (!hp.ok()) {
+      then(hp.status());
+      return true;
+    }
+    auto c = t->Connect(hp->first, hp->second);
+    if (!c.ok()) {
+      then(c.status());
+      return true;
+    }
+    mb.conn = *c;
+    t->Call(mb.conn, kHello, "", d, [this, m, then = std::move(then)](Result<std::string> r) {
+      if (!r.ok()) return then(r.status().WithContext("store " + members[m].address));
+      WireReader rd(*r);
+      const uint64_t node = rd.U64();
+      net::RemoteRegion region;
+      region.base = rd.U64();
+      region.length = rd.U64();
+      region.rkey = std::string(rd.Str(kMaxRkeyBytes));
+      const uint32_t version = rd.U32();
+      if (!rd.Done() || version != kProtocolVersion) {
+        return then(Corrupt("store " + members[m].address + " speaks another protocol (version " + std::to_string(version) + ")"));
+      }
+      if (node != members[m].node) {
+        return then(Corrupt("store " + members[m].address + " names itself differently: is it listening on another address?"));
+      }
+      members[m].region = region;
+      members[m].ready = true;
+      then(Status::Ok());
+    });
+    return true;
+  }
+
+  void CountMiss(const Status& s) {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    if (s.code() == StatusCode::kDeadlineExceeded) ++st.misses_deadline;
+    else if (s.code() == StatusCode::kNotFound) ++st.misses_evicted;
+    else if (s.code() == StatusCode::kCorrupt) ++st.checksum_failures;
+    else ++st.misses_down;
+  }
+};
+
+StoreClient::StoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreClient::~StoreClient() = default;
+
+Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& options, Deadline deadline) {
+  if (options.servers.empty()) return InvalidArgument("no store servers given");
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  for (const std::string& a : options.servers) {
+    TRELLIS_RETURN_IF_ERROR(SplitAddress(a).status());
+    Impl::Member m;
+    m.address = a;
+    m.node = NodeId(a);
+    if (impl->by_node.count(m.node)) return InvalidArgument("store server '" + a + "' is listed twice");
+    impl->by_node[m.node] = impl->members.size();
+    impl->members.push_back(m);
+  }
+  // 64 points per member on the ring: a member joining or leaving moves ~1/N of the keys.
+  for (size_t i = 0; i < impl->members.size(); ++i) {
+    for (int v = 0; v < 64; ++v) {
+      const std::string p = impl->members[i].address + "#" + std::to_string(v);
+      impl->ring.emplace_back(XXH3_64bits(p.data(), p.size()), i);
+    }
+  }
+  std::sort(impl->ring.begin(), impl->ring.end());
+  TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(options.transport));
+  // Greet everyone now; a member that is down is retried on use.
+  size_t up = 0;
+  Status last;
+  for (size_t m = 0; m < impl->members.size(); ++m) {
+    std::promise<Status> p;
+    auto f = p.get_future();
+    Impl* raw = impl.get();
+    raw->t->Post([&, m, raw] { raw->EnsureConnected(m, deadline, [&](Status s) { p.set_value(s); }); });
+    const Status s = f.get();
+    if (s.ok()) ++up;
+    else last = s;
+  }
+  if (up == 0) return Unavailable("no store server reachable: " + last.message());
+  return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
+}
+
+std::string StoreClient::IndexServer(const Key& first_block) const {
+  return impl_->members[impl_->OwnerOf(first_block)].address;
+}
+
+Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline) {
+  LookupResult out;
+  out.keys = ChainKeys(ns, tokens);
+  if (out.keys.empty()) return out;
+  if (out.keys.size() > kMaxKeys) out.keys.resize(kMaxKeys);
+  WireWriter w;
+  w.U32(static_cast<uint32_t>(out.keys.size()));
+  for (const Key& k : out.keys) WriteKey(w, k);
+  {
+    std::lock_guard<std::mutex> lock(impl_->stats_mu);
+    ++impl_->st.lookups;
+  }
+  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), kLookup, w.Take(), deadline);
+  if (!r.ok()) {
+    impl_->CountMiss(r.status());
+    return r.status();
+  }
+  WireReader rd(*r);
+  const uint32_t matched = rd.U32();
+  const uint32_t n = rd.Count(matched, 24);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    Run x;
+    x.owner = rd.U64();
+    x.tensor = rd.U64();
+    x.first = rd.U32();
+    x.count = rd.U32();
+    if (x.count == 0 || !impl_->by_node.count(x.owner)) rd.Fail();
+    sum += x.count;
+    out.runs.push_back(x);
+  }
+  if (!rd.Done() || matched > out.keys.size() || sum != matched) return Corrupt("malformed lookup reply");
+  out.blocks = matched;
+  if (matched == 0) {
+    std::lock_guard<std::mutex> lock(impl_->stats_mu);
+    ++impl_->st.misses_not_stored;
+  }
+  return out;
+}
+
+Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
+                        Deadline deadline) {
+  if (n_blocks > found.blocks || dst.size() < n_blocks) return InvalidArgument("asked for more blocks than found or given");
+  if (n_blocks == 0) return Status::Ok();
+  Impl& I = *impl_;
+  // The runs covering the first n_blocks, grouped by owner.
+  struct Piece {
+    Run run;
+    size_t dst_first;  // index in dst of the run's first block
+    uint64_t addr = 0;
+    std::vector<uint64_t> sums;
+  };
+  std::map<size_t, std::vector<Piece>> by_member;
+  size_t at = 0;
+  for (const Run& r : found.runs) {
+    if (at >= n_blocks) break;
+    Run x = r;
+    x.count = static_cast<uint32_t>(std::min<size_t>(x.count, n_blocks - at));
+    by_member[I.by_node.at(x.owner)].push_back({x, at, 0, {}});
+    at += x.count;
+  }
+  // 1. One Acquire per owner, all at once.
+  struct Owner {
+    size_t member;
+    std::vector<Piece>* pieces;
+    uint64_t lease = 0;
+    Status status;
+  };
+  std::vector<Owner> owners;
+  for (auto& [m, pieces] : by_member) owners.push_back({m, &pieces, 0, {}});
+  std::promise<void> acquired;
+  auto af = acquired.get_future();
+  size_t left = owners.size();
+  I.t->Post([&] {
+    for (Owner& o : owners) {
+      WireWriter w;
+      w.U32(I.opt.lease_ms);
+      w.U32(static_cast<uint32_t>(o.pieces->size()));
+      for (const Piece& p : *o.pieces) {
+        w.U64(p.run.tensor);
+        w.U32(p.run.first);
+        w.U32(p.run.count);
+      }
+      // Callbacks run after this task returns: they hold a pointer to their Owner and
+      // references only to this function's frame, which waits for them.
+      Owner* op = &o;
+      auto done = [op, &left, &acquired](Status st) {
+        op->status = st;
+        if (--left == 0) acquired.set_value();
+      };
+      I.EnsureConnected(o.member, deadline, [&I, op, done, deadline, body = w.Take()](Status s) mutable {
+        if (!s.ok()) return done(s);
+        I.t->Call(I.members[op->member].conn, kAcquire, std::move(body), deadline, [&I, op, done](Result<std::string> r) {
+          if (!r.ok()) return done(r.status());
+          WireReader rd(*r);
+          op->lease = rd.U64();
+          const uint32_t n = rd.U32();
+          if (n != op->pieces->size()) rd.Fail();
+          Status st;
+          for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+            Piece& p = (*op->pieces)[i];
+            const bool ok = rd.U8() == 1;
+            p.addr = rd.U64();
+            if (!ok) {
+              st = NotFound(fmt::format("tensor {} of {} is no longer stored", p.run.tensor, I.members[op->member].address));
+              continue;
+            }
+            p.sums.resize(p.run.count);
+            for (uint64_t& x : p.sums) x = rd.U64();
+          }
+          if (!rd.Done()) st = Corrupt("malformed acquire reply from " + I.members[op->member].address);
+          done(st);
+        });
+      });
+    }
+  });
+  af.wait();
+  Status status;
+  for (const Owner& o : owners) {
+    if (!o.status.ok() && status.ok()) status = o.status;
+  }
+  // 2. All segments of all owners in flight at once, each block straight into its buffer.
+  if (status.ok()) {
+    std::promise<void> got;
+    auto gf = got.get_future();
+    left = owners.size();
+    std::vector<Status> results(owners.size());
+    I.t->Post([&] {
+      for (size_t oi = 0; oi < owners.size(); ++oi) {
+        Owner& o = owners[oi];
+        std::vector<net::Segment> segs;
+        for (const Piece& p : *o.pieces) {
+          for (uint32_t b = 0; b < p.run.count; ++b) {
+            void* d = dst[p.dst_first + b];
+            const uint64_t remote = p.addr + b * block_bytes;
+            if (!segs.empty() && static_cast<uint8_t*>(segs.back().local) + segs.back().length == d &&
+                segs.back().remote + segs.back().length == remote) {
+              segs.back().length += block_bytes;  // contiguous on both sides: one segment
+            } else {
+              segs.push_back({remote, d, block_bytes});
+            }
+          }
+        }
+        if (!I.t->IsConnected(I.members[o.member].conn)) {
+          results[oi] = Unavailable("store " + I.members[o.member].address + " went away");
+          if (--left == 0) got.set_value();
+          continue;
+        }
+        I.t->Get(I.members[o.member].conn, I.members[o.member].region, std::move(segs), deadline, [&, oi](Status s) {
+          results[oi] = s;
+          if (--left == 0) got.set_value();
+        });
+      }
+    });
+    gf.wait();
+    for (const Status& s : results) {
+      if (!s.ok() && status.ok()) status = s;
+    }
+  }
+  // 3. Checksums, then release the leases (not waited for: a lost release just expires).
+  if (status.ok()) {
+    for (const Owner& o : owners) {
+      for (const Piece& p : *o.pieces) {
+        for (uint32_t b = 0; b < p.run.count; ++b) {
+          if (XXH3_64bits(dst[p.dst_first + b], block_bytes) != p.sums[b]) {
+            status = Corrupt(fmt::format("block {} failed its checksum after the transfer", p.dst_first + b));
+          }
+        }
+      }
+    }
+  }
+  I.t->Post([&I, leases = [&] {
+    std::vector<std::pair<size_t, uint64_t>> v;
+    for (const Owner& o : owners) if (o.lease) v.emplace_back(o.member, o.lease);
+    return v;
+  }()] {
+    for (auto [m, lease] : leases) {
+      if (!I.t->IsConnected(I.members[m].conn)) continue;
+      WireWriter w;
+      w.U64(lease);
+      I.t->Call(I.members[m].conn, kRelease, w.Take(), net::After(std::chrono::milliseconds(2000)), [](Result<std::string>) {});
+    }
+  });
+  // An evicted tensor: tell the index so later lookups stop short of it (best effort).
+  if (status.code() == StatusCode::kNotFound && !found.keys.empty()) {
+    WireWriter w;
+    std::vector<std::pair<uint64_t, uint64_t>> gone;
+    for (const Owner& o : owners) {
+      if (o.status.code() != StatusCode::kNotFound) continue;
+      for (const Piece& p : *o.pieces) {
+        if (p.sums.empty()) gone.emplace_back(p.run.owner, p.run.tensor);
+      }
+    }
+    w.U32(static_cast<uint32_t>(gone.size()));
+    for (auto [owner, tensor] : gone) {
+      w.U64(owner);
+      w.U64(tensor);
+    }
+    (void)I.CallSync(I.OwnerOf(found.keys[0]), kForget, w.Take(), std::min(deadline, net::After(std::chrono::milliseconds(1000))));
+  }
+  if (!status.ok()) {
+    I.CountMiss(status);
+    return status;
+  }
+  std::lock_guard<std::mutex> lock(I.stats_mu);
+  ++I.st.gets;
+  I.st.get_blocks += n_blocks;
+  I.st.get_bytes += n_blocks * block_bytes;
+  return Status::Ok();
+}
+
+Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> tokens, std::span<const void* const> blocks,
+                                uint64_t block_bytes, double cost_s, Deadline deadline) {
+  Impl& I = *impl_;
+  TRELLIS_ASSIGN_OR_RETURN(LookupResult found, Lookup(ns, tokens, deadline));
+  const size_t n = found.keys.size();
+  if (blocks.size() < n) return InvalidArgument("fewer block buffers than whole blocks");
+  const size_t k = found.blocks;
+  if (k == n) {
+    std::lock_guard<std::mutex> lock(I.stats_mu);
+    I.st.put_skipped_blocks += n;
+    return size_t{0};
+  }
+  const size_t inc = n - k;
+  // The increment's bytes, in one registered buffer the owner reads by RMA.
+  std::vector<uint8_t> staging(inc * block_bytes);
+  for (size_t i = 0; i < inc; ++i) std::memcpy(staging.data() + i * block_bytes, blocks[k + i], block_bytes);
+  const size_t owner = I.OwnerOf(found.keys[k]);
+  auto reg = I.t->Sync([&] { return I.t->Register(staging.data(), staging.size()); });
+  if (!reg.ok()) return reg.status();
+  WireWriter w;
+  w.U32(static_cast<uint32_t>(inc));
+  for (size_t i = k; i < n; ++i) WriteKey(w, found.keys[i]);
+  w.U32(static_cast<uint32_t>(k));
+  w.U64(block_bytes);
+  w.F64(cost_s);
+  w.U64(reg->base);
+  w.U64(reg->length);
+  w.Str(reg->rkey);
+  w.U32(1);
+  w.U64(reg->base);
+  w.U64(reg->length);
+  auto put = I.CallSync(owner, kPutData, w.Take(), deadline);
+  // The owner has read the bytes (or failed) once it answers. Without an answer it may
+  // still be reading: force-close the connection first, so nothing reads the staging
+  // buffer after this.
+  I.t->Sync([&] {
+    if (!put.ok()) I.t->Close(I.members[owner].conn);
+    I.t->Unregister(reg->base);
+  });
+  if (!put.ok()) return put.status();
+  WireReader rd(*put);
+  const uint64_t tensor = rd.U64();
+  if (!rd.Done()) return Corrupt("malformed put reply");
+  WireWriter c;
+  c.U64(I.members[owner].node);
+  c.U64(tensor);
+  c.U32(static_cast<uint32_t>(inc));
+  for (size_t i = k; i < n; ++i) WriteKey(c, found.keys[i]);
+  auto commit = I.CallSync(I.OwnerOf(found.keys[0]), kPutCommit, c.Take(), deadline);
+  if (!commit.ok()) return commit.status();
+  std::lock_guard<std::mutex> lock(I.stats_mu);
+  ++I.st.puts;
+  I.st.put_blocks += inc;
+  I.st.put_skipped_blocks += k;
+  return inc;
+}
+
+ClientStats StoreClient::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mu);
+  return impl_->st;
+}
+
+}  // namespace trellis::store

@@ -1,0 +1,82 @@
+// StoreClient: an engine's (or a script's) handle on the prefix tensor store.
+//
+// It connects to every store server named (the static membership; placement is a
+// consistent-hash ring over them, docs/store.md "Placement"), and offers:
+//   Lookup: the longest stored prefix of a token sequence, in whole blocks, with one
+//           round trip to the one server indexing the sequence's first block;
+//   Get:    that prefix's first n blocks into caller-given block buffers: one Acquire
+//           per owner (leases, addresses, per-block checksums), then all segments read
+//           by RMA at once, checksums verified, leases released;
+//   Put:    a sequence's blocks beyond what is stored (the increment past the longest
+//           common prefix), as one new tensor on one owner, then indexed.
+// Every call takes a deadline; a server that is down, slow or answers nonsense makes the
+// call fail (a miss for the caller), never hang. Calls are synchronous and thread-safe:
+// they run on the client's transport thread and wait for it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "net/transport.h"
+#include "store/keys.h"
+#include "util/status.h"
+
+namespace trellis::store {
+
+struct ClientOptions {
+  std::vector<std::string> servers;  // "host:port", every member of the store
+  net::TransportOptions transport;
+  uint32_t lease_ms = 5000;
+};
+
+struct Run {
+  uint64_t owner = 0, tensor = 0;
+  uint32_t first = 0, count = 0;  // blocks [first, first + count) of the tensor
+};
+
+struct LookupResult {
+  size_t blocks = 0;      // the longest stored prefix, in whole blocks
+  std::vector<Run> runs;  // where those blocks are, in order
+  std::vector<Key> keys;  // the sequence's chain keys (all whole blocks)
+};
+
+struct ClientStats {
+  uint64_t lookups = 0, gets = 0, get_blocks = 0, get_bytes = 0, puts = 0, put_blocks = 0, put_skipped_blocks = 0;
+  uint64_t checksum_failures = 0, misses_not_stored = 0, misses_evicted = 0, misses_down = 0, misses_deadline = 0;
+};
+
+class StoreClient {
+ public:
+  static Result<std::unique_ptr<StoreClient>> Connect(const ClientOptions& options, net::Deadline deadline);
+  ~StoreClient();
+
+  Result<LookupResult> Lookup(const Namespace& ns, std::span<const int32_t> tokens, net::Deadline deadline);
+
+  // Reads the first `n_blocks` blocks of a lookup's prefix, block i into dst[i]
+  // (block_bytes each). On error nothing in dst is to be trusted, and nothing lands in it
+  // after the call returns.
+  Status Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
+             net::Deadline deadline);
+
+  // Stores `tokens`' whole blocks (blocks[i] holds block i, block_bytes each) past the
+  // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).
+  // Returns how many blocks were newly stored (0 if all were already there).
+  Result<size_t> Put(const Namespace& ns, std::span<const int32_t> tokens, std::span<const void* const> blocks,
+                     uint64_t block_bytes, double cost_s, net::Deadline deadline);
+
+  ClientStats stats() const;
+  // The member that indexes a sequence starting with this first-block key.
+  std::string IndexServer(const Key& first_block) const;
+
+  struct Impl;
+
+ private:
+  explicit StoreClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trellis::store

@@ -1,0 +1,41 @@
+// The store's messages (docs/store.md, "Protocol"). Each is a net::Transport request of
+// the type below whose body is WireWriter-encoded as listed; every reply may instead be an
+// error (Transport::ReplyError). Lists are u32-counted and bounded by the limits below.
+#pragma once
+
+#include <cstdint>
+
+namespace trellis::store {
+
+enum MsgType : uint16_t {
+  // -> node u64, region base u64, region length u64, rkey str, version u32
+  kHello = 1,
+  // n u32, keys[n] (16 B each; the prompt's chain keys, in order)
+  // -> matched u32, runs u32, [owner u64, tensor u64, first u32, count u32]
+  //    (the longest stored prefix: `matched` blocks, as runs of blocks inside tensors)
+  kLookup = 2,
+  // n u32, keys[n] (the increment's chain keys), first u32 (index of keys[0] in the
+  // chain), block_bytes u64, cost_s f64, region base u64, region length u64, rkey str,
+  // segments u32, [addr u64, len u64] (the increment's bytes in the client's memory)
+  // -> tensor u64. The owner pulls the bytes by RMA into one contiguous run.
+  kPutData = 3,
+  // owner u64, tensor u64, n u32, keys[n] -> stored u32 (keys newly indexed)
+  kPutCommit = 4,
+  // lease_ms u32, n u32, [tensor u64, first u32, count u32]
+  // -> lease u64, n u32, [found u8, addr u64, checksums count x u64]
+  kAcquire = 5,
+  // lease u64 -> (empty)
+  kRelease = 6,
+  // n u32, [owner u64, tensor u64] -> forgotten u32 (index entries dropped)
+  kForget = 7,
+  // -> Prometheus text
+  kStats = 8,
+};
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M tokens at 32)
+inline constexpr uint32_t kMaxSegments = 1 << 16;
+inline constexpr uint32_t kMaxLeaseMs = 60000;
+inline constexpr uint32_t kMaxRkeyBytes = 1 << 16;
+
+}  // namespace trellis::store

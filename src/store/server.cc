@@ -1,0 +1,549 @@
+#include "store/server.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "net/wire.h"
+#include "store/keys.h"
+#include "store/protocol.h"
+#include "util/log.h"
+
+namespace trellis::store {
+
+using net::ConnId;
+using net::WireReader;
+using net::WireWriter;
+
+uint64_t NodeId(const std::string& address) { return XXH3_64bits(address.data(), address.size()); }
+
+namespace {
+
+Key ReadKey(WireReader& r) {
+  Key k;
+  k.lo = r.U64();
+  k.hi = r.U64();
+  return k;
+}
+
+struct Tensor {
+  uint64_t offset = 0, bytes = 0;
+  uint32_t n_blocks = 0;
+  uint64_t block_bytes = 0;
+  std::vector<uint64_t> checksums;  // one per block
+  double cost_s = 0;                // recompute time the tensor saves
+  uint64_t reads = 1;
+  double priority = 0;
+  uint32_t leases = 0;
+  bool ready = false;  // bytes landed and checked
+};
+
+struct Lease {
+  std::vector<uint64_t> tensors;
+  uint64_t timer = 0;
+};
+
+struct IndexEntry {
+  uint64_t owner = 0, tensor = 0;
+  uint32_t index = 0;
+};
+
+}  // namespace
+
+struct StoreServer::Impl {
+  ServerOptions opt;
+  uint64_t node = 0;
+  uint16_t port = 0;
+  uint8_t* arena = nullptr;
+  net::Registration reg;
+
+  std::map<uint64_t, uint64_t> free_list;  // offset -> length
+  std::unordered_map<uint64_t, Tensor> tensors;
+  std::set<std::pair<double, uint64_t>> by_priority;  // (priority, tensor)
+  double clock = 0;
+  uint64_t next_tensor = 1;
+  std::unordered_map<uint64_t, Lease> leases;
+  uint64_t next_lease = 1;
+
+  std::unordered_map<Key, IndexEntry, KeyHash> index;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<Key>> keys_of;  // (owner, tensor) -> its keys here
+
+  mutable std::mutex stats_mu;
+  ServerStats st;
+
+  std::unique_ptr<net::Transport> t;  // last: destroyed (loop joined) before the state above
+
+  ~Impl() {
+    t.reset();
+    if (arena) munmap(arena, opt.mem_bytes);
+  }
+
+  void Handle(ConnId c, uint16_t type, uint64_t rid, std::string_view body);
+  void Refuse(ConnId c, uint64_t rid, const char* what) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++st.refused_requests;
+    }
+    t->ReplyError(c, rid, InvalidArgument(std::string("malformed ") + what + " request"));
+  }
+
+  // --- memory ---
+  std::optional<uint64_t> Allocate(uint64_t bytes);
+  void FreeRange(uint64_t off, uint64_t len);
+  bool EvictOne();
+  void SetPriority(uint64_t id, Tensor& tn, double p) {
+    by_priority.erase({tn.priority, id});
+    tn.priority = p;
+    if (tn.ready && tn.leases == 0) by_priority.insert({p, id});
+  }
+  double Gdsf(const Tensor& tn) const {
+    return clock + static_cast<double>(tn.reads) * std::max(tn.cost_s, 1e-6) / static_cast<double>(std::max<uint64_t>(tn.bytes, 1));
+  }
+  void DropTensor(uint64_t id);
+  void ForgetLocal(uint64_t owner, uint64_t tensor);
+
+  void OnHello(ConnId c, uint64_t rid);
+  void OnLookup(ConnId c, uint64_t rid, WireReader& r);
+  void OnPutData(ConnId c, uint64_t rid, WireReader& r);
+  void OnPutCommit(ConnId c, uint64_t rid, WireReader& r);
+  void OnAcquire(ConnId c, uint64_t rid, WireReader& r);
+  void OnRelease(ConnId c, uint64_t rid, WireReader& r);
+  void OnForget(ConnId c, uint64_t rid, WireReader& r);
+  void EndLease(uint64_t lease, bool expired);
+  void UpdateGauges() {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    st.tensors = tensors.size();
+    st.index_keys = index.size();
+    st.leases_active = leases.size();
+    uint64_t used = 0;
+    for (auto& [id, tn] : tensors) used += tn.bytes;
+    st.bytes_used = used;
+  }
+};
+
+std::optional<uint64_t> StoreServer::Impl::Allocate(uint64_t bytes) {
+  if (bytes == 0 || bytes > opt.mem_bytes) return std::nullopt;
+  for (;;) {
+    for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+      if (it->second >= bytes) {
+        const uint64_t off = it->first, len = it->second;
+        free_list.erase(it);
+        if (len > bytes) free_list[off + bytes] = len - bytes;
+        return off;
+      }
+    }
+    if (!EvictOne()) return std::nullopt;
+  }
+}
+
+void StoreServer::Impl::FreeRange(uint64_t off, uint64_t len) {
+  auto it = free_list.emplace(off, len).first;
+  if (auto next = std::next(it); next != free_list.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_list.erase(next);
+  }
+  if (it != free_list.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_list.erase(it);
+    }
+  }
+}
+
+bool StoreServer::Impl::EvictOne() {
+  if (by_priority.empty()) return false;
+  const auto [p, id] = *by_priority.begin();
+  clock = std::max(clock, p);  // GDSF: the clock rises to each evicted priority
+  const uint64_t bytes = tensors[id].bytes;
+  DropTensor(id);
+  std::lock_guard<std::mutex> lock(stats_mu);
+  ++st.evictions;
+  st.evicted_bytes += bytes;
+  return true;
+}
+
+void StoreServer::Impl::DropTensor(uint64_t id) {
+  auto it = tensors.find(id);
+  if (it == tensors.end()) return;
+  by_priority.erase({it->second.priority, id});
+  FreeRange(it->second.offset, it->second.bytes);
+  tensors.erase(it);
+  ForgetLocal(node, id);  // index entries kept here; other indexes learn lazily (kForget)
+}
+
+void StoreServer::Impl::ForgetLocal(uint64_t owner, uint64_t tensor) {
+  auto it = keys_of.find({owner, tensor});
+  if (it == keys_of.end()) return;
+  uint64_t n = 0;
+  for (const Key& k : it->second) {
+    auto e = index.find(k);
+    if (e != index.end() && e->second.owner == owner && e->second.tensor == tensor) {
+      index.erase(e);
+      ++n;
+    }
+  }
+  keys_of.erase(it);
+  std::lock_guard<std::mutex> lock(stats_mu);
+  st.forgotten += n;
+}
+
+void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::string_view body) {
+  WireReader r(body);
+  switch (type) {
+    case kHello: return OnHello(c, rid);
+    case kLookup: return OnLookup(c, rid, r);
+    case kPutData: return OnPutData(c, rid, r);
+    case kPutCommit: return OnPutCommit(c, rid, r);
+    case kAcquire: return OnAcquire(c, rid, r);
+    case kRelease: return OnRelease(c, rid, r);
+    case kForget: return OnForget(c, rid, r);
+    case kStats: {
+      UpdateGauges();
+      return t->Reply(c, rid, "");  // the text is served by MetricsText; the call proves liveness
+    }
+    default: return t->ReplyError(c, rid, Unsupported("unknown store message type " + std::to_string(type)));
+  }
+}
+
+void StoreServer::Impl::OnHello(ConnId c, uint64_t rid) {
+  WireWriter w;
+  w.U64(node);
+  w.U64(reg.base);
+  w.U64(reg.length);
+  w.Str(reg.rkey);
+  w.U32(kProtocolVersion);
+  t->Reply(c, rid, w.Take());
+}
+
+void StoreServer::Impl::OnLookup(ConnId c, uint64_t rid, WireReader& r) {
+  const uint32_t n = r.Count(kMaxKeys, 16);
+  struct Run {
+    uint64_t owner, tensor;
+    uint32_t first, count;
+  };
+  std::vector<Run> runs;
+  uint32_t matched = 0;
+  bool walking = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Key k = ReadKey(r);
+    if (!walking) continue;
+    auto it = index.find(k);
+    if (it == index.end()) {
+      walking = false;
+      continue;
+    }
+    const IndexEntry& e = it->second;
+    if (!runs.empty() && runs.back().owner == e.owner && runs.back().tensor == e.tensor &&
+        runs.back().first + runs.back().count == e.index) {
+      ++runs.back().count;
+    } else {
+      runs.push_back({e.owner, e.tensor, e.index, 1});
+    }
+    ++matched;
+  }
+  if (!r.Done()) return Refuse(c, rid, "lookup");
+  WireWriter w;
+  w.U32(matched);
+  w.U32(static_cast<uint32_t>(runs.size()));
+  for (const Run& x : runs) {
+    w.U64(x.owner);
+    w.U64(x.tensor);
+    w.U32(x.first);
+    w.U32(x.count);
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.lookups;
+    st.lookup_blocks_matched += matched;
+  }
+  t->Reply(c, rid, w.Take());
+}
+
+void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
+  const uint32_t n = r.Count(kMaxKeys, 16);
+  std::vector<Key> keys(n);
+  for (Key& k : keys) k = ReadKey(r);
+  r.U32();  // first: the chain index of keys[0] (kept by the index, not needed here)
+  const uint64_t block_bytes = r.U64();
+  const double cost_s = r.F64();
+  net::RemoteRegion src;
+  src.base = r.U64();
+  src.length = r.U64();
+  src.rkey = std::string(r.Str(kMaxRkeyBytes));
+  const uint32_t nseg = r.Count(kMaxSegments, 16);
+  std::vector<std::pair<uint64_t, uint64_t>> segs(nseg);
+  uint64_t total = 0;
+  bool sane = true;
+  for (auto& [addr, len] : segs) {
+    addr = r.U64();
+    len = r.U64();
+    if (len == 0 || len > opt.mem_bytes) sane = false;
+    total += sane ? len : 0;
+  }
+  if (!r.Done() || n == 0 || !sane || block_bytes == 0 || !(cost_s >= 0 && cost_s < 1e9) ||
+      block_bytes > opt.mem_bytes / n || total != block_bytes * n) {
+    return Refuse(c, rid, "put");
+  }
+  const auto off = Allocate(total);
+  if (!off) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++st.full_refusals;
+    }
+    return t->ReplyError(c, rid, ResourceExhausted(fmt::format("store full: {} bytes do not fit in {} (all leased or larger than memory)", total, opt.mem_bytes)));
+  }
+  const uint64_t id = next_tensor++;
+  Tensor& tn = tensors[id];
+  tn.offset = *off;
+  tn.bytes = total;
+  tn.n_blocks = n;
+  tn.block_bytes = block_bytes;
+  tn.cost_s = cost_s;
+  tn.leases = 1;  // pinned while its bytes land
+  std::vector<net::Segment> gets;
+  uint64_t at = *off;
+  for (auto& [addr, len] : segs) {
+    gets.push_back({addr, arena + at, len});
+    at += len;
+  }
+  // The client's memory is read straight into the tensor's place in the arena.
+  t->Get(c, src, std::move(gets), net::After(std::chrono::milliseconds(opt.max_lease_ms)), [this, c, rid, id](Status s) {
+    auto it = tensors.find(id);
+    if (it == tensors.end()) return;
+    Tensor& tn = it->second;
+    tn.leases = 0;
+    if (!s.ok()) {
+      DropTensor(id);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu);
+        ++st.put_failures;
+      }
+      return t->ReplyError(c, rid, s.WithContext("reading the put's bytes from the client"));
+    }
+    tn.checksums.resize(tn.n_blocks);
+    for (uint32_t b = 0; b < tn.n_blocks; ++b) {
+      tn.checksums[b] = XXH3_64bits(arena + tn.offset + b * tn.block_bytes, tn.block_bytes);
+    }
+    tn.ready = true;
+    SetPriority(id, tn, Gdsf(tn));
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++st.puts;
+      st.put_bytes += tn.bytes;
+    }
+    WireWriter w;
+    w.U64(id);
+    t->Reply(c, rid, w.Take());
+  });
+}
+
+void StoreServer::Impl::OnPutCommit(ConnId c, uint64_t rid, WireReader& r) {
+  const uint64_t owner = r.U64();
+  const uint64_t tensor = r.U64();
+  const uint32_t n = r.Count(kMaxKeys, 16);
+  std::vector<Key> keys(n);
+  for (Key& k : keys) k = ReadKey(r);
+  if (!r.Done()) return Refuse(c, rid, "commit");
+  // A tensor of this node that is gone already (evicted before the commit) is not indexed.
+  if (owner == node && !tensors.count(tensor)) {
+    return t->ReplyError(c, rid, NotFound("tensor " + std::to_string(tensor) + " is no longer stored"));
+  }
+  uint32_t stored = 0;
+  auto& mine = keys_of[{owner, tensor}];
+  for (uint32_t i = 0; i < n; ++i) {
+    if (index.emplace(keys[i], IndexEntry{owner, tensor, i}).second) {  // first writer wins
+      mine.push_back(keys[i]);
+      ++stored;
+    }
+  }
+  if (mine.empty()) keys_of.erase({owner, tensor});
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.commits;
+  }
+  WireWriter w;
+  w.U32(stored);
+  t->Reply(c, rid, w.Take());
+}
+
+void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
+  const uint32_t lease_ms = r.U32();
+  const uint32_t n = r.Count(kMaxKeys, 16);
+  struct Want {
+    uint64_t tensor;
+    uint32_t first, count;
+  };
+  std::vector<Want> want(n);
+  for (Want& x : want) {
+    x.tensor = r.U64();
+    x.first = r.U32();
+    x.count = r.U32();
+  }
+  if (!r.Done() || lease_ms == 0) return Refuse(c, rid, "acquire");
+  const uint64_t lease = next_lease++;
+  Lease& L = leases[lease];
+  WireWriter w;
+  w.U64(lease);
+  w.U32(n);
+  uint64_t hits = 0, misses = 0;
+  for (const Want& x : want) {
+    auto it = tensors.find(x.tensor);
+    // Every range is checked against the tensor before its address is handed out: UCX
+    // would serve any address of the arena.
+    const bool ok = it != tensors.end() && it->second.ready && x.count > 0 && x.first < it->second.n_blocks &&
+                    x.count <= it->second.n_blocks - x.first;
+    w.U8(ok ? 1 : 0);
+    if (!ok) {
+      ++misses;
+      w.U64(0);
+      continue;
+    }
+    Tensor& tn = it->second;
+    w.U64(reg.base + tn.offset + x.first * tn.block_bytes);
+    for (uint32_t b = 0; b < x.count; ++b) w.U64(tn.checksums[x.first + b]);
+    ++tn.reads;
+    if (tn.leases++ == 0) by_priority.erase({tn.priority, x.tensor});
+    tn.priority = Gdsf(tn);
+    L.tensors.push_back(x.tensor);
+    ++hits;
+  }
+  const uint32_t ms = std::min(lease_ms, opt.max_lease_ms);
+  L.timer = t->AddTimer(net::After(std::chrono::milliseconds(ms)), [this, lease] { EndLease(lease, true); });
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.acquires;
+    st.acquire_hits += hits;
+    st.acquire_misses += misses;
+  }
+  t->Reply(c, rid, w.Take());
+}
+
+void StoreServer::Impl::EndLease(uint64_t lease, bool expired) {
+  auto it = leases.find(lease);
+  if (it == leases.end()) return;
+  for (uint64_t id : it->second.tensors) {
+    auto tt = tensors.find(id);
+    if (tt == tensors.end()) continue;
+    Tensor& tn = tt->second;
+    if (tn.leases > 0 && --tn.leases == 0 && tn.ready) by_priority.insert({tn.priority, id});
+  }
+  if (!expired) t->CancelTimer(it->second.timer);
+  leases.erase(it);
+  if (expired) {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.lease_expiries;
+  }
+}
+
+void StoreServer::Impl::OnRelease(ConnId c, uint64_t rid, WireReader& r) {
+  const uint64_t lease = r.U64();
+  if (!r.Done()) return Refuse(c, rid, "release");
+  EndLease(lease, false);
+  t->Reply(c, rid, "");
+}
+
+void StoreServer::Impl::OnForget(ConnId c, uint64_t rid, WireReader& r) {
+  const uint32_t n = r.Count(kMaxKeys, 16);
+  std::vector<std::pair<uint64_t, uint64_t>> gone(n);
+  for (auto& [owner, tensor] : gone) {
+    owner = r.U64();
+    tensor = r.U64();
+  }
+  if (!r.Done()) return Refuse(c, rid, "forget");
+  uint32_t dropped = 0;
+  for (auto& [owner, tensor] : gone) {
+    // Only a tensor this node cannot vouch for is forgotten: its own live tensors stay.
+    if (owner == node && tensors.count(tensor)) continue;
+    const size_t before = index.size();
+    ForgetLocal(owner, tensor);
+    dropped += static_cast<uint32_t>(before - index.size());
+  }
+  WireWriter w;
+  w.U32(dropped);
+  t->Reply(c, rid, w.Take());
+}
+
+// --- StoreServer ---
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreServer::~StoreServer() = default;
+
+Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  if (options.mem_bytes < 4096) return InvalidArgument("--mem must be at least 4K");
+  void* p = mmap(nullptr, options.mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return ResourceExhausted(fmt::format("cannot map {} bytes for the store", options.mem_bytes));
+  impl->arena = static_cast<uint8_t*>(p);
+  impl->free_list[0] = options.mem_bytes;
+  TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(options.transport));
+  Impl* raw = impl.get();
+  Status s = raw->t->Sync([raw]() -> Status {
+    auto r = raw->t->Register(raw->arena, raw->opt.mem_bytes);
+    if (!r.ok()) return r.status();
+    raw->reg = *r;
+    raw->t->SetRequestHandler(
+        [raw](ConnId c, uint16_t type, uint64_t rid, std::string_view body) { raw->Handle(c, type, rid, body); });
+    auto port = raw->t->Listen(raw->opt.host, raw->opt.port);
+    if (!port.ok()) return port.status();
+    raw->port = *port;
+    raw->node = NodeId(raw->opt.host + ":" + std::to_string(*port));
+    return Status::Ok();
+  });
+  TRELLIS_RETURN_IF_ERROR(s);
+  {
+    std::lock_guard<std::mutex> lock(raw->stats_mu);
+    raw->st.bytes_capacity = options.mem_bytes;
+  }
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+uint16_t StoreServer::port() const { return impl_->port; }
+uint64_t StoreServer::node_id() const { return impl_->node; }
+
+ServerStats StoreServer::stats() const {
+  impl_->t->Sync([this] { impl_->UpdateGauges(); });
+  std::lock_guard<std::mutex> lock(impl_->stats_mu);
+  return impl_->st;
+}
+
+std::string StoreServer::MetricsText() const {
+  const ServerStats s = stats();
+  const net::TransportStats n = impl_->t->stats();
+  std::string out;
+  auto m = [&](const char* name, const char* type, const char* help, uint64_t v) {
+    out += fmt::format("# HELP trellis_store_{0} {2}\n# TYPE trellis_store_{0} {1}\ntrellis_store_{0} {3}\n", name, type, help, v);
+  };
+  m("tensors", "gauge", "Tensors held in memory.", s.tensors);
+  m("memory_bytes_used", "gauge", "Bytes of tensors in memory.", s.bytes_used);
+  m("memory_bytes_capacity", "gauge", "Size of the memory tier.", s.bytes_capacity);
+  m("index_keys", "gauge", "Chain keys indexed on this node.", s.index_keys);
+  m("puts_total", "counter", "Tensors stored.", s.puts);
+  m("put_bytes_total", "counter", "Bytes stored.", s.put_bytes);
+  m("put_failures_total", "counter", "Puts whose bytes could not be read from the client.", s.put_failures);
+  m("lookups_total", "counter", "Longest-prefix lookups served.", s.lookups);
+  m("lookup_blocks_matched_total", "counter", "Blocks matched by lookups.", s.lookup_blocks_matched);
+  m("acquire_hits_total", "counter", "Tensor ranges leased for reading.", s.acquire_hits);
+  m("acquire_misses_total", "counter", "Tensor ranges asked for and not held.", s.acquire_misses);
+  m("evictions_total", "counter", "Tensors evicted from memory.", s.evictions);
+  m("evicted_bytes_total", "counter", "Bytes evicted from memory.", s.evicted_bytes);
+  m("full_refusals_total", "counter", "Puts refused because memory was full of leased tensors.", s.full_refusals);
+  m("leases_active", "gauge", "Leases held by readers.", s.leases_active);
+  m("lease_expiries_total", "counter", "Leases that expired unreleased.", s.lease_expiries);
+  m("refused_requests_total", "counter", "Malformed requests refused.", s.refused_requests);
+  m("get_bytes_total", "counter", "Bytes this node read from peers by RMA (puts).", n.get_bytes);
+  m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);
+  return out;
+}
+
+}  // namespace trellis::store

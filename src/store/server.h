@@ -1,0 +1,62 @@
+// StoreServer: one node's share of the prefix tensor store (docs/store.md).
+//
+// It holds, in one registered memory arena, the tensors it owns: each a run of whole KV
+// blocks stored contiguously, with a checksum per block. It also keeps the index for the
+// chain keys placed on it: key -> (owner, tensor, block index inside the tensor), which is
+// what Lookup walks. Everything lives on the transport's loop thread.
+//
+// Memory: tensors are placed first-fit in the arena; when a new tensor does not fit,
+// tensors are evicted in GDSF order (priority = clock + reads x cost / bytes, the clock
+// raised to each evicted priority) until a hole is large enough. A leased tensor (being
+// read) is never evicted or moved; a lease expires after its time, so a dead reader pins
+// nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "net/transport.h"
+#include "util/status.h"
+
+namespace trellis::store {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;         // 0: any
+  uint64_t mem_bytes = 64ull << 20;
+  uint32_t max_lease_ms = 10000;
+  net::TransportOptions transport;
+};
+
+struct ServerStats {
+  uint64_t tensors = 0, bytes_used = 0, bytes_capacity = 0, index_keys = 0;
+  uint64_t puts = 0, put_bytes = 0, put_failures = 0, commits = 0;
+  uint64_t lookups = 0, lookup_blocks_matched = 0;
+  uint64_t acquires = 0, acquire_hits = 0, acquire_misses = 0;
+  uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
+  uint64_t leases_active = 0, lease_expiries = 0;
+  uint64_t forgotten = 0, refused_requests = 0;
+};
+
+class StoreServer {
+ public:
+  static Result<std::unique_ptr<StoreServer>> Start(const ServerOptions& options);
+  ~StoreServer();
+
+  uint16_t port() const;
+  uint64_t node_id() const;  // XXH3-64 of "host:port", as clients name owners
+  ServerStats stats() const;
+  std::string MetricsText() const;
+
+  struct Impl;
+
+ private:
+  explicit StoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The node id of the server listening at "host:port".
+uint64_t NodeId(const std::string& address);
+
+}  // namespace trellis::store

@@ -1,0 +1,429 @@
+// The prefix tensor store end to end over real UCX on loopback: store servers and clients
+// in this process, each with its own UCX worker and thread.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "net/wire.h"
+#include "store/client.h"
+#include "store/protocol.h"
+#include "store/server.h"
+
+namespace trellis::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kBlockBytes = 4096;
+constexpr uint32_t kBlockTokens = 4;
+
+net::TransportOptions Lo() {
+  net::TransportOptions o;
+  o.net_devices = "lo";
+  return o;
+}
+
+std::unique_ptr<StoreServer> Server(uint64_t mem = 1 << 20) {
+  ServerOptions o;
+  o.mem_bytes = mem;
+  o.transport = Lo();
+  auto s = StoreServer::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+std::string Addr(const StoreServer& s) { return "127.0.0.1:" + std::to_string(s.port()); }
+
+std::unique_ptr<StoreClient> Client(const std::vector<const StoreServer*>& servers) {
+  ClientOptions o;
+  for (auto* s : servers) o.servers.push_back(Addr(*s));
+  o.transport = Lo();
+  auto c = StoreClient::Connect(o, net::After(5000ms));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+Namespace Ns(uint64_t salt = 0) {
+  Namespace ns;
+  ns.model_fingerprint = 0xfeed;
+  ns.block_tokens = kBlockTokens;
+  ns.salt = salt;
+  return ns;
+}
+
+// A token sequence: `shared` tokens common to every sequence of the same `root`, then
+// tokens particular to `branch`.
+std::vector<int32_t> Tokens(size_t n, size_t shared, int root = 1, int branch = 0) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i < shared ? root * 1000 + i : branch * 100000 + i);
+  return t;
+}
+
+// K/V stand-ins: block i of a sequence is a deterministic function of its tokens so far.
+struct Blocks {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<const void*> cptr;
+  std::vector<void*> ptr;
+  Blocks(const std::vector<int32_t>& tokens) {
+    const size_t n = tokens.size() / kBlockTokens;
+    data.resize(n, std::vector<uint8_t>(kBlockBytes));
+    uint64_t h = 1469598103934665603ull;
+    for (size_t b = 0; b < n; ++b) {
+      for (size_t i = 0; i < kBlockTokens; ++i) h = (h ^ static_cast<uint64_t>(tokens[b * kBlockTokens + i])) * 1099511628211ull;
+      for (size_t j = 0; j < kBlockBytes; ++j) data[b][j] = static_cast<uint8_t>((h >> ((j % 8) * 8)) + j);
+      cptr.push_back(data[b].data());
+      ptr.push_back(data[b].data());
+    }
+  }
+  explicit Blocks(size_t n) : data(n, std::vector<uint8_t>(kBlockBytes, 0xEE)) {
+    for (auto& d : data) {
+      cptr.push_back(d.data());
+      ptr.push_back(d.data());
+    }
+  }
+};
+
+TEST(Store, PutLookupGetRoundTrip) {
+  auto s = Server();
+  auto c = Client({s.get()});
+  const auto tok = Tokens(42, 42);  // 10 whole blocks and 2 tokens
+  Blocks src(tok);
+  auto put = c->Put(Ns(), tok, src.cptr, kBlockBytes, 0.5, net::After(5000ms));
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  EXPECT_EQ(*put, 10u);
+  auto found = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->blocks, 10u);
+  Blocks dst(10);
+  ASSERT_TRUE(c->Get(*found, 10, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  for (size_t b = 0; b < 10; ++b) EXPECT_EQ(dst.data[b], src.data[b]) << b;
+  // A prompt diverging inside block 7 matches 6 blocks; another salt matches nothing.
+  auto other = tok;
+  other[6 * kBlockTokens + 1] = -5;
+  EXPECT_EQ(c->Lookup(Ns(), other, net::After(5000ms))->blocks, 6u);
+  EXPECT_EQ(c->Lookup(Ns(/*salt=*/9), tok, net::After(5000ms))->blocks, 0u);
+  // Fetching only the first 3 blocks works too.
+  Blocks three(3);
+  ASSERT_TRUE(c->Get(*found, 3, three.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(three.data[2], src.data[2]);
+}
+
+TEST(Store, StoresOnlyTheIncrementPastTheLongestCommonPrefix) {
+  auto s = Server();
+  auto c = Client({s.get()});
+  const auto a = Tokens(40, 40);                       // 10 blocks
+  const auto b = Tokens(56, 24, /*root=*/1, /*branch=*/2);  // shares 6 blocks, then 8 of its own
+  Blocks ba(a), bb(b);
+  ASSERT_EQ(*c->Put(Ns(), a, ba.cptr, kBlockBytes, 1.0, net::After(5000ms)), 10u);
+  ASSERT_EQ(*c->Put(Ns(), b, bb.cptr, kBlockBytes, 1.0, net::After(5000ms)), 8u);
+  ASSERT_EQ(*c->Put(Ns(), b, bb.cptr, kBlockBytes, 1.0, net::After(5000ms)), 0u);  // all there already
+  const ServerStats st = s->stats();
+  EXPECT_EQ(st.put_bytes, 18 * kBlockBytes);  // 10 + 8 blocks, not 10 + 14
+  EXPECT_EQ(st.tensors, 2u);
+  EXPECT_EQ(st.index_keys, 18u);
+  // b reads back whole, from two tensors: 6 blocks of a's and 8 of its own.
+  auto found = c->Lookup(Ns(), b, net::After(5000ms));
+  ASSERT_EQ(found->blocks, 14u);
+  EXPECT_EQ(found->runs.size(), 2u);
+  Blocks dst(14);
+  ASSERT_TRUE(c->Get(*found, 14, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  for (size_t i = 0; i < 14; ++i) EXPECT_EQ(dst.data[i], bb.data[i]) << i;
+}
+
+TEST(Store, SpreadsAcrossServersAndLooksUpInOneRoundTrip) {
+  auto s1 = Server(), s2 = Server(), s3 = Server();
+  auto c = Client({s1.get(), s2.get(), s3.get()});
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 12; ++r) seqs.push_back(Tokens(32, 32, /*root=*/r + 10));
+  for (auto& t : seqs) {
+    Blocks b(t);
+    ASSERT_EQ(*c->Put(Ns(), t, b.cptr, kBlockBytes, 1.0, net::After(5000ms)), 8u);
+  }
+  int holding = 0;
+  for (auto* s : {s1.get(), s2.get(), s3.get()}) holding += s->stats().tensors > 0;
+  EXPECT_GE(holding, 2);  // 12 roots on 3 servers: all on one would be a broken ring
+  const uint64_t lookups_before = s1->stats().lookups + s2->stats().lookups + s3->stats().lookups;
+  for (auto& t : seqs) {
+    auto f = c->Lookup(Ns(), t, net::After(5000ms));
+    ASSERT_EQ(f->blocks, 8u);
+    Blocks dst(8), want(t);
+    ASSERT_TRUE(c->Get(*f, 8, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+    EXPECT_EQ(dst.data, want.data);
+  }
+  // One lookup message per lookup, to the one server indexing the sequence.
+  EXPECT_EQ(s1->stats().lookups + s2->stats().lookups + s3->stats().lookups - lookups_before, seqs.size());
+}
+
+TEST(Store, EvictsInGdsfOrderAndLookupsStopAtTheHole) {
+  // Room for 8 blocks. Three 2-block tensors with different cost and reads; a fourth
+  // that needs 4 blocks must evict the two of lowest priority = reads x cost / bytes.
+  auto s = Server(8 * kBlockBytes);
+  auto c = Client({s.get()});
+  auto cheap = Tokens(8, 8, 1), dear = Tokens(8, 8, 2), popular = Tokens(8, 8, 3), big = Tokens(16, 16, 4);
+  Blocks bc(cheap), bd(dear), bp(popular), bb(big);
+  ASSERT_TRUE(c->Put(Ns(), cheap, bc.cptr, kBlockBytes, 0.01, net::After(5000ms)).ok());
+  ASSERT_TRUE(c->Put(Ns(), dear, bd.cptr, kBlockBytes, 10.0, net::After(5000ms)).ok());
+  ASSERT_TRUE(c->Put(Ns(), popular, bp.cptr, kBlockBytes, 0.02, net::After(5000ms)).ok());
+  for (int i = 0; i < 5; ++i) {  // popular is read 5 more times: 6 x 0.02 > 1 x 0.01
+    auto f = c->Lookup(Ns(), popular, net::After(5000ms));
+    Blocks dst(2);
+    ASSERT_TRUE(c->Get(*f, 2, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  }
+  // 6 of 8 blocks used; the 4-block tensor evicts cheap (priority 0.01/8K) first, and
+  // then popular (0.12/8K) rather than dear (10/8K).
+  ASSERT_EQ(*c->Put(Ns(), big, bb.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  EXPECT_EQ(s->stats().evictions, 2u);
+  EXPECT_EQ(c->Lookup(Ns(), cheap, net::After(5000ms))->blocks, 0u);
+  EXPECT_EQ(c->Lookup(Ns(), popular, net::After(5000ms))->blocks, 0u);
+  EXPECT_EQ(c->Lookup(Ns(), dear, net::After(5000ms))->blocks, 2u);
+  EXPECT_EQ(c->Lookup(Ns(), big, net::After(5000ms))->blocks, 4u);
+}
+
+// Speaks the store protocol directly, as a hostile or slow peer would.
+struct RawPeer {
+  std::unique_ptr<net::Transport> t;
+  net::ConnId conn = 0;
+  explicit RawPeer(uint16_t port) {
+    t = std::move(net::Transport::Create(Lo())).value();
+    conn = t->Sync([&] { return *t->Connect("127.0.0.1", port); });
+  }
+  Result<std::string> Call(uint16_t type, std::string body) {
+    std::promise<Result<std::string>> p;
+    auto f = p.get_future();
+    t->Post([&] { t->Call(conn, type, std::move(body), net::After(3000ms), [&](Result<std::string> r) { p.set_value(std::move(r)); }); });
+    return f.get();
+  }
+};
+
+TEST(Store, LeasesPinTensorsUntilReleasedOrExpiredAndAFullStoreRefuses) {
+  auto s = Server(4 * kBlockBytes);
+  auto c = Client({s.get()});
+  auto a = Tokens(16, 16, 1), b = Tokens(16, 16, 2);
+  Blocks ba(a), bbk(b);
+  ASSERT_EQ(*c->Put(Ns(), a, ba.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  auto found = c->Lookup(Ns(), a, net::After(5000ms));
+  ASSERT_EQ(found->runs.size(), 1u);
+  // A reader leases a's tensor for 400 ms and never releases it.
+  RawPeer reader(s->port());
+  net::WireWriter w;
+  w.U32(400);
+  w.U32(1);
+  w.U64(found->runs[0].tensor);
+  w.U32(0);
+  w.U32(4);
+  ASSERT_TRUE(reader.Call(kAcquire, w.Take()).ok());
+  // The store is full of leased data: b is refused, a clear error and nothing lost.
+  auto refused = c->Put(Ns(), b, bbk.cptr, kBlockBytes, 1.0, net::After(5000ms));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(c->Lookup(Ns(), a, net::After(5000ms))->blocks, 4u);
+  // The lease expires; then b evicts a.
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(s->stats().lease_expiries, 1u);
+  EXPECT_EQ(*c->Put(Ns(), b, bbk.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  EXPECT_EQ(c->Lookup(Ns(), a, net::After(5000ms))->blocks, 0u);
+}
+
+TEST(Store, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
+  auto s = Server();
+  RawPeer peer(s->port());
+  auto bad = [&](uint16_t type, std::string body) {
+    auto r = peer.Call(type, std::move(body));
+    EXPECT_FALSE(r.ok());
+    return r.status();
+  };
+  net::WireWriter huge_count;
+  huge_count.U32(1u << 30);  // a billion keys in a 4-byte body
+  EXPECT_EQ(bad(kLookup, huge_count.Take()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad(kLookup, "\x01").code(), StatusCode::kInvalidArgument);
+  net::WireWriter put;  // one key, 4 KiB blocks, but segments adding up to 8 KiB
+  put.U32(1);
+  put.U64(1);
+  put.U64(2);
+  put.U32(0);
+  put.U64(kBlockBytes);
+  put.F64(1.0);
+  put.U64(0x1000);
+  put.U64(1 << 20);
+  put.Str("not a key");
+  put.U32(1);
+  put.U64(0x1000);
+  put.U64(2 * kBlockBytes);
+  EXPECT_EQ(bad(kPutData, put.Take()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad(999, "").code(), StatusCode::kUnsupported);
+  // Ranges outside a tensor (or of no tensor) are not served: found = 0, no address.
+  auto c = Client({s.get()});
+  auto tok = Tokens(8, 8);
+  Blocks b(tok);
+  ASSERT_TRUE(c->Put(Ns(), tok, b.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
+  const uint64_t tensor = c->Lookup(Ns(), tok, net::After(5000ms))->runs[0].tensor;
+  for (auto [id, first, count] : {std::tuple<uint64_t, uint32_t, uint32_t>{tensor, 1, 2}, {tensor, 2, 1},
+                                  {tensor, 0xffffffffu, 2}, {tensor + 77, 0, 1}, {tensor, 0, 0}}) {
+    net::WireWriter w;
+    w.U32(1000);
+    w.U32(1);
+    w.U64(id);
+    w.U32(first);
+    w.U32(count);
+    auto r = peer.Call(kAcquire, w.Take());
+    ASSERT_TRUE(r.ok());
+    net::WireReader rd(*r);
+    rd.U64();
+    EXPECT_EQ(rd.U32(), 1u);
+    EXPECT_EQ(rd.U8(), 0u) << id << " " << first << " " << count;
+  }
+  EXPECT_GE(s->stats().refused_requests, 3u);
+  EXPECT_EQ(c->Lookup(Ns(), tok, net::After(5000ms))->blocks, 2u);  // still serving
+}
+
+TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
+  auto s1 = Server();
+  auto s2 = Server();
+  auto c = Client({s1.get(), s2.get()});
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 8; ++r) seqs.push_back(Tokens(16, 16, r + 50));
+  for (auto& t : seqs) {
+    Blocks b(t);
+    ASSERT_TRUE(c->Put(Ns(), t, b.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
+  }
+  const std::string dead = Addr(*s2);
+  s2.reset();  // gone, as a killed process would be
+  int served = 0, missed = 0;
+  for (auto& t : seqs) {
+    const auto t0 = net::Clock::now();
+    auto f = c->Lookup(Ns(), t, net::After(1500ms));
+    Status st = f.status();
+    if (f.ok() && f->blocks > 0) {
+      Blocks dst(f->blocks);
+      st = c->Get(*f, f->blocks, dst.ptr, kBlockBytes, net::After(1500ms));
+    }
+    EXPECT_LT(net::Clock::now() - t0, 4s);
+    (st.ok() && f.ok() && f->blocks == 4) ? ++served : ++missed;
+  }
+  EXPECT_GT(served, 0);  // what lives only on s1 still serves
+  EXPECT_GT(missed, 0);  // what needed s2 is a miss, not a hang
+  const ClientStats cs = c->stats();
+  EXPECT_GT(cs.misses_down + cs.misses_deadline, 0u);
+}
+
+// `trellis store` as a real process: its port is read from its start-up line.
+struct StoreProcess {
+  pid_t pid = -1;
+  uint16_t port = 0;
+  explicit StoreProcess(const std::string& mem) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    pid = fork();
+    if (pid == 0) {
+      dup2(fds[1], 2);
+      close(fds[0]);
+      execl(TRELLIS_BIN, TRELLIS_BIN, "store", "--listen", "127.0.0.1:0", "--mem", mem.c_str(), "--net-devices", "lo",
+            nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    err = fdopen(fds[0], "r");
+    char line[512];
+    while (err && std::fgets(line, sizeof line, err)) {
+      if (const char* at = std::strstr(line, "listening on 127.0.0.1:")) {
+        port = static_cast<uint16_t>(std::atoi(at + std::strlen("listening on 127.0.0.1:")));
+        break;
+      }
+    }
+  }
+  std::string Addr() const { return "127.0.0.1:" + std::to_string(port); }
+  // SIGTERM: a clean stop, exit code 0, metrics printed.
+  int Stop(std::string* log) {
+    kill(pid, SIGTERM);
+    char line[512];
+    while (err && std::fgets(line, sizeof line, err)) *log += line;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  void Kill() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~StoreProcess() {
+    Kill();
+    if (err) std::fclose(err);
+  }
+  FILE* err = nullptr;
+};
+
+TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOtherServes) {
+  StoreProcess a("64M"), b("64M");
+  ASSERT_GT(a.port, 0);
+  ASSERT_GT(b.port, 0);
+  ClientOptions o;
+  o.servers = {a.Addr(), b.Addr()};
+  o.transport = Lo();
+  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  // 16 sequences of 8 blocks of 256 KiB: 32 MiB over both servers, big enough that
+  // reads are in flight when b dies.
+  constexpr uint64_t kBig = 256 << 10;
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<std::vector<uint8_t>>> data;
+  for (int r = 0; r < 16; ++r) {
+    seqs.push_back(Tokens(32, 32, 200 + r));
+    data.emplace_back(8, std::vector<uint8_t>(kBig));
+    std::vector<const void*> ptrs;
+    for (size_t i = 0; i < 8; ++i) {
+      for (size_t j = 0; j < kBig; j += 64) data[r][i][j] = static_cast<uint8_t>(r * 31 + i * 7 + j / 64);
+      ptrs.push_back(data[r][i].data());
+    }
+    ASSERT_EQ(*c->Put(Ns(), seqs[r], ptrs, kBig, 1.0, net::After(5000ms)), 8u) << r;
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, slow{0}, ok{0}, missed{0};
+  std::thread reader([&] {
+    std::vector<std::vector<uint8_t>> dst(8, std::vector<uint8_t>(kBig));
+    std::vector<void*> ptrs;
+    for (auto& d : dst) ptrs.push_back(d.data());
+    for (int i = 0; !stop; ++i) {
+      const int r = i % 16;
+      const auto t0 = net::Clock::now();
+      auto f = c->Lookup(Ns(), seqs[r], net::After(1000ms));
+      Status st = f.status();
+      if (f.ok()) st = f->blocks == 8 ? c->Get(*f, 8, ptrs, kBig, net::After(1000ms)) : NotFound("short");
+      if (net::Clock::now() - t0 > 3s) ++slow;
+      if (!st.ok()) {
+        ++missed;
+        continue;
+      }
+      ++ok;
+      for (size_t b = 0; b < 8; ++b) wrong += dst[b] != data[r][b];
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  b.Kill();
+  std::this_thread::sleep_for(1500ms);
+  stop = true;
+  reader.join();
+  std::printf("reads: %d served, %d missed after the kill\n", ok.load(), missed.load());
+  EXPECT_EQ(wrong, 0);   // never a wrong byte served
+  EXPECT_EQ(slow, 0);    // never past the deadline (plus slack)
+  EXPECT_GT(ok, 16);     // served before the kill, and a's share after it
+  EXPECT_GT(missed, 0);  // b's share became misses
+  std::string log;
+  EXPECT_EQ(a.Stop(&log), 0);
+  EXPECT_NE(log.find("trellis_store_puts_total"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace trellis::store
