@@ -145,7 +145,39 @@ def render_serve(meta, rows):
          "inter-token ms", "cached share", "errors"], out)
 
 
+def render_chat(meta, rows):
+    """Per turn, medians over conversations, as `trellis bench chat` prints them."""
+    by = {}
+    for r in rows:
+        if r["error"]:
+            raise ValueError(f"turn {r['turn']} of {r['server']} failed: {r['error']}")
+        by.setdefault((r["server"], int(r["turn"])), []).append(r)
+    servers = sorted({r["server"] for r in rows}, key=lambda x: x != "trellis")
+    if len(servers) != 2:
+        raise ValueError(f"expected trellis and llama-server rows, got {servers}")
+    t, l = servers
+    med = lambda s, turn, k: statistics.median(float(r[k]) for r in by[(s, turn)])
+    num = lambda x: f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+    turns = sorted({turn for (_, turn) in by})
+    out = []
+    for turn in turns:
+        pt, pl = med(t, turn, "prompt_tokens"), med(l, turn, "prompt_tokens")
+        out.append([str(turn), num(pt) if pt == pl else f"{num(pt)} / {num(pl)}", num(med(t, turn, "cached_tokens")),
+                    num(med(l, turn, "cached_tokens")), f"{med(t, turn, 'ttft_ms'):.0f}", f"{med(l, turn, 'ttft_ms'):.0f}"])
+    later = [x for x in turns if x >= 2]
+    mt = statistics.mean(med(t, x, "ttft_ms") for x in later)
+    ml = statistics.mean(med(l, x, "ttft_ms") for x in later)
+    n_conv = len({r["conversation"] for r in rows})
+    llama = f"llama-server: {meta['llama_server']}.\n\n" if "llama_server" in meta else ""
+    return provenance(meta) + llama + (f"{n_conv} conversation(s) x {len(turns)} turns, system prompt "
+                               f"{meta.get('system_tokens', '?')} tokens; medians over conversations; \"a / b\": the "
+                               f"servers' prompts differ (their replies did):\n\n") + table(
+        ["turn", "prompt tokens", f"cached {t}", f"cached {l}", f"TTFT {t} ms", f"TTFT {l} ms"], out) + (
+        f"\nMean TTFT over turns 2..{turns[-1]}: {t} {mt:.1f} ms, {l} {ml:.1f} ms; {t} / {l} = **{mt / ml:.2f}**.\n")
+
+
 RENDERERS = {
+    "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
     "speed_sessions": render_speed_sessions,
     "prefix_throughput": render_prefix_throughput,

@@ -517,6 +517,15 @@ ServerStats StoreServer::stats() const {
   return impl_->st;
 }
 
+bool StoreServer::CorruptByteForTesting(uint64_t tensor, uint64_t byte) {
+  return impl_->t->Sync([&] {
+    auto it = impl_->tensors.find(tensor);
+    if (it == impl_->tensors.end() || byte >= it->second.bytes) return false;
+    impl_->arena[it->second.offset + byte] ^= 0x40;
+    return true;
+  });
+}
+
 std::string StoreServer::MetricsText() const {
   const ServerStats s = stats();
   const net::TransportStats n = impl_->t->stats();

@@ -48,6 +48,9 @@ class StoreServer {
   uint64_t node_id() const;  // XXH3-64 of "host:port", as clients name owners
   ServerStats stats() const;
   std::string MetricsText() const;
+  // Flips one byte of a stored tensor behind its checksum's back, as a bad DIMM or a
+  // corrupted transfer would (tests only). False if there is no such byte.
+  bool CorruptByteForTesting(uint64_t tensor, uint64_t byte);
 
   struct Impl;
 

@@ -189,6 +189,24 @@ TEST(Store, EvictsInGdsfOrderAndLookupsStopAtTheHole) {
   EXPECT_EQ(c->Lookup(Ns(), big, net::After(5000ms))->blocks, 4u);
 }
 
+TEST(Store, AChecksumCatchesACorruptedByteAndItIsNeverReturnedAsData) {
+  auto s = Server();
+  auto c = Client({s.get()});
+  const auto tok = Tokens(16, 16);
+  Blocks src(tok);
+  ASSERT_TRUE(c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
+  auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 4u);
+  ASSERT_TRUE(s->CorruptByteForTesting(f->runs[0].tensor, 2 * kBlockBytes + 100));  // inside block 2
+  Blocks dst(4);
+  const Status st = c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms));
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+  EXPECT_EQ(c->stats().checksum_failures, 1u);
+  Blocks two(2);  // the blocks before it are intact and still served
+  EXPECT_TRUE(c->Get(*f, 2, two.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(two.data[1], src.data[1]);
+}
+
 // Speaks the store protocol directly, as a hostile or slow peer would.
 struct RawPeer {
   std::unique_ptr<net::Transport> t;
