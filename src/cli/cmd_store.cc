@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <string>
 
+#include <thread>
+
 #include "cli/commands.h"
+#include "server/http_server.h"
 #include "store/server.h"
 
 namespace trellis::cli {
@@ -17,6 +20,51 @@ struct StoreOptions {
   uint32_t max_lease_ms = 10000;
   std::string tls = "tcp";
   std::string net_devices;
+  std::string ssd_dir, ssd_size;
+  std::string metrics_listen;  // HOST:PORT of the /metrics and /health endpoint; "" = none
+};
+
+// GET /metrics (Prometheus text) and GET /health, answered from the head on the HTTP
+// server's I/O thread; everything else is 404 / 405.
+class MetricsHandler : public server::HttpHandler {
+ public:
+  explicit MetricsHandler(const store::StoreServer& s) : store_(s) {}
+  std::optional<server::HttpResponse> OnHead(const server::HttpRequest& head) override {
+    server::HttpResponse r;
+    if (head.path != "/metrics" && head.path != "/health") {
+      r.status = 404;
+      r.body = ErrorBody(404, "not found: the store serves GET /metrics and GET /health");
+      return r;
+    }
+    if (head.method != "GET") {
+      r.status = 405;
+      r.headers.emplace_back("Allow", "GET");
+      r.body = ErrorBody(405, "use GET");
+      return r;
+    }
+    if (head.path == "/health") {
+      r.body = R"({"status":"ok"})";
+      return r;
+    }
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = store_.MetricsText();
+    return r;
+  }
+  void Handle(const server::HttpRequest&, server::HttpExchange& ex) override {
+    server::HttpResponse r;
+    r.status = 404;
+    r.body = ErrorBody(404, "not found");
+    ex.Respond(r);
+  }
+  void OnAnswered(const server::HttpRequest&, int, const server::AccessInfo&, double) override {}
+  std::string ErrorBody(int status, const std::string& message) const override {
+    std::string m;
+    for (char c : message) m += (c == '"' || c == '\\') ? ' ' : c;
+    return "{\"error\":{\"code\":" + std::to_string(status) + ",\"message\":\"" + m + "\"}}";
+  }
+
+ private:
+  const store::StoreServer& store_;
 };
 
 // "64M", "2G", "4096": bytes. K/M/G/T are powers of 1024.
@@ -50,6 +98,15 @@ int Run(const StoreOptions& o) {
   if (!mem.ok()) return Fail("--mem: " + mem.status().message());
   so.mem_bytes = *mem;
   so.max_lease_ms = o.max_lease_ms;
+  if (!o.ssd_dir.empty()) {
+    if (o.ssd_size.empty()) return Fail("--ssd-dir needs --ssd-size");
+    auto ssd = ParseSize(o.ssd_size);
+    if (!ssd.ok()) return Fail("--ssd-size: " + ssd.status().message());
+    so.ssd_dir = o.ssd_dir;
+    so.ssd_bytes = *ssd;
+  } else if (!o.ssd_size.empty()) {
+    return Fail("--ssd-size needs --ssd-dir");
+  }
   so.transport.tls = o.tls;
   so.transport.net_devices = o.net_devices;
 
@@ -65,9 +122,36 @@ int Run(const StoreOptions& o) {
   if (!server.ok()) return Fail("store: " + server.status().ToString());
   std::fprintf(stderr, "trellis store: listening on %s:%u, memory %llu bytes, transports %s\n", so.host.c_str(),
                (*server)->port(), static_cast<unsigned long long>(so.mem_bytes), so.transport.tls.c_str());
+  if (!so.ssd_dir.empty()) {
+    const store::ServerStats st = (*server)->stats();
+    std::fprintf(stderr, "trellis store: SSD tier %s, %llu bytes: %llu tensors restored, %llu bad files deleted\n",
+                 so.ssd_dir.c_str(), static_cast<unsigned long long>(so.ssd_bytes),
+                 static_cast<unsigned long long>(st.ssd_restored), static_cast<unsigned long long>(st.ssd_rejected));
+  }
+  std::unique_ptr<MetricsHandler> handler;
+  std::unique_ptr<server::HttpServer> http;
+  std::thread http_thread;
+  if (!o.metrics_listen.empty()) {
+    const size_t mc = o.metrics_listen.rfind(':');
+    if (mc == std::string::npos) return Fail("--metrics-listen takes HOST:PORT, got '" + o.metrics_listen + "'");
+    server::HttpServerOptions ho;
+    ho.host = o.metrics_listen.substr(0, mc);
+    ho.port = std::atoi(o.metrics_listen.c_str() + mc + 1);
+    ho.workers = 1;
+    ho.max_queued = 4;
+    handler = std::make_unique<MetricsHandler>(**server);
+    http = std::make_unique<server::HttpServer>(*handler, ho);
+    if (Status b = http->Bind(); !b.ok()) return Fail("--metrics-listen: " + b.ToString());
+    std::fprintf(stderr, "trellis store: metrics on http://%s:%d/metrics\n", ho.host.c_str(), http->port());
+    http_thread = std::thread([&] { http->Run(); });
+  }
   std::fflush(stderr);
   int sig = 0;
   sigwait(&sigs, &sig);
+  if (http) {
+    http->BeginShutdown();
+    http_thread.join();
+  }
   std::fprintf(stderr, "trellis store: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   std::fputs((*server)->MetricsText().c_str(), stderr);
   server->reset();
@@ -82,9 +166,12 @@ Runner AddStoreCommand(CLI::App& app) {
   app.add_option("--listen", o->listen, "HOST:PORT to serve the store on (port 0: any; the log names it)")
       ->capture_default_str();
   app.add_option("--mem", o->mem, "memory tier size (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--ssd-dir", o->ssd_dir, "directory of the SSD tier (kept across restarts)");
+  app.add_option("--ssd-size", o->ssd_size, "SSD tier size (K, M, G, T suffixes)");
   app.add_option("--max-lease-ms", o->max_lease_ms, "longest a reader may pin a tensor")->capture_default_str();
   app.add_option("--tls", o->tls, "UCX transports (UCX_TLS); tcp is needed to accept connections")->capture_default_str();
   app.add_option("--net-devices", o->net_devices, "UCX_NET_DEVICES (e.g. lo for a single-host test)");
+  app.add_option("--metrics-listen", o->metrics_listen, "HOST:PORT for GET /metrics (Prometheus) and /health");
   return [o] { return Run(*o); };
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <random>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -16,6 +17,7 @@
 #include "net/wire.h"
 #include "store/keys.h"
 #include "store/protocol.h"
+#include "store/ssd.h"
 #include "util/log.h"
 
 namespace trellis::store {
@@ -44,7 +46,9 @@ struct Tensor {
   uint64_t reads = 1;
   double priority = 0;
   uint32_t leases = 0;
-  bool ready = false;  // bytes landed and checked
+  bool ready = false;   // bytes landed and checked
+  bool in_mem = false;  // at `offset` in the arena
+  bool on_ssd = false;  // in the SSD tier (a tensor read back keeps its file)
 };
 
 struct Lease {
@@ -68,7 +72,9 @@ struct StoreServer::Impl {
 
   std::map<uint64_t, uint64_t> free_list;  // offset -> length
   std::unordered_map<uint64_t, Tensor> tensors;
-  std::set<std::pair<double, uint64_t>> by_priority;  // (priority, tensor)
+  std::set<std::pair<double, uint64_t>> by_priority;  // (priority, tensor) in memory, evictable
+  std::set<std::pair<double, uint64_t>> ssd_only;     // (priority, tensor) on SSD, not in memory
+  std::unique_ptr<SsdTier> ssd;
   double clock = 0;
   uint64_t next_tensor = 1;
   std::unordered_map<uint64_t, Lease> leases;
@@ -83,8 +89,24 @@ struct StoreServer::Impl {
   std::unique_ptr<net::Transport> t;  // last: destroyed (loop joined) before the state above
 
   ~Impl() {
-    t.reset();
+    t.reset();  // the loop has stopped: the state is this thread's now
+    FlushAllToSsd();
     if (arena) munmap(arena, opt.mem_bytes);
+  }
+  // A clean stop writes what is only in memory to the SSD tier, highest priority first,
+  // so a restart with the same --ssd-dir serves it.
+  void FlushAllToSsd() {
+    if (!ssd) return;
+    std::vector<std::pair<double, uint64_t>> order;
+    for (auto& [id, tn] : tensors) {
+      if (tn.ready && tn.in_mem && !tn.on_ssd) order.emplace_back(tn.priority, id);
+    }
+    std::sort(order.rbegin(), order.rend());
+    for (auto [p, id] : order) {
+      Tensor& tn = tensors[id];
+      if (!MakeSsdRoom(tn.bytes, p)) continue;
+      if (ssd->Write(SsdMeta(id, tn), arena + tn.offset).ok()) tn.on_ssd = true;
+    }
   }
 
   void Handle(ConnId c, uint16_t type, uint64_t rid, std::string_view body);
@@ -103,7 +125,12 @@ struct StoreServer::Impl {
   void SetPriority(uint64_t id, Tensor& tn, double p) {
     by_priority.erase({tn.priority, id});
     tn.priority = p;
-    if (tn.ready && tn.leases == 0) by_priority.insert({p, id});
+    if (tn.ready && tn.in_mem && tn.leases == 0) by_priority.insert({p, id});
+  }
+  bool MakeSsdRoom(uint64_t bytes, double below);
+  Status LoadFromSsd(uint64_t id, Tensor& tn);
+  SsdTensor SsdMeta(uint64_t id, const Tensor& tn) const {
+    return SsdTensor{id, tn.n_blocks, tn.block_bytes, tn.cost_s, tn.reads, tn.checksums};
   }
   double Gdsf(const Tensor& tn) const {
     return clock + static_cast<double>(tn.reads) * std::max(tn.cost_s, 1e-6) / static_cast<double>(std::max<uint64_t>(tn.bytes, 1));
@@ -121,12 +148,19 @@ struct StoreServer::Impl {
   void EndLease(uint64_t lease, bool expired);
   void UpdateGauges() {
     std::lock_guard<std::mutex> lock(stats_mu);
-    st.tensors = tensors.size();
     st.index_keys = index.size();
     st.leases_active = leases.size();
-    uint64_t used = 0;
-    for (auto& [id, tn] : tensors) used += tn.bytes;
+    uint64_t used = 0, on_ssd = 0, in_mem = 0;
+    for (auto& [id, tn] : tensors) {
+      used += tn.in_mem ? tn.bytes : 0;
+      in_mem += tn.in_mem;
+      on_ssd += tn.on_ssd;
+    }
+    st.tensors = in_mem;
     st.bytes_used = used;
+    st.ssd_tensors = on_ssd;
+    st.ssd_bytes_used = ssd ? ssd->used() : 0;
+    st.ssd_bytes_capacity = ssd ? ssd->capacity() : 0;
   }
 };
 
@@ -163,20 +197,82 @@ void StoreServer::Impl::FreeRange(uint64_t off, uint64_t len) {
 bool StoreServer::Impl::EvictOne() {
   if (by_priority.empty()) return false;
   const auto [p, id] = *by_priority.begin();
+  by_priority.erase(by_priority.begin());
   clock = std::max(clock, p);  // GDSF: the clock rises to each evicted priority
-  const uint64_t bytes = tensors[id].bytes;
-  DropTensor(id);
+  Tensor& tn = tensors[id];
+  const uint64_t bytes = tn.bytes;
+  // An owned tensor leaving memory goes to the SSD tier rather than away, unless the
+  // tier is full of tensors of higher priority (one priority orders both tiers).
+  if (ssd && !tn.on_ssd && MakeSsdRoom(tn.bytes, tn.priority)) {
+    const Status w = ssd->Write(SsdMeta(id, tn), arena + tn.offset);
+    if (w.ok()) {
+      tn.on_ssd = true;
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++st.ssd_flushes;
+    } else {
+      TRELLIS_LOG_WARN("store: flushing tensor {} to SSD: {}", id, w.ToString());
+    }
+  }
+  if (tn.on_ssd) {
+    FreeRange(tn.offset, tn.bytes);
+    tn.in_mem = false;
+    ssd_only.insert({tn.priority, id});
+  } else {
+    DropTensor(id);
+  }
   std::lock_guard<std::mutex> lock(stats_mu);
   ++st.evictions;
   st.evicted_bytes += bytes;
   return true;
 }
 
+// Frees SSD space for `bytes` by dropping SSD-only tensors of priority below `below`.
+bool StoreServer::Impl::MakeSsdRoom(uint64_t bytes, double below) {
+  if (bytes > ssd->capacity()) return false;
+  while (ssd->used() + bytes > ssd->capacity()) {
+    if (ssd_only.empty() || ssd_only.begin()->first > below) return false;
+    const uint64_t victim = ssd_only.begin()->second;
+    clock = std::max(clock, ssd_only.begin()->first);
+    DropTensor(victim);
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.ssd_evictions;
+  }
+  return true;
+}
+
+Status StoreServer::Impl::LoadFromSsd(uint64_t id, Tensor& tn) {
+  ssd_only.erase({tn.priority, id});  // not a victim while it is being brought back
+  const auto off = Allocate(tn.bytes);
+  if (!off) {
+    ssd_only.insert({tn.priority, id});
+    return ResourceExhausted("no memory to bring a tensor back from SSD");
+  }
+  const Status r = ssd->Read(SsdMeta(id, tn), arena + *off);
+  if (!r.ok()) {
+    FreeRange(*off, tn.bytes);
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      if (r.code() == StatusCode::kCorrupt) ++st.ssd_checksum_failures;
+    }
+    tn.on_ssd = ssd->Has(id);
+    DropTensor(id);
+    return r;
+  }
+  tn.offset = *off;
+  tn.in_mem = true;
+  std::lock_guard<std::mutex> lock(stats_mu);
+  ++st.ssd_reads;
+  return Status::Ok();
+}
+
 void StoreServer::Impl::DropTensor(uint64_t id) {
   auto it = tensors.find(id);
   if (it == tensors.end()) return;
-  by_priority.erase({it->second.priority, id});
-  FreeRange(it->second.offset, it->second.bytes);
+  Tensor& tn = it->second;
+  by_priority.erase({tn.priority, id});
+  ssd_only.erase({tn.priority, id});
+  if (tn.in_mem) FreeRange(tn.offset, tn.bytes);
+  if (tn.on_ssd && ssd) ssd->Remove(id);
   tensors.erase(it);
   ForgetLocal(node, id);  // index entries kept here; other indexes learn lazily (kForget)
 }
@@ -193,6 +289,7 @@ void StoreServer::Impl::ForgetLocal(uint64_t owner, uint64_t tensor) {
     }
   }
   keys_of.erase(it);
+  if (ssd && n > 0) ssd->LogForget(owner, tensor);
   std::lock_guard<std::mutex> lock(stats_mu);
   st.forgotten += n;
 }
@@ -305,6 +402,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
   const uint64_t id = next_tensor++;
   Tensor& tn = tensors[id];
   tn.offset = *off;
+  tn.in_mem = true;
   tn.bytes = total;
   tn.n_blocks = n;
   tn.block_bytes = block_bytes;
@@ -364,6 +462,7 @@ void StoreServer::Impl::OnPutCommit(ConnId c, uint64_t rid, WireReader& r) {
     if (index.emplace(keys[i], IndexEntry{owner, tensor, i}).second) {  // first writer wins
       mine.push_back(keys[i]);
       ++stored;
+      if (ssd) ssd->LogAdd(IndexRecord{keys[i], owner, tensor, i});
     }
   }
   if (mine.empty()) keys_of.erase({owner, tensor});
@@ -400,8 +499,16 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
     auto it = tensors.find(x.tensor);
     // Every range is checked against the tensor before its address is handed out: UCX
     // would serve any address of the arena.
-    const bool ok = it != tensors.end() && it->second.ready && x.count > 0 && x.first < it->second.n_blocks &&
-                    x.count <= it->second.n_blocks - x.first;
+    bool ok = it != tensors.end() && it->second.ready && x.count > 0 && x.first < it->second.n_blocks &&
+              x.count <= it->second.n_blocks - x.first;
+    // A tensor on SSD only is read back into memory first (its file checked again).
+    if (ok && !it->second.in_mem) {
+      const Status back = LoadFromSsd(x.tensor, it->second);
+      if (!back.ok()) {
+        TRELLIS_LOG_WARN("store: tensor {}: {}", x.tensor, back.ToString());
+        ok = false;
+      }
+    }
     w.U8(ok ? 1 : 0);
     if (!ok) {
       ++misses;
@@ -435,7 +542,7 @@ void StoreServer::Impl::EndLease(uint64_t lease, bool expired) {
     auto tt = tensors.find(id);
     if (tt == tensors.end()) continue;
     Tensor& tn = tt->second;
-    if (tn.leases > 0 && --tn.leases == 0 && tn.ready) by_priority.insert({tn.priority, id});
+    if (tn.leases > 0 && --tn.leases == 0 && tn.ready && tn.in_mem) by_priority.insert({tn.priority, id});
   }
   if (!expired) t->CancelTimer(it->second.timer);
   leases.erase(it);
@@ -486,6 +593,34 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
   if (p == MAP_FAILED) return ResourceExhausted(fmt::format("cannot map {} bytes for the store", options.mem_bytes));
   impl->arena = static_cast<uint8_t*>(p);
   impl->free_list[0] = options.mem_bytes;
+  // Tensor ids carry a random epoch: a restarted server never hands out an id that an
+  // index elsewhere still maps to its previous life's data.
+  impl->next_tensor = (static_cast<uint64_t>(std::random_device{}()) << 32) | 1;
+  if (!options.ssd_dir.empty()) {
+    if (options.ssd_bytes == 0) return InvalidArgument("--ssd-dir needs --ssd-size");
+    TRELLIS_ASSIGN_OR_RETURN(impl->ssd, SsdTier::Open(options.ssd_dir, options.ssd_bytes));
+    // What the SSD held before a restart is served again, from SSD, after its check.
+    for (const auto& [id, m] : impl->ssd->restored()) {
+      Tensor& tn = impl->tensors[id];
+      tn.bytes = m.bytes();
+      tn.n_blocks = m.n_blocks;
+      tn.block_bytes = m.block_bytes;
+      tn.checksums = m.checksums;
+      tn.cost_s = m.cost_s;
+      tn.reads = std::max<uint64_t>(m.reads, 1);
+      tn.ready = true;
+      tn.on_ssd = true;
+      tn.priority = impl->Gdsf(tn);
+      impl->ssd_only.insert({tn.priority, id});
+    }
+    for (const IndexRecord& r : impl->ssd->restored_index()) {
+      if (impl->index.emplace(r.key, IndexEntry{r.owner, r.tensor, r.index}).second) {
+        impl->keys_of[{r.owner, r.tensor}].push_back(r.key);
+      }
+    }
+    impl->st.ssd_restored = impl->ssd->restored().size();
+    impl->st.ssd_rejected = impl->ssd->files_rejected();
+  }
   TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(options.transport));
   Impl* raw = impl.get();
   Status s = raw->t->Sync([raw]() -> Status {
@@ -550,6 +685,15 @@ std::string StoreServer::MetricsText() const {
   m("leases_active", "gauge", "Leases held by readers.", s.leases_active);
   m("lease_expiries_total", "counter", "Leases that expired unreleased.", s.lease_expiries);
   m("refused_requests_total", "counter", "Malformed requests refused.", s.refused_requests);
+  m("ssd_tensors", "gauge", "Tensors in the SSD tier.", s.ssd_tensors);
+  m("ssd_bytes_used", "gauge", "Bytes of tensors in the SSD tier.", s.ssd_bytes_used);
+  m("ssd_bytes_capacity", "gauge", "Size of the SSD tier.", s.ssd_bytes_capacity);
+  m("ssd_flushes_total", "counter", "Tensors written to SSD as they left memory.", s.ssd_flushes);
+  m("ssd_reads_total", "counter", "Tensors read back from SSD.", s.ssd_reads);
+  m("ssd_evictions_total", "counter", "Tensors dropped from SSD for room.", s.ssd_evictions);
+  m("checksum_failures_total", "counter", "SSD reads whose blocks failed their checksums (discarded).", s.ssd_checksum_failures);
+  m("ssd_restored_total", "counter", "Tensors found intact on SSD at start.", s.ssd_restored);
+  m("ssd_rejected_total", "counter", "Tensor files found bad at start (deleted).", s.ssd_rejected);
   m("get_bytes_total", "counter", "Bytes this node read from peers by RMA (puts).", n.get_bytes);
   m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);
   return out;

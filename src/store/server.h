@@ -26,6 +26,8 @@ struct ServerOptions {
   uint16_t port = 0;         // 0: any
   uint64_t mem_bytes = 64ull << 20;
   uint32_t max_lease_ms = 10000;
+  std::string ssd_dir;      // "": no SSD tier
+  uint64_t ssd_bytes = 0;   // tensor bytes the SSD tier may hold
   net::TransportOptions transport;
 };
 
@@ -37,6 +39,9 @@ struct ServerStats {
   uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
   uint64_t leases_active = 0, lease_expiries = 0;
   uint64_t forgotten = 0, refused_requests = 0;
+  uint64_t ssd_tensors = 0, ssd_bytes_used = 0, ssd_bytes_capacity = 0;
+  uint64_t ssd_flushes = 0, ssd_reads = 0, ssd_evictions = 0, ssd_checksum_failures = 0, ssd_restored = 0,
+           ssd_rejected = 0;
 };
 
 class StoreServer {

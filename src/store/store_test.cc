@@ -1,5 +1,6 @@
 // The prefix tensor store end to end over real UCX on loopback: store servers and clients
 // in this process, each with its own UCX worker and thread.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include <atomic>
 #include <cstdio>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -205,6 +208,135 @@ TEST(Store, AChecksumCatchesACorruptedByteAndItIsNeverReturnedAsData) {
   Blocks two(2);  // the blocks before it are intact and still served
   EXPECT_TRUE(c->Get(*f, 2, two.ptr, kBlockBytes, net::After(5000ms)).ok());
   EXPECT_EQ(two.data[1], src.data[1]);
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/trellis-ssd-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  std::vector<std::string> Files(const std::string& suffix) const {
+    std::vector<std::string> out;
+    if (DIR* d = opendir(path.c_str())) {
+      while (dirent* e = readdir(d)) {
+        const std::string n = e->d_name;
+        if (n.size() > suffix.size() && n.substr(n.size() - suffix.size()) == suffix) out.push_back(path + "/" + n);
+      }
+      closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+std::unique_ptr<StoreServer> SsdServer(const std::string& dir, uint64_t mem, uint64_t ssd, uint16_t port = 0) {
+  ServerOptions o;
+  o.mem_bytes = mem;
+  o.ssd_dir = dir;
+  o.ssd_bytes = ssd;
+  o.port = port;
+  o.transport = Lo();
+  auto s = StoreServer::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+// Flips one byte of a file at `offset`.
+void FlipByte(const std::string& path, long offset) {
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_TRUE(f);
+  std::fseek(f, offset, SEEK_SET);
+  const int c = std::fgetc(f);
+  std::fseek(f, offset, SEEK_SET);
+  std::fputc(c ^ 0x40, f);
+  std::fclose(f);
+}
+
+TEST(StoreSsd, TensorsLeavingMemoryGoToSsdAndReadBackWhole) {
+  TempDir dir;
+  auto s = SsdServer(dir.path, 8 * kBlockBytes, 64 * kBlockBytes);  // memory: 2 sequences; SSD: 16
+  auto c = Client({s.get()});
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 6; ++r) {
+    seqs.push_back(Tokens(16, 16, 300 + r));
+    Blocks b(seqs.back());
+    ASSERT_EQ(*c->Put(Ns(), seqs.back(), b.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u) << r;
+  }
+  EXPECT_GE(s->stats().ssd_flushes, 4u);
+  for (int pass = 0; pass < 2; ++pass) {  // every sequence, twice: each read brings one back
+    for (auto& t : seqs) {
+      auto f = c->Lookup(Ns(), t, net::After(5000ms));
+      ASSERT_EQ(f->blocks, 4u);
+      Blocks dst(4), want(t);
+      ASSERT_TRUE(c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+      EXPECT_EQ(dst.data, want.data);
+    }
+  }
+  const ServerStats st = s->stats();
+  EXPECT_GE(st.ssd_reads, 4u);
+  EXPECT_EQ(st.ssd_checksum_failures, 0u);
+  EXPECT_LE(st.bytes_used, 8 * kBlockBytes);
+}
+
+TEST(StoreSsd, ARestartedServerServesWhatItsSsdHeldAndRejectsACorruptFile) {
+  TempDir dir;
+  std::vector<std::vector<int32_t>> seqs;
+  uint16_t port = 0;
+  {
+    auto s = SsdServer(dir.path, 64 * kBlockBytes, 64 * kBlockBytes);
+    port = s->port();
+    auto c = Client({s.get()});
+    for (int r = 0; r < 3; ++r) {
+      seqs.push_back(Tokens(16, 16, 400 + r));
+      Blocks b(seqs.back());
+      ASSERT_EQ(*c->Put(Ns(), seqs.back(), b.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+    }
+  }  // a clean stop writes what is in memory to SSD
+  auto files = dir.Files(".tns");
+  ASSERT_EQ(files.size(), 3u);
+  FlipByte(files[1], 4096 + 3 * kBlockBytes + 17);  // block 3 of one tensor
+  auto s = SsdServer(dir.path, 64 * kBlockBytes, 64 * kBlockBytes, port);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stats().ssd_restored, 2u);
+  EXPECT_EQ(s->stats().ssd_rejected, 1u);
+  EXPECT_EQ(dir.Files(".tns").size(), 2u);  // the bad file is gone
+  auto c = Client({s.get()});
+  int served = 0, missed = 0;
+  for (auto& t : seqs) {
+    auto f = c->Lookup(Ns(), t, net::After(5000ms));
+    ASSERT_TRUE(f.ok());
+    ASSERT_EQ(f->blocks, 4u);  // the index came back from its log
+    Blocks dst(4), want(t);
+    const Status st = c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms));
+    if (st.ok()) {
+      EXPECT_EQ(dst.data, want.data);
+      ++served;
+    } else {
+      EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+      EXPECT_EQ(c->Lookup(Ns(), t, net::After(5000ms))->blocks, 0u);  // forgotten after the miss
+      ++missed;
+    }
+  }
+  EXPECT_EQ(served, 2);
+  EXPECT_EQ(missed, 1);
+  // A file corrupted while the server runs is caught when it is read back.
+  s.reset();
+  auto s2 = SsdServer(dir.path, 64 * kBlockBytes, 64 * kBlockBytes, port);
+  auto c2 = Client({s2.get()});
+  files = dir.Files(".tns");
+  ASSERT_EQ(files.size(), 2u);
+  for (const auto& f : files) FlipByte(f, 4096 + 5);
+  int corrupt = 0;
+  for (auto& t : seqs) {
+    auto f = c2->Lookup(Ns(), t, net::After(5000ms));
+    if (!f.ok() || f->blocks == 0) continue;
+    Blocks dst(4);
+    corrupt += !c2->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms)).ok();
+  }
+  EXPECT_EQ(corrupt, 2);
+  EXPECT_EQ(s2->stats().ssd_checksum_failures, 2u);
 }
 
 // Speaks the store protocol directly, as a hostile or slow peer would.

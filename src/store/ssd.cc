@@ -1,0 +1,296 @@
+#include "store/ssd.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "net/wire.h"
+#include "store/protocol.h"
+#include "util/log.h"
+
+namespace trellis::store {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x31534e54534c5254ull;  // "TRLSTNS1"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kDataOffset = 4096;
+constexpr size_t kRecordBytes = 45;
+constexpr uint64_t kMaxBlockBytes = 1ull << 32;
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+bool PreadAll(int fd, void* buf, size_t n, uint64_t off) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t r = pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+bool PwriteAll(int fd, const void* buf, size_t n, uint64_t off) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t r = pwrite(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+std::string Header(const SsdTensor& m) {
+  net::WireWriter w;
+  w.U64(kMagic);
+  w.U32(kVersion);
+  w.U64(m.id);
+  w.U32(m.n_blocks);
+  w.U64(m.block_bytes);
+  w.F64(m.cost_s);
+  w.U64(m.reads);
+  for (uint64_t c : m.checksums) w.U64(c);
+  std::string h = w.Take();
+  net::WireWriter t;
+  t.U64(XXH3_64bits(h.data(), h.size()));
+  return h + t.Take();
+}
+
+// Parses and checks a header read from the first kDataOffset bytes of a file of
+// `file_size` bytes.
+Result<SsdTensor> ParseHeader(std::string_view b, uint64_t file_size) {
+  net::WireReader r(b);
+  SsdTensor m;
+  if (r.U64() != kMagic || r.U32() != kVersion) return Corrupt("not a tensor file");
+  m.id = r.U64();
+  m.n_blocks = r.U32();
+  m.block_bytes = r.U64();
+  m.cost_s = r.F64();
+  m.reads = r.U64();
+  const size_t header = 8 + 4 + 8 + 4 + 8 + 8 + 8 + 8 * static_cast<size_t>(m.n_blocks);
+  if (m.n_blocks == 0 || m.n_blocks > kMaxKeys || m.block_bytes == 0 || m.block_bytes > kMaxBlockBytes ||
+      header + 8 > kDataOffset) {
+    return Corrupt("tensor file header out of range");
+  }
+  m.checksums.resize(m.n_blocks);
+  for (uint64_t& c : m.checksums) c = r.U64();
+  const uint64_t sum = r.U64();
+  if (!r.ok() || sum != XXH3_64bits(b.data(), header)) return Corrupt("tensor file header checksum mismatch");
+  if (file_size != kDataOffset + m.bytes()) return Corrupt("tensor file is truncated or too long");
+  if (!(m.cost_s >= 0 && m.cost_s < 1e9)) return Corrupt("tensor file cost out of range");
+  return m;
+}
+
+}  // namespace
+
+SsdTier::~SsdTier() {
+  if (log_fd_ >= 0) close(log_fd_);
+}
+
+std::string SsdTier::PathOf(uint64_t id) const { return fmt::format("{}/{:016x}.tns", dir_, id); }
+
+Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t capacity) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return IoError("cannot create --ssd-dir " + dir + ": " + std::strerror(errno));
+  }
+  std::unique_ptr<SsdTier> t(new SsdTier());
+  t->dir_ = dir;
+  t->capacity_ = capacity;
+  TRELLIS_RETURN_IF_ERROR(t->Scan());
+  t->Replay();
+  return t;
+}
+
+Status SsdTier::Scan() {
+  DIR* d = opendir(dir_.c_str());
+  if (!d) return IoError("cannot read --ssd-dir " + dir_ + ": " + std::strerror(errno));
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() == 20 && n.substr(16) == ".tns") names.push_back(n);
+    if (n.size() == 24 && n.substr(16) == ".tns.tmp") unlink((dir_ + "/" + n).c_str());  // a write cut short
+  }
+  closedir(d);
+  std::vector<uint8_t> buf;
+  for (const std::string& n : names) {
+    const std::string path = dir_ + "/" + n;
+    auto reject = [&](const std::string& why) {
+      TRELLIS_LOG_WARN("store: {}: {}; deleted", path, why);
+      unlink(path.c_str());
+      ++rejected_;
+    };
+    Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st{};
+    if (fd.fd < 0 || fstat(fd.fd, &st) != 0) {
+      reject("unreadable");
+      continue;
+    }
+    std::string head(kDataOffset, '\0');
+    if (static_cast<uint64_t>(st.st_size) < kDataOffset || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
+      reject("shorter than a header");
+      continue;
+    }
+    auto m = ParseHeader(head, static_cast<uint64_t>(st.st_size));
+    if (!m.ok()) {
+      reject(m.status().message());
+      continue;
+    }
+    if (fmt::format("{:016x}.tns", m->id) != n) {
+      reject("named for another tensor");
+      continue;
+    }
+    buf.resize(m->block_bytes);
+    bool good = true;
+    for (uint32_t b = 0; b < m->n_blocks && good; ++b) {
+      good = PreadAll(fd.fd, buf.data(), buf.size(), kDataOffset + b * m->block_bytes) &&
+             XXH3_64bits(buf.data(), buf.size()) == m->checksums[b];
+    }
+    if (!good || used_ + m->bytes() > capacity_) {
+      reject(good ? "over the tier's capacity" : "a block fails its checksum");
+      continue;
+    }
+    used_ += m->bytes();
+    sizes_[m->id] = m->bytes();
+    restored_[m->id] = std::move(m).value();
+  }
+  return Status::Ok();
+}
+
+void SsdTier::Replay() {
+  const std::string path = dir_ + "/index.log";
+  log_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (log_fd_ < 0) {
+    TRELLIS_LOG_WARN("store: cannot open {}: {}; the index will not survive a restart", path, std::strerror(errno));
+    return;
+  }
+  struct stat st{};
+  fstat(log_fd_, &st);
+  std::vector<IndexRecord> adds;
+  std::set<std::pair<uint64_t, uint64_t>> forgotten;
+  uint64_t off = 0;
+  uint8_t rec[kRecordBytes];
+  while (off + kRecordBytes <= static_cast<uint64_t>(st.st_size) && PreadAll(log_fd_, rec, kRecordBytes, off)) {
+    net::WireReader r(std::string_view(reinterpret_cast<char*>(rec), kRecordBytes));
+    const uint8_t kind = r.U8();
+    IndexRecord x;
+    x.key.lo = r.U64();
+    x.key.hi = r.U64();
+    x.owner = r.U64();
+    x.tensor = r.U64();
+    x.index = r.U32();
+    const uint64_t sum = r.U64();
+    if (sum != XXH3_64bits(rec, kRecordBytes - 8) || (kind != 'A' && kind != 'F')) break;
+    if (kind == 'A') {
+      adds.push_back(x);
+      forgotten.erase({x.owner, x.tensor});
+    } else {
+      forgotten.insert({x.owner, x.tensor});
+    }
+    off += kRecordBytes;
+  }
+  if (off != static_cast<uint64_t>(st.st_size)) {
+    TRELLIS_LOG_WARN("store: {}: cut at byte {} of {} (a torn or corrupt tail)", path, off, st.st_size);
+    if (ftruncate(log_fd_, static_cast<off_t>(off)) != 0) {
+      TRELLIS_LOG_WARN("store: cannot truncate {}", path);
+    }
+  }
+  for (const IndexRecord& x : adds) {
+    if (!forgotten.count({x.owner, x.tensor})) restored_index_.push_back(x);
+  }
+}
+
+void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
+  if (log_fd_ < 0) return;
+  net::WireWriter w;
+  w.U8(kind);
+  w.U64(r.key.lo);
+  w.U64(r.key.hi);
+  w.U64(r.owner);
+  w.U64(r.tensor);
+  w.U32(r.index);
+  std::string b = w.Take();
+  net::WireWriter t;
+  t.U64(XXH3_64bits(b.data(), b.size()));
+  b += t.Take();
+  struct stat st{};
+  fstat(log_fd_, &st);
+  if (!PwriteAll(log_fd_, b.data(), b.size(), static_cast<uint64_t>(st.st_size))) {
+    TRELLIS_LOG_WARN("store: index log write failed: {}", std::strerror(errno));
+  }
+}
+
+void SsdTier::LogAdd(const IndexRecord& r) { Append('A', r); }
+
+void SsdTier::LogForget(uint64_t owner, uint64_t tensor) {
+  IndexRecord r;
+  r.owner = owner;
+  r.tensor = tensor;
+  Append('F', r);
+}
+
+Status SsdTier::Write(const SsdTensor& meta, const uint8_t* data) {
+  if (used_ + meta.bytes() > capacity_) return ResourceExhausted("SSD tier full");
+  const std::string path = PathOf(meta.id);
+  const std::string tmp = path + ".tmp";
+  Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.fd < 0) return IoError("cannot create " + tmp + ": " + std::strerror(errno));
+  std::string head = Header(meta);
+  head.resize(kDataOffset, '\0');
+  if (!PwriteAll(fd.fd, head.data(), head.size(), 0) || !PwriteAll(fd.fd, data, meta.bytes(), kDataOffset)) {
+    unlink(tmp.c_str());
+    return IoError("writing " + tmp + ": " + std::strerror(errno));
+  }
+  // Complete files only: a crash mid-write leaves a .tmp, which Scan ignores.
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return IoError("renaming " + tmp + ": " + std::strerror(errno));
+  }
+  used_ += meta.bytes();
+  sizes_[meta.id] = meta.bytes();
+  return Status::Ok();
+}
+
+Status SsdTier::Read(const SsdTensor& meta, uint8_t* dst) {
+  const std::string path = PathOf(meta.id);
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd < 0) return NotFound("tensor file " + path + " is gone");
+  if (!PreadAll(fd.fd, dst, meta.bytes(), kDataOffset)) return IoError("reading " + path);
+  for (uint32_t b = 0; b < meta.n_blocks; ++b) {
+    if (XXH3_64bits(dst + b * meta.block_bytes, meta.block_bytes) != meta.checksums[b]) {
+      Remove(meta.id);
+      return Corrupt(fmt::format("{}: block {} fails its checksum; deleted", path, b));
+    }
+  }
+  return Status::Ok();
+}
+
+void SsdTier::Remove(uint64_t id) {
+  auto it = sizes_.find(id);
+  if (it == sizes_.end()) return;
+  used_ -= it->second;
+  sizes_.erase(it);
+  unlink(PathOf(id).c_str());
+}
+
+}  // namespace trellis::store

@@ -1,0 +1,90 @@
+// SsdTier: a store server's second tier, one file per tensor in --ssd-dir, plus the
+// server's index as an append-only log, so a restarted server serves what it had.
+//
+// Tensor file DIR/<id as 16 hex digits>.tns:
+//   header: magic "TRLSTNS1" u64, version u32, tensor id u64, blocks u32, block bytes u64,
+//           cost s f64, reads u64, blocks x checksum u64, then XXH3-64 of all of that;
+//   zeros up to 4096 bytes; then the blocks, back to back.
+// Index log DIR/index.log: fixed 45-byte records, each ending with XXH3-64 of its first
+// 37 bytes: kind u8 ('A' an index entry, 'F' forget a tensor), key 16 B, owner u64,
+// tensor u64, block index u32. Replay stops at the first bad record (a torn tail after a
+// crash) and cuts the log there.
+//
+// Everything read back is checked: header checksum, sizes against the file, every block
+// against its checksum (at start for the whole dir, and again on each read). A file that
+// fails is deleted and counted, never served.
+//
+// Not thread-safe: the server's loop thread owns it. Reads and writes are synchronous
+// pread/pwrite (page cache; no fsync per tensor: a crashed process loses nothing, a lost
+// machine may lose the last writes, which are then misses).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store/keys.h"
+#include "util/status.h"
+
+namespace trellis::store {
+
+struct SsdTensor {
+  uint64_t id = 0;
+  uint32_t n_blocks = 0;
+  uint64_t block_bytes = 0;
+  double cost_s = 0;
+  uint64_t reads = 0;
+  std::vector<uint64_t> checksums;
+  uint64_t bytes() const { return static_cast<uint64_t>(n_blocks) * block_bytes; }
+};
+
+struct IndexRecord {
+  Key key;
+  uint64_t owner = 0, tensor = 0;
+  uint32_t index = 0;
+};
+
+class SsdTier {
+ public:
+  // Opens (creating) dir; checks and lists every tensor file, deleting bad ones; replays
+  // the index log. capacity: bytes of tensor data the tier may hold.
+  static Result<std::unique_ptr<SsdTier>> Open(const std::string& dir, uint64_t capacity);
+  ~SsdTier();
+
+  // What Open found intact (tensor id -> metadata), and the index entries still live
+  // (added and not forgotten).
+  const std::map<uint64_t, SsdTensor>& restored() const { return restored_; }
+  const std::vector<IndexRecord>& restored_index() const { return restored_index_; }
+  uint64_t files_rejected() const { return rejected_; }
+
+  uint64_t used() const { return used_; }
+  uint64_t capacity() const { return capacity_; }
+  bool Has(uint64_t id) const { return sizes_.count(id) != 0; }
+
+  Status Write(const SsdTensor& meta, const uint8_t* data);
+  // Reads blocks of a tensor into dst, checking each against meta's checksums (Corrupt
+  // on a mismatch: the file is deleted).
+  Status Read(const SsdTensor& meta, uint8_t* dst);
+  void Remove(uint64_t id);
+
+  void LogAdd(const IndexRecord& r);
+  void LogForget(uint64_t owner, uint64_t tensor);
+
+ private:
+  SsdTier() = default;
+  std::string PathOf(uint64_t id) const;
+  Status Scan();
+  void Replay();
+  void Append(uint8_t kind, const IndexRecord& r);
+
+  std::string dir_;
+  uint64_t capacity_ = 0, used_ = 0, rejected_ = 0;
+  std::map<uint64_t, uint64_t> sizes_;  // tensor id -> file data bytes
+  std::map<uint64_t, SsdTensor> restored_;
+  std::vector<IndexRecord> restored_index_;
+  int log_fd_ = -1;
+};
+
+}  // namespace trellis::store
