@@ -14,6 +14,7 @@
 #include "cli/bench_prefix.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
+#include "cli/bench_store.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
 #include "engine/engine.h"
@@ -270,6 +271,17 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
 
 Runner AddBenchCommand(CLI::App& app) {
   app.require_subcommand(1);
+  auto sto = std::make_shared<StoreBenchOptions>();
+  CLI::App* st = app.add_subcommand("store", "prefix tensor store: bulk get against ucx_perftest, lookup latency");
+  st->add_flag("--micro", sto->micro, "the transport micro-benchmarks (the only kind yet)");
+  st->add_option("--blocks", sto->blocks, "blocks in the bulk get")->capture_default_str();
+  st->add_option("--block-bytes", sto->block_bytes, "bytes per block (704 KiB: TinyLlama's 32-token block)")->capture_default_str();
+  st->add_option("-r,--runs", sto->runs, "timed gets (median)")->capture_default_str();
+  st->add_option("--servers", sto->servers, "store processes in the lookup test")->capture_default_str();
+  st->add_option("--prompt-tokens", sto->prompt_tokens, "tokens of the looked-up prompt")->capture_default_str();
+  st->add_option("--lookups", sto->lookups, "timed lookups")->capture_default_str();
+  st->add_flag("--no-perftest", sto->no_perftest, "skip ucx_perftest (ucx-utils)");
+  st->add_option("-o,--out", sto->out, "results folder (store_micro.csv)")->capture_default_str();
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
   auto po = std::make_shared<PrefixBenchOptions>();
   prefix->add_option("-m,--model", po->model, "GGUF model (default: TinyLlama-shaped Q4_0, generated once)");
@@ -298,7 +310,8 @@ Runner AddBenchCommand(CLI::App& app) {
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
   auto chat = AddChatBench(app);
-  return [o, speed, prefix, po, serve, roofline, chat] {
+  return [o, speed, prefix, po, serve, roofline, chat, st, sto] {
+    if (st->parsed()) return RunStoreBench(*sto);
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
     if (chat.first->parsed()) {
       if (chat.second->model.empty() && (chat.second->url.empty() || !chat.second->llama_server.empty())) {

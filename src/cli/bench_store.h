@@ -1,0 +1,23 @@
+// trellis bench store: micro-benchmarks of the prefix tensor store (see bench_store.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trellis::cli {
+
+struct StoreBenchOptions {
+  bool micro = false;
+  int blocks = 64;                 // blocks in the bulk get
+  uint64_t block_bytes = 720896;   // 704 KiB: TinyLlama's 32-token KV block (22 layers, f16)
+  int runs = 7;                    // timed gets (median)
+  int servers = 4;                 // store processes in the lookup test
+  int prompt_tokens = 8192;
+  int lookups = 2000;
+  bool no_perftest = false;
+  std::string out = "results/store";
+};
+
+int RunStoreBench(const StoreBenchOptions& o);
+
+}  // namespace trellis::cli
