@@ -3,7 +3,9 @@
 
 #include <csignal>
 #include <cstdio>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <thread>
 
@@ -21,6 +23,9 @@ struct StoreOptions {
   std::string tls = "tcp";
   std::string net_devices;
   std::string ssd_dir, ssd_size;
+  double replica_share = 0.25;
+  uint32_t replica_after_reads = 2;
+  std::vector<std::string> peers;
   std::string metrics_listen;  // HOST:PORT of the /metrics and /health endpoint; "" = none
 };
 
@@ -98,6 +103,9 @@ int Run(const StoreOptions& o) {
   if (!mem.ok()) return Fail("--mem: " + mem.status().message());
   so.mem_bytes = *mem;
   so.max_lease_ms = o.max_lease_ms;
+  so.replica_share = o.replica_share;
+  so.replica_after_reads = std::max<uint32_t>(1, o.replica_after_reads);
+  so.peers = o.peers;
   if (!o.ssd_dir.empty()) {
     if (o.ssd_size.empty()) return Fail("--ssd-dir needs --ssd-size");
     auto ssd = ParseSize(o.ssd_size);
@@ -166,6 +174,14 @@ Runner AddStoreCommand(CLI::App& app) {
   app.add_option("--listen", o->listen, "HOST:PORT to serve the store on (port 0: any; the log names it)")
       ->capture_default_str();
   app.add_option("--mem", o->mem, "memory tier size (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--replica-share", o->replica_share, "share of --mem that replicas of other nodes' tensors may use")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--replica-after-reads", o->replica_after_reads,
+                 "local reads of another node's tensor before it is copied here")
+      ->capture_default_str();
+  app.add_option("--peers", o->peers, "HOST:PORT of the other store servers (replicas are copied from them)")
+      ->delimiter(',');
   app.add_option("--ssd-dir", o->ssd_dir, "directory of the SSD tier (kept across restarts)");
   app.add_option("--ssd-size", o->ssd_size, "SSD tier size (K, M, G, T suffixes)");
   app.add_option("--max-lease-ms", o->max_lease_ms, "longest a reader may pin a tensor")->capture_default_str();

@@ -52,6 +52,7 @@ struct StoreClient::Impl {
   std::vector<Member> members;
   std::map<uint64_t, size_t> by_node;
   std::vector<std::pair<uint64_t, size_t>> ring;  // (point, member), sorted
+  size_t local = SIZE_MAX;  // this node's own server (options.local), if named
   mutable std::mutex stats_mu;
   ClientStats st;
   std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes
@@ -150,6 +151,11 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
     }
   }
   std::sort(impl->ring.begin(), impl->ring.end());
+  if (!options.local.empty()) {
+    auto it = impl->by_node.find(NodeId(options.local));
+    if (it == impl->by_node.end()) return InvalidArgument("the local store '" + options.local + "' is not among the servers");
+    impl->local = it->second;
+  }
   TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(options.transport));
   // Greet everyone now; a member that is down is retried on use.
   size_t up = 0;
@@ -212,115 +218,164 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
 }
 
 Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
-                        Deadline deadline) {
+                        Deadline deadline, GetReceipt* receipt) {
   if (n_blocks > found.blocks || dst.size() < n_blocks) return InvalidArgument("asked for more blocks than found or given");
+  if (receipt) *receipt = {};
   if (n_blocks == 0) return Status::Ok();
   Impl& I = *impl_;
-  // The runs covering the first n_blocks, grouped by owner.
+  // The pieces: the lookup's runs cut to the first n_blocks.
   struct Piece {
     Run run;
-    size_t dst_first;  // index in dst of the run's first block
+    size_t dst_first;            // index in dst of the run's first block
+    size_t source = SIZE_MAX;    // the member it is read from, once acquired
+    uint8_t tier = 0;
     uint64_t addr = 0;
     std::vector<uint64_t> sums;
   };
-  std::map<size_t, std::vector<Piece>> by_member;
+  std::vector<Piece> pieces;
   size_t at = 0;
   for (const Run& r : found.runs) {
     if (at >= n_blocks) break;
     Run x = r;
     x.count = static_cast<uint32_t>(std::min<size_t>(x.count, n_blocks - at));
-    by_member[I.by_node.at(x.owner)].push_back({x, at, 0, {}});
+    Piece p;
+    p.run = x;
+    p.dst_first = at;
+    pieces.push_back(std::move(p));
     at += x.count;
   }
-  // 1. One Acquire per owner, all at once.
-  struct Owner {
+  struct Source {
     size_t member;
-    std::vector<Piece>* pieces;
+    std::vector<Piece*> pieces;
     uint64_t lease = 0;
     Status status;
   };
-  std::vector<Owner> owners;
-  for (auto& [m, pieces] : by_member) owners.push_back({m, &pieces, 0, {}});
-  std::promise<void> acquired;
-  auto af = acquired.get_future();
-  size_t left = owners.size();
-  I.t->Post([&] {
-    for (Owner& o : owners) {
-      WireWriter w;
-      w.U32(I.opt.lease_ms);
-      w.U32(static_cast<uint32_t>(o.pieces->size()));
-      for (const Piece& p : *o.pieces) {
-        w.U64(p.run.tensor);
-        w.U32(p.run.first);
-        w.U32(p.run.count);
-      }
-      // Callbacks run after this task returns: they hold a pointer to their Owner and
-      // references only to this function's frame, which waits for them.
-      Owner* op = &o;
-      auto done = [op, &left, &acquired](Status st) {
-        op->status = st;
-        if (--left == 0) acquired.set_value();
-      };
-      I.EnsureConnected(o.member, deadline, [&I, op, done, deadline, body = w.Take()](Status s) mutable {
-        if (!s.ok()) return done(s);
-        I.t->Call(I.members[op->member].conn, kAcquire, std::move(body), deadline, [&I, op, done](Result<std::string> r) {
-          if (!r.ok()) return done(r.status());
-          WireReader rd(*r);
-          op->lease = rd.U64();
-          const uint32_t n = rd.U32();
-          if (n != op->pieces->size()) rd.Fail();
-          Status st;
-          for (uint32_t i = 0; i < n && rd.ok(); ++i) {
-            Piece& p = (*op->pieces)[i];
-            const bool ok = rd.U8() == 1;
-            p.addr = rd.U64();
-            if (!ok) {
-              st = NotFound(fmt::format("tensor {} of {} is no longer stored", p.run.tensor, I.members[op->member].address));
-              continue;
+  // Acquires the pieces of each source at once (one message per member); each piece found
+  // gets that member as its source. Waits for all.
+  auto acquire = [&](std::vector<Source>& sources) {
+    std::promise<void> all;
+    auto fut = all.get_future();
+    size_t left = sources.size();
+    if (left == 0) return;
+    I.t->Post([&] {
+      for (Source& src : sources) {
+        WireWriter w;
+        w.U32(I.opt.lease_ms);
+        w.U32(static_cast<uint32_t>(src.pieces.size()));
+        for (const Piece* p : src.pieces) {
+          w.U64(p->run.owner);
+          w.U64(p->run.tensor);
+          w.U32(p->run.first);
+          w.U32(p->run.count);
+        }
+        // Callbacks run after this task: they hold a pointer to their Source and refer
+        // only to this function's frame, which waits for them.
+        Source* sp = &src;
+        auto done = [sp, &left, &all](Status st) {
+          sp->status = st;
+          if (--left == 0) all.set_value();
+        };
+        I.EnsureConnected(src.member, deadline, [&I, sp, done, deadline, block_bytes, body = w.Take()](Status s) mutable {
+          if (!s.ok()) return done(s);
+          I.t->Call(I.members[sp->member].conn, kAcquire, std::move(body), deadline,
+                    [&I, sp, done, block_bytes](Result<std::string> r) {
+            if (!r.ok()) return done(r.status());
+            WireReader rd(*r);
+            sp->lease = rd.U64();
+            if (rd.U32() != sp->pieces.size()) rd.Fail();
+            for (size_t i = 0; i < sp->pieces.size() && rd.ok(); ++i) {
+              Piece& p = *sp->pieces[i];
+              const bool ok = rd.U8() == 1;
+              const uint8_t tier = rd.U8();
+              const uint64_t addr = rd.U64();
+              const uint32_t count = rd.U32();
+              const uint64_t bb = rd.U64();
+              if (!ok) continue;
+              if (count != p.run.count || bb != block_bytes || count > rd.remaining() / 8) {
+                rd.Fail();
+                break;
+              }
+              p.sums.resize(count);
+              for (uint64_t& x : p.sums) x = rd.U64();
+              p.addr = addr;
+              p.tier = tier;
+              p.source = sp->member;
             }
-            p.sums.resize(p.run.count);
-            for (uint64_t& x : p.sums) x = rd.U64();
-          }
-          if (!rd.Done()) st = Corrupt("malformed acquire reply from " + I.members[op->member].address);
-          done(st);
+            done(rd.Done() ? Status::Ok() : Corrupt("malformed acquire reply from " + I.members[sp->member].address));
+          });
         });
-      });
-    }
-  });
-  af.wait();
-  Status status;
-  for (const Owner& o : owners) {
-    if (!o.status.ok() && status.ok()) status = o.status;
+      }
+    });
+    fut.wait();
+  };
+  // 1. This node's own store server first: it holds what it owns and its replicas of
+  //    others' hot tensors (and counts what it was asked for, to make replicas).
+  std::vector<Source> sources;
+  if (I.local != SIZE_MAX) {
+    std::vector<Source> local(1);
+    local[0].member = I.local;
+    for (Piece& p : pieces) local[0].pieces.push_back(&p);
+    acquire(local);
+    sources.push_back(std::move(local[0]));  // its lease is released below even if all missed
   }
-  // 2. All segments of all owners in flight at once, each block straight into its buffer.
+  // 2. What is left, from each owner, all at once.
+  {
+    std::map<size_t, Source> by_owner;
+    for (Piece& p : pieces) {
+      if (p.source != SIZE_MAX) continue;
+      const size_t m = I.by_node.at(p.run.owner);
+      if (m == I.local) continue;  // the local server owns it and said no: evicted
+      by_owner[m].member = m;
+      by_owner[m].pieces.push_back(&p);
+    }
+    std::vector<Source> owners;
+    for (auto& [m, src] : by_owner) owners.push_back(std::move(src));
+    acquire(owners);
+    for (Source& o : owners) sources.push_back(std::move(o));
+  }
+  Status status;
+  for (const Source& s : sources) {
+    if (!s.status.ok() && status.ok()) status = s.status;
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> gone;  // pieces nobody holds: (owner, tensor)
+  for (const Piece& p : pieces) {
+    if (p.source == SIZE_MAX) gone.emplace_back(p.run.owner, p.run.tensor);
+  }
+  if (status.ok() && !gone.empty()) {
+    status = NotFound(fmt::format("tensor {} is no longer stored", gone.front().second));
+  }
+  // 3. Every segment from every source in flight at once, each block straight into its
+  //    buffer.
   if (status.ok()) {
+    std::map<size_t, std::vector<net::Segment>> segs;
+    for (const Piece& p : pieces) {
+      auto& v = segs[p.source];
+      for (uint32_t b = 0; b < p.run.count; ++b) {
+        void* d = dst[p.dst_first + b];
+        const uint64_t remote = p.addr + b * block_bytes;
+        if (!v.empty() && static_cast<uint8_t*>(v.back().local) + v.back().length == d &&
+            v.back().remote + v.back().length == remote) {
+          v.back().length += block_bytes;  // contiguous on both sides: one segment
+        } else {
+          v.push_back({remote, d, block_bytes});
+        }
+      }
+    }
     std::promise<void> got;
     auto gf = got.get_future();
-    left = owners.size();
-    std::vector<Status> results(owners.size());
+    size_t left = segs.size();
+    std::vector<Status> results(segs.size());
     I.t->Post([&] {
-      for (size_t oi = 0; oi < owners.size(); ++oi) {
-        Owner& o = owners[oi];
-        std::vector<net::Segment> segs;
-        for (const Piece& p : *o.pieces) {
-          for (uint32_t b = 0; b < p.run.count; ++b) {
-            void* d = dst[p.dst_first + b];
-            const uint64_t remote = p.addr + b * block_bytes;
-            if (!segs.empty() && static_cast<uint8_t*>(segs.back().local) + segs.back().length == d &&
-                segs.back().remote + segs.back().length == remote) {
-              segs.back().length += block_bytes;  // contiguous on both sides: one segment
-            } else {
-              segs.push_back({remote, d, block_bytes});
-            }
-          }
-        }
-        if (!I.t->IsConnected(I.members[o.member].conn)) {
-          results[oi] = Unavailable("store " + I.members[o.member].address + " went away");
+      size_t i = 0;
+      for (auto& [m, v] : segs) {
+        const size_t k = i++;
+        if (!I.t->IsConnected(I.members[m].conn)) {
+          results[k] = Unavailable("store " + I.members[m].address + " went away");
           if (--left == 0) got.set_value();
           continue;
         }
-        I.t->Get(I.members[o.member].conn, I.members[o.member].region, std::move(segs), deadline, [&, oi](Status s) {
-          results[oi] = s;
+        I.t->Get(I.members[m].conn, I.members[m].region, std::move(v), deadline, [&, k](Status s) {
+          results[k] = s;
           if (--left == 0) got.set_value();
         });
       }
@@ -330,23 +385,21 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
       if (!s.ok() && status.ok()) status = s;
     }
   }
-  // 3. Checksums, then release the leases (not waited for: a lost release just expires).
+  // 4. Checksums, then release the leases (not waited for: a lost release just expires).
   if (status.ok()) {
-    for (const Owner& o : owners) {
-      for (const Piece& p : *o.pieces) {
-        for (uint32_t b = 0; b < p.run.count; ++b) {
-          if (XXH3_64bits(dst[p.dst_first + b], block_bytes) != p.sums[b]) {
-            status = Corrupt(fmt::format("block {} failed its checksum after the transfer", p.dst_first + b));
-          }
+    for (const Piece& p : pieces) {
+      for (uint32_t b = 0; b < p.run.count; ++b) {
+        if (XXH3_64bits(dst[p.dst_first + b], block_bytes) != p.sums[b]) {
+          status = Corrupt(fmt::format("block {} failed its checksum after the transfer", p.dst_first + b));
         }
       }
     }
   }
-  I.t->Post([&I, leases = [&] {
-    std::vector<std::pair<size_t, uint64_t>> v;
-    for (const Owner& o : owners) if (o.lease) v.emplace_back(o.member, o.lease);
-    return v;
-  }()] {
+  std::vector<std::pair<size_t, uint64_t>> leases;
+  for (const Source& s : sources) {
+    if (s.lease) leases.emplace_back(s.member, s.lease);
+  }
+  I.t->Post([&I, leases] {
     for (auto [m, lease] : leases) {
       if (!I.t->IsConnected(I.members[m].conn)) continue;
       WireWriter w;
@@ -355,15 +408,8 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
     }
   });
   // An evicted tensor: tell the index so later lookups stop short of it (best effort).
-  if (status.code() == StatusCode::kNotFound && !found.keys.empty()) {
+  if (status.code() == StatusCode::kNotFound && !gone.empty() && !found.keys.empty()) {
     WireWriter w;
-    std::vector<std::pair<uint64_t, uint64_t>> gone;
-    for (const Owner& o : owners) {
-      if (o.status.code() != StatusCode::kNotFound) continue;
-      for (const Piece& p : *o.pieces) {
-        if (p.sums.empty()) gone.emplace_back(p.run.owner, p.run.tensor);
-      }
-    }
     w.U32(static_cast<uint32_t>(gone.size()));
     for (auto [owner, tensor] : gone) {
       w.U64(owner);
@@ -375,10 +421,22 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
     I.CountMiss(status);
     return status;
   }
+  GetReceipt g;
+  for (const Piece& p : pieces) {
+    if (p.source != I.local) g.remote += p.run.count;
+    else if (p.tier == 1) g.replica += p.run.count;
+    else if (p.tier == 2) g.ssd += p.run.count;
+    else g.memory += p.run.count;
+  }
+  if (receipt) *receipt = g;
   std::lock_guard<std::mutex> lock(I.stats_mu);
   ++I.st.gets;
   I.st.get_blocks += n_blocks;
   I.st.get_bytes += n_blocks * block_bytes;
+  I.st.blocks_local_memory += g.memory;
+  I.st.blocks_local_replica += g.replica;
+  I.st.blocks_local_ssd += g.ssd;
+  I.st.blocks_remote += g.remote;
   return Status::Ok();
 }
 

@@ -5,8 +5,9 @@
 //   Lookup: the longest stored prefix of a token sequence, in whole blocks, with one
 //           round trip to the one server indexing the sequence's first block;
 //   Get:    that prefix's first n blocks into caller-given block buffers: one Acquire
-//           per owner (leases, addresses, per-block checksums), then all segments read
-//           by RMA at once, checksums verified, leases released;
+//           at the local server (what it owns, its replicas), then one per owner of
+//           what is left (leases, addresses, per-block checksums), then all segments
+//           read by RMA at once, checksums verified, leases released;
 //   Put:    a sequence's blocks beyond what is stored (the increment past the longest
 //           common prefix), as one new tensor on one owner, then indexed.
 // Every call takes a deadline; a server that is down, slow or answers nonsense makes the
@@ -29,6 +30,10 @@ namespace trellis::store {
 
 struct ClientOptions {
   std::vector<std::string> servers;  // "host:port", every member of the store
+  // This node's own server (one of `servers`), or "". Reads ask it first: it serves what
+  // it owns and its replicas of other nodes' hot tensors, and learns from the misses
+  // which tensors to replicate.
+  std::string local;
   net::TransportOptions transport;
   uint32_t lease_ms = 5000;
 };
@@ -44,8 +49,17 @@ struct LookupResult {
   std::vector<Key> keys;  // the sequence's chain keys (all whole blocks)
 };
 
+// Where the blocks of one Get came from.
+struct GetReceipt {
+  uint64_t memory = 0;   // the local server's memory (tensors it owns)
+  uint64_t replica = 0;  // the local server's replicas of other nodes' tensors
+  uint64_t ssd = 0;      // the local server's SSD tier (read back into memory)
+  uint64_t remote = 0;   // other nodes
+};
+
 struct ClientStats {
   uint64_t lookups = 0, gets = 0, get_blocks = 0, get_bytes = 0, puts = 0, put_blocks = 0, put_skipped_blocks = 0;
+  uint64_t blocks_local_memory = 0, blocks_local_replica = 0, blocks_local_ssd = 0, blocks_remote = 0;
   uint64_t checksum_failures = 0, misses_not_stored = 0, misses_evicted = 0, misses_down = 0, misses_deadline = 0;
 };
 
@@ -60,7 +74,7 @@ class StoreClient {
   // (block_bytes each). On error nothing in dst is to be trusted, and nothing lands in it
   // after the call returns.
   Status Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
-             net::Deadline deadline);
+             net::Deadline deadline, GetReceipt* receipt = nullptr);
 
   // Stores `tokens`' whole blocks (blocks[i] holds block i, block_bytes each) past the
   // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).

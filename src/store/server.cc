@@ -49,6 +49,15 @@ struct Tensor {
   bool ready = false;   // bytes landed and checked
   bool in_mem = false;  // at `offset` in the arena
   bool on_ssd = false;  // in the SSD tier (a tensor read back keeps its file)
+  bool replica = false;  // a copy of (origin_owner, origin_tensor), held for local readers
+  uint64_t origin_owner = 0, origin_tensor = 0;
+};
+
+struct Peer {
+  std::string address;
+  net::ConnId conn = 0;
+  net::RemoteRegion region;
+  bool ready = false;
 };
 
 struct Lease {
@@ -74,6 +83,12 @@ struct StoreServer::Impl {
   std::unordered_map<uint64_t, Tensor> tensors;
   std::set<std::pair<double, uint64_t>> by_priority;  // (priority, tensor) in memory, evictable
   std::set<std::pair<double, uint64_t>> ssd_only;     // (priority, tensor) on SSD, not in memory
+  std::set<std::pair<double, uint64_t>> replicas_evictable;  // (priority, tensor): replicas go first
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> replica_of;  // (owner, tensor) -> local replica id
+  std::map<std::pair<uint64_t, uint64_t>, uint32_t> remote_reads;  // reads asked here of tensors held elsewhere
+  std::set<std::pair<uint64_t, uint64_t>> replicating;              // copies in flight
+  uint64_t replica_bytes = 0;
+  std::map<uint64_t, Peer> peers;  // node id -> peer store server
   std::unique_ptr<SsdTier> ssd;
   double clock = 0;
   uint64_t next_tensor = 1;
@@ -99,7 +114,7 @@ struct StoreServer::Impl {
     if (!ssd) return;
     std::vector<std::pair<double, uint64_t>> order;
     for (auto& [id, tn] : tensors) {
-      if (tn.ready && tn.in_mem && !tn.on_ssd) order.emplace_back(tn.priority, id);
+      if (tn.ready && tn.in_mem && !tn.on_ssd && !tn.replica) order.emplace_back(tn.priority, id);
     }
     std::sort(order.rbegin(), order.rend());
     for (auto [p, id] : order) {
@@ -122,11 +137,24 @@ struct StoreServer::Impl {
   std::optional<uint64_t> Allocate(uint64_t bytes);
   void FreeRange(uint64_t off, uint64_t len);
   bool EvictOne();
-  void SetPriority(uint64_t id, Tensor& tn, double p) {
+  // Evictable: ready, in memory and not leased; replicas and owned tensors in their own
+  // sets, since replicas are evicted first.
+  void Pin(uint64_t id, Tensor& tn) {
     by_priority.erase({tn.priority, id});
-    tn.priority = p;
-    if (tn.ready && tn.in_mem && tn.leases == 0) by_priority.insert({p, id});
+    replicas_evictable.erase({tn.priority, id});
   }
+  void Unpin(uint64_t id, Tensor& tn) {
+    if (tn.ready && tn.in_mem && tn.leases == 0) (tn.replica ? replicas_evictable : by_priority).insert({tn.priority, id});
+  }
+  void SetPriority(uint64_t id, Tensor& tn, double p) {
+    Pin(id, tn);
+    tn.priority = p;
+    Unpin(id, tn);
+  }
+  void NoteRemoteRead(uint64_t owner, uint64_t tensor);
+  void Replicate(uint64_t owner, uint64_t tensor);
+  void WithPeer(uint64_t node, std::function<void(Peer*)> then);
+  std::optional<uint64_t> AllocateReplica(uint64_t bytes);
   bool MakeSsdRoom(uint64_t bytes, double below);
   Status LoadFromSsd(uint64_t id, Tensor& tn);
   SsdTensor SsdMeta(uint64_t id, const Tensor& tn) const {
@@ -150,13 +178,16 @@ struct StoreServer::Impl {
     std::lock_guard<std::mutex> lock(stats_mu);
     st.index_keys = index.size();
     st.leases_active = leases.size();
-    uint64_t used = 0, on_ssd = 0, in_mem = 0;
+    uint64_t used = 0, on_ssd = 0, in_mem = 0, replicas = 0;
     for (auto& [id, tn] : tensors) {
       used += tn.in_mem ? tn.bytes : 0;
-      in_mem += tn.in_mem;
+      in_mem += tn.in_mem && !tn.replica;
       on_ssd += tn.on_ssd;
+      replicas += tn.replica;
     }
     st.tensors = in_mem;
+    st.replicas = replicas;
+    st.replica_bytes = replica_bytes;
     st.bytes_used = used;
     st.ssd_tensors = on_ssd;
     st.ssd_bytes_used = ssd ? ssd->used() : 0;
@@ -195,6 +226,17 @@ void StoreServer::Impl::FreeRange(uint64_t off, uint64_t len) {
 }
 
 bool StoreServer::Impl::EvictOne() {
+  if (!replicas_evictable.empty()) {  // replicas go first: they can be fetched again
+    const auto [p, id] = *replicas_evictable.begin();
+    clock = std::max(clock, p);
+    const uint64_t bytes = tensors[id].bytes;
+    DropTensor(id);
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.evictions;
+    ++st.replicas_dropped;
+    st.evicted_bytes += bytes;
+    return true;
+  }
   if (by_priority.empty()) return false;
   const auto [p, id] = *by_priority.begin();
   by_priority.erase(by_priority.begin());
@@ -269,8 +311,12 @@ void StoreServer::Impl::DropTensor(uint64_t id) {
   auto it = tensors.find(id);
   if (it == tensors.end()) return;
   Tensor& tn = it->second;
-  by_priority.erase({tn.priority, id});
+  Pin(id, tn);
   ssd_only.erase({tn.priority, id});
+  if (tn.replica) {
+    replica_of.erase({tn.origin_owner, tn.origin_tensor});
+    replica_bytes -= tn.bytes;
+  }
   if (tn.in_mem) FreeRange(tn.offset, tn.bytes);
   if (tn.on_ssd && ssd) ssd->Remove(id);
   tensors.erase(it);
@@ -477,13 +523,14 @@ void StoreServer::Impl::OnPutCommit(ConnId c, uint64_t rid, WireReader& r) {
 
 void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
   const uint32_t lease_ms = r.U32();
-  const uint32_t n = r.Count(kMaxKeys, 16);
+  const uint32_t n = r.Count(kMaxKeys, 24);
   struct Want {
-    uint64_t tensor;
+    uint64_t owner, tensor;
     uint32_t first, count;
   };
   std::vector<Want> want(n);
   for (Want& x : want) {
+    x.owner = r.U64();
     x.tensor = r.U64();
     x.first = r.U32();
     x.count = r.U32();
@@ -494,35 +541,53 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
   WireWriter w;
   w.U64(lease);
   w.U32(n);
-  uint64_t hits = 0, misses = 0;
+  uint64_t hits = 0, misses = 0, replica_hits = 0;
   for (const Want& x : want) {
-    auto it = tensors.find(x.tensor);
+    // This node's own tensor, or its replica of another node's.
+    uint64_t id = x.tensor;
+    if (x.owner != node) {
+      auto rp = replica_of.find({x.owner, x.tensor});
+      id = rp == replica_of.end() ? 0 : rp->second;
+      if (id == 0) NoteRemoteRead(x.owner, x.tensor);
+    }
+    auto it = id ? tensors.find(id) : tensors.end();
     // Every range is checked against the tensor before its address is handed out: UCX
-    // would serve any address of the arena.
-    bool ok = it != tensors.end() && it->second.ready && x.count > 0 && x.first < it->second.n_blocks &&
+    // would serve any address of the arena. count 0: to the tensor's end.
+    bool ok = it != tensors.end() && it->second.ready && x.first < it->second.n_blocks &&
               x.count <= it->second.n_blocks - x.first;
+    uint8_t tier = 0;  // 0 memory, 1 replica, 2 read back from SSD
+    if (ok && it->second.replica) tier = 1;
     // A tensor on SSD only is read back into memory first (its file checked again).
     if (ok && !it->second.in_mem) {
-      const Status back = LoadFromSsd(x.tensor, it->second);
+      tier = 2;
+      const Status back = LoadFromSsd(id, it->second);
       if (!back.ok()) {
-        TRELLIS_LOG_WARN("store: tensor {}: {}", x.tensor, back.ToString());
+        TRELLIS_LOG_WARN("store: tensor {}: {}", id, back.ToString());
         ok = false;
       }
     }
     w.U8(ok ? 1 : 0);
     if (!ok) {
       ++misses;
+      w.U8(0);
+      w.U64(0);
+      w.U32(0);
       w.U64(0);
       continue;
     }
     Tensor& tn = it->second;
+    const uint32_t count = x.count == 0 ? tn.n_blocks - x.first : x.count;
+    w.U8(tier);
     w.U64(reg.base + tn.offset + x.first * tn.block_bytes);
-    for (uint32_t b = 0; b < x.count; ++b) w.U64(tn.checksums[x.first + b]);
+    w.U32(count);
+    w.U64(tn.block_bytes);
+    for (uint32_t b = 0; b < count; ++b) w.U64(tn.checksums[x.first + b]);
     ++tn.reads;
-    if (tn.leases++ == 0) by_priority.erase({tn.priority, x.tensor});
+    if (tn.leases++ == 0) Pin(id, tn);
     tn.priority = Gdsf(tn);
-    L.tensors.push_back(x.tensor);
+    L.tensors.push_back(id);
     ++hits;
+    replica_hits += tier == 1;
   }
   const uint32_t ms = std::min(lease_ms, opt.max_lease_ms);
   L.timer = t->AddTimer(net::After(std::chrono::milliseconds(ms)), [this, lease] { EndLease(lease, true); });
@@ -531,8 +596,163 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
     ++st.acquires;
     st.acquire_hits += hits;
     st.acquire_misses += misses;
+    st.replica_hits += replica_hits;
   }
   t->Reply(c, rid, w.Take());
+}
+
+// A local reader asked for a tensor that another node owns: count it, and copy the
+// tensor here once its reads pass the threshold (and a peer link to its owner exists).
+void StoreServer::Impl::NoteRemoteRead(uint64_t owner, uint64_t tensor) {
+  if (opt.replica_share <= 0 || !peers.count(owner)) return;
+  if (remote_reads.size() >= 65536) remote_reads.clear();  // bounded: interest is re-learned
+  const uint32_t reads = ++remote_reads[{owner, tensor}];
+  if (reads >= opt.replica_after_reads && !replicating.count({owner, tensor})) Replicate(owner, tensor);
+}
+
+void StoreServer::Impl::WithPeer(uint64_t node_id, std::function<void(Peer*)> then) {
+  auto it = peers.find(node_id);
+  if (it == peers.end()) return then(nullptr);
+  Peer& p = it->second;
+  if (p.ready && t->IsConnected(p.conn)) return then(&p);
+  p.ready = false;
+  const size_t colon = p.address.rfind(':');
+  auto c = t->Connect(p.address.substr(0, colon), static_cast<uint16_t>(std::atoi(p.address.c_str() + colon + 1)));
+  if (!c.ok()) return then(nullptr);
+  p.conn = *c;
+  t->Call(p.conn, kHello, "", net::After(std::chrono::milliseconds(2000)), [this, node_id, then](Result<std::string> r) {
+    auto it = peers.find(node_id);
+    if (!r.ok() || it == peers.end()) return then(nullptr);
+    WireReader rd(*r);
+    const uint64_t id = rd.U64();
+    net::RemoteRegion region;
+    region.base = rd.U64();
+    region.length = rd.U64();
+    region.rkey = std::string(rd.Str(kMaxRkeyBytes));
+    const uint32_t version = rd.U32();
+    if (!rd.Done() || id != node_id || version != kProtocolVersion) return then(nullptr);
+    it->second.region = region;
+    it->second.ready = true;
+    then(&it->second);
+  });
+}
+
+std::optional<uint64_t> StoreServer::Impl::AllocateReplica(uint64_t bytes) {
+  const auto budget = static_cast<uint64_t>(opt.replica_share * static_cast<double>(opt.mem_bytes));
+  if (bytes > budget) return std::nullopt;
+  // Within the replicas' share, and only at the expense of other replicas: a copy never
+  // pushes out a tensor this node owns.
+  for (;;) {
+    if (replica_bytes + bytes <= budget) {
+      for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+        if (it->second >= bytes) {
+          const uint64_t off = it->first, len = it->second;
+          free_list.erase(it);
+          if (len > bytes) free_list[off + bytes] = len - bytes;
+          return off;
+        }
+      }
+    }
+    if (replicas_evictable.empty()) return std::nullopt;
+    const uint64_t victim = replicas_evictable.begin()->second;
+    clock = std::max(clock, replicas_evictable.begin()->first);
+    DropTensor(victim);
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.replicas_dropped;
+  }
+}
+
+void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
+  replicating.insert({owner, tensor});
+  auto fail = [this, owner, tensor](const std::string& why) {
+    replicating.erase({owner, tensor});
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++st.replication_failures;
+    TRELLIS_LOG_DEBUG("store: no replica of {}/{}: {}", owner, tensor, why);
+  };
+  WithPeer(owner, [this, owner, tensor, fail](Peer* p) {
+    if (!p) return fail("owner unreachable");
+    WireWriter w;
+    w.U32(opt.max_lease_ms);
+    w.U32(1);
+    w.U64(owner);
+    w.U64(tensor);
+    w.U32(0);
+    w.U32(0);  // the whole tensor
+    const net::ConnId conn = p->conn;
+    const net::RemoteRegion region = p->region;
+    t->Call(conn, kAcquire, w.Take(), net::After(std::chrono::milliseconds(5000)),
+            [this, owner, tensor, fail, conn, region](Result<std::string> r) {
+      if (!r.ok()) return fail(r.status().ToString());
+      WireReader rd(*r);
+      const uint64_t lease = rd.U64();
+      const uint32_t n = rd.U32();
+      const bool found = rd.U8() == 1;
+      rd.U8();
+      const uint64_t addr = rd.U64();
+      const uint32_t count = rd.U32();
+      const uint64_t block_bytes = rd.U64();
+      std::vector<uint64_t> sums;
+      if (rd.ok() && found && count <= kMaxKeys && count <= rd.remaining() / 8) {
+        sums.resize(count);
+        for (uint64_t& x : sums) x = rd.U64();
+      }
+      auto release = [this, conn, lease] {
+        if (!t->IsConnected(conn)) return;
+        WireWriter rw;
+        rw.U64(lease);
+        t->Call(conn, kRelease, rw.Take(), net::After(std::chrono::milliseconds(2000)), [](Result<std::string>) {});
+      };
+      if (!rd.Done() || n != 1 || !found || count == 0 || block_bytes == 0 || block_bytes > opt.mem_bytes / count) {
+        release();
+        return fail("owner no longer holds it");
+      }
+      const uint64_t bytes = count * block_bytes;
+      const auto off = AllocateReplica(bytes);
+      if (!off) {
+        release();
+        return fail("no room in the replicas' share");
+      }
+      const uint64_t id = next_tensor++;
+      Tensor& tn = tensors[id];
+      tn.offset = *off;
+      tn.in_mem = true;
+      tn.bytes = bytes;
+      tn.n_blocks = count;
+      tn.block_bytes = block_bytes;
+      tn.checksums = std::move(sums);
+      tn.replica = true;
+      tn.origin_owner = owner;
+      tn.origin_tensor = tensor;
+      tn.leases = 1;  // pinned while the copy lands
+      replica_bytes += bytes;
+      replica_of[{owner, tensor}] = id;
+      t->Get(conn, region, {{addr, arena + *off, bytes}}, net::After(std::chrono::milliseconds(opt.max_lease_ms)),
+             [this, id, owner, tensor, release, fail](Status s) {
+        release();
+        replicating.erase({owner, tensor});
+        auto it = tensors.find(id);
+        if (it == tensors.end()) return;
+        Tensor& tn = it->second;
+        tn.leases = 0;
+        bool good = s.ok();
+        for (uint32_t b = 0; good && b < tn.n_blocks; ++b) {
+          good = XXH3_64bits(arena + tn.offset + b * tn.block_bytes, tn.block_bytes) == tn.checksums[b];
+        }
+        if (!good) {
+          DropTensor(id);
+          return fail(s.ok() ? "a copied block failed its checksum" : s.ToString());
+        }
+        tn.ready = true;
+        tn.reads = remote_reads[{owner, tensor}];
+        remote_reads.erase({owner, tensor});
+        tn.cost_s = 1.0;
+        SetPriority(id, tn, Gdsf(tn));
+        std::lock_guard<std::mutex> lock(stats_mu);
+        ++st.replicas_made;
+      });
+    });
+  });
 }
 
 void StoreServer::Impl::EndLease(uint64_t lease, bool expired) {
@@ -542,7 +762,7 @@ void StoreServer::Impl::EndLease(uint64_t lease, bool expired) {
     auto tt = tensors.find(id);
     if (tt == tensors.end()) continue;
     Tensor& tn = tt->second;
-    if (tn.leases > 0 && --tn.leases == 0 && tn.ready && tn.in_mem) by_priority.insert({tn.priority, id});
+    if (tn.leases > 0 && --tn.leases == 0) Unpin(id, tn);
   }
   if (!expired) t->CancelTimer(it->second.timer);
   leases.erase(it);
@@ -636,6 +856,13 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     return Status::Ok();
   });
   TRELLIS_RETURN_IF_ERROR(s);
+  if (!(options.replica_share >= 0 && options.replica_share <= 1)) return InvalidArgument("--replica-share must be in [0, 1]");
+  raw->t->Sync([raw] {
+    for (const std::string& a : raw->opt.peers) {
+      const uint64_t id = NodeId(a);
+      if (id != raw->node && a.rfind(':') != std::string::npos) raw->peers[id].address = a;
+    }
+  });
   {
     std::lock_guard<std::mutex> lock(raw->stats_mu);
     raw->st.bytes_capacity = options.mem_bytes;
@@ -668,7 +895,13 @@ std::string StoreServer::MetricsText() const {
   auto m = [&](const char* name, const char* type, const char* help, uint64_t v) {
     out += fmt::format("# HELP trellis_store_{0} {2}\n# TYPE trellis_store_{0} {1}\ntrellis_store_{0} {3}\n", name, type, help, v);
   };
-  m("tensors", "gauge", "Tensors held in memory.", s.tensors);
+  m("tensors", "gauge", "Owned tensors held in memory.", s.tensors);
+  m("replicas", "gauge", "Replicas of other nodes' tensors held in memory.", s.replicas);
+  m("replica_bytes", "gauge", "Bytes of replicas in memory.", s.replica_bytes);
+  m("replica_hits_total", "counter", "Tensor ranges served from a replica.", s.replica_hits);
+  m("replicas_made_total", "counter", "Replicas copied from their owners.", s.replicas_made);
+  m("replicas_dropped_total", "counter", "Replicas evicted.", s.replicas_dropped);
+  m("replication_failures_total", "counter", "Replications that did not complete.", s.replication_failures);
   m("memory_bytes_used", "gauge", "Bytes of tensors in memory.", s.bytes_used);
   m("memory_bytes_capacity", "gauge", "Size of the memory tier.", s.bytes_capacity);
   m("index_keys", "gauge", "Chain keys indexed on this node.", s.index_keys);

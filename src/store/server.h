@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "net/transport.h"
 #include "util/status.h"
@@ -26,6 +27,11 @@ struct ServerOptions {
   uint16_t port = 0;         // 0: any
   uint64_t mem_bytes = 64ull << 20;
   uint32_t max_lease_ms = 10000;
+  // Replicas: this node copies a tensor owned by a peer once local readers have asked
+  // it for that tensor replica_after_reads times, within replica_share of --mem.
+  double replica_share = 0.25;
+  uint32_t replica_after_reads = 2;
+  std::vector<std::string> peers;  // "host:port" of the other store servers
   std::string ssd_dir;      // "": no SSD tier
   uint64_t ssd_bytes = 0;   // tensor bytes the SSD tier may hold
   net::TransportOptions transport;
@@ -39,6 +45,8 @@ struct ServerStats {
   uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
   uint64_t leases_active = 0, lease_expiries = 0;
   uint64_t forgotten = 0, refused_requests = 0;
+  uint64_t replicas = 0, replica_bytes = 0, replica_hits = 0, replicas_made = 0, replicas_dropped = 0,
+           replication_failures = 0;
   uint64_t ssd_tensors = 0, ssd_bytes_used = 0, ssd_bytes_capacity = 0;
   uint64_t ssd_flushes = 0, ssd_reads = 0, ssd_evictions = 0, ssd_checksum_failures = 0, ssd_restored = 0,
            ssd_rejected = 0;

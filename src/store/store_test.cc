@@ -339,6 +339,60 @@ TEST(StoreSsd, ARestartedServerServesWhatItsSsdHeldAndRejectsACorruptFile) {
   EXPECT_EQ(s2->stats().ssd_checksum_failures, 2u);
 }
 
+TEST(StoreReplicas, HotRemoteTensorsAreCopiedLocallyAndServeWhenTheirOwnerIsGone) {
+  auto b = Server();
+  ServerOptions ao;
+  ao.transport = Lo();
+  ao.peers = {Addr(*b)};
+  ao.replica_share = 0.5;
+  ao.replica_after_reads = 2;
+  auto a = std::move(StoreServer::Start(ao)).value();
+  ClientOptions co;
+  co.servers = {Addr(*a), Addr(*b)};
+  co.local = Addr(*a);
+  co.transport = Lo();
+  auto c = std::move(StoreClient::Connect(co, net::After(5000ms))).value();
+  // A sequence indexed on a (its first block's key) whose blocks 1..3 live on b: store
+  // the first block, then the whole sequence (its increment's owner is keys[1]'s).
+  std::vector<int32_t> t;
+  for (int r = 0; r < 500 && t.empty(); ++r) {
+    auto cand = Tokens(16, 16, 700 + r);
+    const auto keys = ChainKeys(Ns(), cand);
+    if (c->IndexServer(keys[0]) == Addr(*a) && c->IndexServer(keys[1]) == Addr(*b)) t = cand;
+  }
+  ASSERT_FALSE(t.empty());
+  Blocks src(t);
+  ASSERT_EQ(*c->Put(Ns(), std::vector<int32_t>(t.begin(), t.begin() + kBlockTokens), src.cptr, kBlockBytes, 1.0,
+                    net::After(5000ms)), 1u);
+  ASSERT_EQ(*c->Put(Ns(), t, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 3u);
+  auto read = [&](GetReceipt* rc) {
+    auto f = c->Lookup(Ns(), t, net::After(3000ms));
+    if (!f.ok()) return f.status();
+    if (f->blocks != 4) return NotFound("short");
+    Blocks dst(4);
+    Status st = c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(3000ms), rc);
+    if (st.ok() && dst.data != src.data) return Internal("wrong bytes");
+    return st;
+  };
+  GetReceipt r;
+  ASSERT_TRUE(read(&r).ok());
+  EXPECT_EQ(r.memory, 1u);  // a owns block 0
+  EXPECT_EQ(r.remote, 3u);
+  ASSERT_TRUE(read(&r).ok());  // the second read of b's tensor through a: a copies it
+  for (int i = 0; i < 100 && a->stats().replicas_made == 0; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(a->stats().replicas_made, 1u);
+  ASSERT_TRUE(read(&r).ok());
+  EXPECT_EQ(r.replica, 3u);
+  EXPECT_EQ(r.remote, 0u);
+  EXPECT_EQ(a->stats().replica_hits, 1u);
+  b.reset();  // the owner is gone; the index (on a) and the replica remain
+  const Status after = read(&r);
+  EXPECT_TRUE(after.ok()) << after.ToString();
+  EXPECT_EQ(r.memory + r.replica, 4u);
+  const ClientStats cs = c->stats();
+  EXPECT_EQ(cs.blocks_local_replica, 6u);
+}
+
 // Speaks the store protocol directly, as a hostile or slow peer would.
 struct RawPeer {
   std::unique_ptr<net::Transport> t;
@@ -368,6 +422,7 @@ TEST(Store, LeasesPinTensorsUntilReleasedOrExpiredAndAFullStoreRefuses) {
   net::WireWriter w;
   w.U32(400);
   w.U32(1);
+  w.U64(s->node_id());
   w.U64(found->runs[0].tensor);
   w.U32(0);
   w.U32(4);
@@ -418,10 +473,11 @@ TEST(Store, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
   ASSERT_TRUE(c->Put(Ns(), tok, b.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
   const uint64_t tensor = c->Lookup(Ns(), tok, net::After(5000ms))->runs[0].tensor;
   for (auto [id, first, count] : {std::tuple<uint64_t, uint32_t, uint32_t>{tensor, 1, 2}, {tensor, 2, 1},
-                                  {tensor, 0xffffffffu, 2}, {tensor + 77, 0, 1}, {tensor, 0, 0}}) {
+                                  {tensor, 0xffffffffu, 2}, {tensor + 77, 0, 1}, {tensor, 2, 0}}) {
     net::WireWriter w;
     w.U32(1000);
     w.U32(1);
+    w.U64(s->node_id());
     w.U64(id);
     w.U32(first);
     w.U32(count);
