@@ -10,7 +10,8 @@ struct StoreBenchOptions {
   bool micro = false;
   int blocks = 64;                 // blocks in the bulk get
   uint64_t block_bytes = 720896;   // 704 KiB: TinyLlama's 32-token KV block (22 layers, f16)
-  int runs = 7;                    // timed gets (median)
+  int runs = 7;                    // timed gets per round (median)
+  int rounds = 5;                  // store and ucx_perftest alternate this many times
   int servers = 4;                 // store processes in the lookup test
   int prompt_tokens = 8192;
   int lookups = 2000;

@@ -276,7 +276,8 @@ Runner AddBenchCommand(CLI::App& app) {
   st->add_flag("--micro", sto->micro, "the transport micro-benchmarks (the only kind yet)");
   st->add_option("--blocks", sto->blocks, "blocks in the bulk get")->capture_default_str();
   st->add_option("--block-bytes", sto->block_bytes, "bytes per block (704 KiB: TinyLlama's 32-token block)")->capture_default_str();
-  st->add_option("-r,--runs", sto->runs, "timed gets (median)")->capture_default_str();
+  st->add_option("-r,--runs", sto->runs, "timed gets per round (median)")->capture_default_str();
+  st->add_option("--rounds", sto->rounds, "rounds alternating the store and ucx_perftest")->capture_default_str();
   st->add_option("--servers", sto->servers, "store processes in the lookup test")->capture_default_str();
   st->add_option("--prompt-tokens", sto->prompt_tokens, "tokens of the looked-up prompt")->capture_default_str();
   st->add_option("--lookups", sto->lookups, "timed lookups")->capture_default_str();

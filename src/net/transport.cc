@@ -109,6 +109,7 @@ struct Transport::Impl {
     size_t outstanding = 0;  // UCX requests not yet completed
     bool issued = false;     // every segment handed to UCX
     Status status;
+    SegmentCallback on_segment;  // optional: each segment that landed, as it lands
   };
   struct SendCtx {  // keeps a message alive until UCX is done with it
     Impl* impl;
@@ -117,6 +118,7 @@ struct Transport::Impl {
   struct GetReq {  // user_data of one RMA get
     Impl* impl;
     uint64_t get_id;
+    size_t segment;
   };
   struct RecvCtx {  // a rendezvous body being received
     Impl* impl;
@@ -177,7 +179,7 @@ struct Transport::Impl {
   Status Send(ConnId c, const MessageHeader& h, std::string body);
   void Dispatch(ConnId c, const MessageHeader& h, std::string_view body);
   void FinishGet(uint64_t id);
-  void GetCompleted(uint64_t id, ucs_status_t s);
+  void GetCompleted(uint64_t id, size_t segment, ucs_status_t s);
 
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
                            const ucp_am_recv_param_t* param);
@@ -274,17 +276,24 @@ void Transport::Impl::RunTimers(int& wait_ms) {
 
 void Transport::Impl::Loop() {
   loop_id = std::this_thread::get_id();
+  Deadline last_work = Clock::now();
+  const auto spin = std::chrono::microseconds(opt.spin_us);
   while (!stop.load(std::memory_order_acquire)) {
     RunTasks();
     int wait_ms = 0;
     RunTimers(wait_ms);
-    while (ucp_worker_progress(worker) != 0) {
-    }
+    bool worked = false;
+    while (ucp_worker_progress(worker) != 0) worked = true;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!tasks.empty()) continue;
     }
     if (wait_ms == 0) continue;
+    // Busy for a moment after work before sleeping: over tcp a peer's RMA reads are
+    // served in software by this loop, and each wake-up from epoll costs them latency.
+    const Deadline now = Clock::now();
+    if (worked) last_work = now;
+    if (now - last_work < spin) continue;
     const ucs_status_t s = ucp_worker_arm(worker);
     if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
     epoll_event evs[2];
@@ -511,12 +520,13 @@ void Transport::Impl::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
       [self, c, peer, status] { self->FailConn(c, Unavailable("peer " + peer + " failed: " + UcsError(status)), true); });
 }
 
-void Transport::Impl::GetCompleted(uint64_t id, ucs_status_t s) {
+void Transport::Impl::GetCompleted(uint64_t id, size_t segment, ucs_status_t s) {
   auto it = gets.find(id);
   if (it == gets.end()) return;
   PendingGet& g = it->second;
   --g.outstanding;
   if (s != UCS_OK && g.status.ok()) g.status = Unavailable("get failed: " + UcsError(s));
+  if (s == UCS_OK && g.status.ok() && g.on_segment) g.on_segment(segment);
   if (g.issued && g.outstanding == 0) FinishGet(id);
 }
 
@@ -700,7 +710,7 @@ void Transport::Unregister(uint64_t base) {
 }
 
 void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> segments, Deadline deadline,
-                    DoneCallback done) {
+                    DoneCallback done, SegmentCallback on_segment) {
   Impl* impl = impl_.get();
   auto fail = [&](Status s) { Post([done = std::move(done), s] { done(s); }); };
   auto cit = impl->conns.find(c);
@@ -728,28 +738,33 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
   Impl::PendingGet& g = impl->gets[id];
   g.conn = c;
   g.done = std::move(done);
+  g.on_segment = std::move(on_segment);
   {
     std::lock_guard<std::mutex> lock(impl->stats_mu);
     ++impl->stats.gets;
     impl->stats.get_segments += segments.size();
     impl->stats.get_bytes += total;
   }
-  for (const Segment& s : segments) {
+  std::vector<size_t> landed;  // segments done at once: reported after the loop
+  for (size_t si = 0; si < segments.size(); ++si) {
+    const Segment& s = segments[si];
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    auto* gr = new Impl::GetReq{impl, id};
+    auto* gr = new Impl::GetReq{impl, id, si};
     p.user_data = gr;
     p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
       auto* gr = static_cast<Impl::GetReq*>(user_data);
       Impl* impl = gr->impl;
       const uint64_t gid = gr->get_id;
+      const size_t seg = gr->segment;
       delete gr;
       ucp_request_free(request);
-      impl->GetCompleted(gid, status);
+      impl->GetCompleted(gid, seg, status);
     };
     void* r = ucp_get_nbx(conn.ep, s.local, s.length, s.remote, rkey, &p);
     if (r == nullptr) {
       delete gr;
+      landed.push_back(si);
     } else if (UCS_PTR_IS_ERR(r)) {
       delete gr;
       if (g.status.ok()) g.status = Unavailable("get: " + UcsError(UCS_PTR_STATUS(r)));
@@ -759,6 +774,9 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
     }
   }
   g.issued = true;
+  if (g.on_segment && g.status.ok()) {
+    for (size_t si : landed) g.on_segment(si);
+  }
   if (g.outstanding == 0) {
     // Finished (or failed) at once: report from the loop, never re-entering the caller.
     Post([impl, id] { impl->FinishGet(id); });

@@ -346,10 +346,15 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
   }
   // 3. Every segment from every source in flight at once, each block straight into its
   //    buffer.
+  // Each block's checksum is checked as its segment lands, while the others are still in
+  // flight (on the transport's thread).
+  size_t bad_block = SIZE_MAX;
   if (status.ok()) {
     std::map<size_t, std::vector<net::Segment>> segs;
+    std::map<size_t, std::vector<std::vector<std::pair<size_t, uint64_t>>>> seg_blocks;  // (dst index, checksum)
     for (const Piece& p : pieces) {
       auto& v = segs[p.source];
+      auto& vb = seg_blocks[p.source];
       for (uint32_t b = 0; b < p.run.count; ++b) {
         void* d = dst[p.dst_first + b];
         const uint64_t remote = p.addr + b * block_bytes;
@@ -358,7 +363,9 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
           v.back().length += block_bytes;  // contiguous on both sides: one segment
         } else {
           v.push_back({remote, d, block_bytes});
+          vb.emplace_back();
         }
+        vb.back().emplace_back(p.dst_first + b, p.sums[b]);
       }
     }
     std::promise<void> got;
@@ -374,10 +381,18 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
           if (--left == 0) got.set_value();
           continue;
         }
-        I.t->Get(I.members[m].conn, I.members[m].region, std::move(v), deadline, [&, k](Status s) {
-          results[k] = s;
-          if (--left == 0) got.set_value();
-        });
+        const auto* blocks = &seg_blocks[m];
+        I.t->Get(
+            I.members[m].conn, I.members[m].region, std::move(v), deadline,
+            [&, k](Status s) {
+              results[k] = s;
+              if (--left == 0) got.set_value();
+            },
+            [&, blocks](size_t seg) {
+              for (auto [i, sum] : (*blocks)[seg]) {
+                if (XXH3_64bits(dst[i], block_bytes) != sum) bad_block = std::min(bad_block, i);
+              }
+            });
       }
     });
     gf.wait();
@@ -385,15 +400,10 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
       if (!s.ok() && status.ok()) status = s;
     }
   }
-  // 4. Checksums, then release the leases (not waited for: a lost release just expires).
-  if (status.ok()) {
-    for (const Piece& p : pieces) {
-      for (uint32_t b = 0; b < p.run.count; ++b) {
-        if (XXH3_64bits(dst[p.dst_first + b], block_bytes) != p.sums[b]) {
-          status = Corrupt(fmt::format("block {} failed its checksum after the transfer", p.dst_first + b));
-        }
-      }
-    }
+  // 4. A failed checksum fails the read; then release the leases (not waited for: a
+  //    lost release just expires).
+  if (status.ok() && bad_block != SIZE_MAX) {
+    status = Corrupt(fmt::format("block {} failed its checksum after the transfer", bad_block));
   }
   std::vector<std::pair<size_t, uint64_t>> leases;
   for (const Source& s : sources) {

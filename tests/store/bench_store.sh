@@ -8,7 +8,7 @@ set -euo pipefail
 TRELLIS=$1
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$TRELLIS" bench store --micro --blocks 6 --block-bytes 65536 -r 2 --servers 2 --lookups 30 -o "$out" >"$out/log" 2>&1 \
+"$TRELLIS" bench store --micro --blocks 6 --block-bytes 65536 -r 2 --rounds 2 --servers 2 --lookups 30 -o "$out" >"$out/log" 2>&1 \
   || { cat "$out/log"; exit 1; }
 csv=$out/store_micro.csv
 for row in "get,bandwidth_median" "ucx_perftest_one_get,bandwidth" "ucx_perftest_block_gets,bandwidth" \
