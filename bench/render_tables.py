@@ -176,7 +176,30 @@ def render_chat(meta, rows):
         f"\nMean TTFT over turns 2..{turns[-1]}: {t} {mt:.1f} ms, {l} {ml:.1f} ms; {t} / {l} = **{mt / ml:.2f}**.\n")
 
 
+def render_store_micro(meta, rows):
+    """`trellis bench store --micro`: the bulk get against ucx_perftest, and lookups."""
+    v = {(r["test"], r["metric"]): float(r["value"]) for r in rows}
+    g = lambda t, m: v[(t, m)]
+    transports = f"Transports: {meta['transports']}.\n\n" if "transports" in meta else ""
+    mib = g("get", "bytes") / (1 << 20)
+    out = [[f"one get of {g('get', 'blocks'):.0f} scattered blocks ({mib:.1f} MiB), MiB/s",
+            f"{g('get', 'bandwidth_median'):.0f}", f"{g('ucx_perftest_one_get', 'bandwidth'):.0f} (one get of {mib:.1f} MiB)",
+            f"**{g('get', 'ratio_to_one_get_median'):.2f}**", ">= 0.8"],
+           ["the same", f"{g('get', 'bandwidth_median'):.0f}",
+            f"{g('ucx_perftest_block_gets', 'bandwidth'):.0f} (block-sized gets, {g('get', 'blocks'):.0f} in flight)",
+            f"{g('get', 'ratio_to_block_gets_median'):.2f}", ""],
+           [f"lookup of {g('lookup', 'prompt_tokens'):.0f} tokens over {g('lookup', 'servers'):.0f} servers: "
+            "lookup messages per lookup", f"{g('lookup', 'messages_per_lookup'):.2f}", "", "", "1"],
+           ["lookup latency p50 / p99 / max, ms",
+            f"{g('lookup', 'latency_p50'):.3f} / {g('lookup', 'latency_p99'):.3f} / {g('lookup', 'latency_max'):.3f}",
+            "", "", "p99 < 1"]]
+    return provenance(meta) + transports + (
+        f"Bandwidths: medians over {g('get', 'rounds'):.0f} rounds alternating the two sides; ratio: the median of "
+        "the per-round ratios.\n\n") + table(["what", "trellis store", "ucx_perftest", "ratio", "target"], out)
+
+
 RENDERERS = {
+    "store_micro": render_store_micro,
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
     "speed_sessions": render_speed_sessions,

@@ -730,7 +730,12 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
   if (auto it = conn.rkeys.find(region.rkey); it != conn.rkeys.end()) {
     rkey = it->second;
   } else {
-    const ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, region.rkey.data(), &rkey);
+    // ucp_ep_rkey_unpack takes no length: it trusts sizes inside the packed key, which a
+    // hostile peer writes. It reads from a zero-padded copy, so no key can make it read
+    // past memory we own.
+    std::string padded = region.rkey;
+    padded.resize(region.rkey.size() + 4096, '\0');
+    const ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, padded.data(), &rkey);
     if (s != UCS_OK) return fail(Corrupt("cannot unpack the peer's remote key: " + UcsError(s)));
     conn.rkeys[region.rkey] = rkey;
   }
