@@ -10,7 +10,7 @@ PACKAGES=(
   libcpp-httplib-dev nodejs curl
   libboost-dev zlib1g-dev libbrotli-dev brotli
   libucx-dev ucx-utils libxxhash-dev pkg-config
-  pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest
+  pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest etcd-server
 )
 
 missing=()

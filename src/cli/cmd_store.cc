@@ -26,6 +26,8 @@ struct StoreOptions {
   double replica_share = 0.25;
   uint32_t replica_after_reads = 2;
   std::vector<std::string> peers;
+  std::string etcd, advertise;
+  int etcd_ttl = 5;
   std::string metrics_listen;  // HOST:PORT of the /metrics and /health endpoint; "" = none
 };
 
@@ -106,6 +108,9 @@ int Run(const StoreOptions& o) {
   so.replica_share = o.replica_share;
   so.replica_after_reads = std::max<uint32_t>(1, o.replica_after_reads);
   so.peers = o.peers;
+  so.etcd = o.etcd;
+  so.etcd_ttl_s = std::max(1, o.etcd_ttl);
+  so.advertise = o.advertise;
   if (!o.ssd_dir.empty()) {
     if (o.ssd_size.empty()) return Fail("--ssd-dir needs --ssd-size");
     auto ssd = ParseSize(o.ssd_size);
@@ -182,6 +187,9 @@ Runner AddStoreCommand(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--peers", o->peers, "HOST:PORT of the other store servers (replicas are copied from them)")
       ->delimiter(',');
+  app.add_option("--etcd", o->etcd, "etcd (http://HOST:PORT): register here under a lease, take peers from here");
+  app.add_option("--etcd-ttl", o->etcd_ttl, "seconds the etcd registration outlives a silent server")->capture_default_str();
+  app.add_option("--advertise", o->advertise, "HOST:PORT others reach this server at (default: --listen's)");
   app.add_option("--ssd-dir", o->ssd_dir, "directory of the SSD tier (kept across restarts)");
   app.add_option("--ssd-size", o->ssd_size, "SSD tier size (K, M, G, T suffixes)");
   app.add_option("--max-lease-ms", o->max_lease_ms, "longest a reader may pin a tensor")->capture_default_str();

@@ -4,12 +4,18 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <xxhash.h>
 
 #include "net/wire.h"
+#include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/server.h"
 
@@ -47,23 +53,97 @@ struct StoreClient::Impl {
     ConnId conn = 0;
     net::RemoteRegion region;
     bool ready = false;
+    bool live = true;  // in the current membership (members are never removed: indexes stay valid)
   };
   ClientOptions opt;
+  // Membership: changed only on the loop thread, under view_mu held exclusively; the
+  // loop reads it freely, other threads under view_mu shared. conn / region / ready are
+  // the loop's alone.
+  mutable std::shared_mutex view_mu;
   std::vector<Member> members;
   std::map<uint64_t, size_t> by_node;
-  std::vector<std::pair<uint64_t, size_t>> ring;  // (point, member), sorted
+  std::vector<std::pair<uint64_t, size_t>> ring;  // (point, member), sorted; live members only
   size_t local = SIZE_MAX;  // this node's own server (options.local), if named
+  std::optional<Etcd> etcd;
+  std::thread poller;
+  std::mutex poll_mu;
+  std::condition_variable poll_cv;
+  bool stopping = false;
   mutable std::mutex stats_mu;
   ClientStats st;
   std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes
 
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(poll_mu);
+      stopping = true;
+    }
+    poll_cv.notify_all();
+    if (poller.joinable()) poller.join();
+  }
+
+  // The live member owning a key, or SIZE_MAX when there is none. Any thread.
   size_t OwnerOf(const Key& k) const {
+    std::shared_lock lock(view_mu);
+    if (ring.empty()) return SIZE_MAX;
     auto it = std::lower_bound(ring.begin(), ring.end(), std::pair<uint64_t, size_t>(k.lo, 0));
     return it == ring.end() ? ring.front().second : it->second;
+  }
+  std::optional<size_t> MemberOf(uint64_t node) const {
+    std::shared_lock lock(view_mu);
+    auto it = by_node.find(node);
+    if (it == by_node.end()) return std::nullopt;
+    return it->second;
+  }
+  std::string AddressOf(size_t m) const {
+    std::shared_lock lock(view_mu);
+    return m < members.size() ? members[m].address : std::string();
+  }
+  uint64_t NodeOf(size_t m) const {
+    std::shared_lock lock(view_mu);
+    return members[m].node;
+  }
+
+  // (Loop thread; under view_mu exclusively.) 64 points per live member on the ring: a
+  // member joining or leaving moves ~1/N of the keys.
+  void RebuildRing() {
+    ring.clear();
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (!members[i].live) continue;
+      for (int v = 0; v < 64; ++v) {
+        const std::string p = members[i].address + "#" + std::to_string(v);
+        ring.emplace_back(XXH3_64bits(p.data(), p.size()), i);
+      }
+    }
+    std::sort(ring.begin(), ring.end());
+  }
+  // (Loop thread.) Makes `live` the membership: new addresses join, missing ones leave.
+  void ApplyMembers(const std::vector<std::string>& live) {
+    std::unique_lock lock(view_mu);
+    std::set<uint64_t> now;
+    for (const std::string& a : live) {
+      const uint64_t node = NodeId(a);
+      now.insert(node);
+      auto it = by_node.find(node);
+      if (it != by_node.end()) {
+        members[it->second].live = true;
+        continue;
+      }
+      Member m;
+      m.address = a;
+      m.node = node;
+      by_node[node] = members.size();
+      members.push_back(std::move(m));
+    }
+    for (Member& m : members) {
+      if (!now.count(m.node)) m.live = false;
+    }
+    RebuildRing();
   }
 
   // Runs Call on the loop and waits (bounded by the call's deadline).
   Result<std::string> CallSync(size_t m, uint16_t type, std::string body, Deadline d) {
+    if (m == SIZE_MAX) return Unavailable("no live store server");
     std::promise<Result<std::string>> p;
     auto f = p.get_future();
     // The callbacks outlive the posted task: they capture values, and references only to
@@ -131,10 +211,19 @@ StoreClient::StoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreClient::~StoreClient() = default;
 
 Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& options, Deadline deadline) {
-  if (options.servers.empty()) return InvalidArgument("no store servers given");
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
-  for (const std::string& a : options.servers) {
+  std::vector<std::string> servers = options.servers;
+  if (!options.etcd.empty()) {
+    TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(options.etcd));
+    TRELLIS_ASSIGN_OR_RETURN(std::vector<std::string> found, e.Members());
+    for (const std::string& a : found) {
+      if (std::find(servers.begin(), servers.end(), a) == servers.end()) servers.push_back(a);
+    }
+    impl->etcd = e;
+  }
+  if (servers.empty()) return InvalidArgument("no store servers given (and none registered in etcd)");
+  for (const std::string& a : servers) {
     TRELLIS_RETURN_IF_ERROR(SplitAddress(a).status());
     Impl::Member m;
     m.address = a;
@@ -143,14 +232,7 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
     impl->by_node[m.node] = impl->members.size();
     impl->members.push_back(m);
   }
-  // 64 points per member on the ring: a member joining or leaving moves ~1/N of the keys.
-  for (size_t i = 0; i < impl->members.size(); ++i) {
-    for (int v = 0; v < 64; ++v) {
-      const std::string p = impl->members[i].address + "#" + std::to_string(v);
-      impl->ring.emplace_back(XXH3_64bits(p.data(), p.size()), i);
-    }
-  }
-  std::sort(impl->ring.begin(), impl->ring.end());
+  impl->RebuildRing();
   if (!options.local.empty()) {
     auto it = impl->by_node.find(NodeId(options.local));
     if (it == impl->by_node.end()) return InvalidArgument("the local store '" + options.local + "' is not among the servers");
@@ -170,11 +252,24 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
     else last = s;
   }
   if (up == 0) return Unavailable("no store server reachable: " + last.message());
+  // With etcd, the membership follows it: polled every poll_ms, applied on the loop.
+  if (impl->etcd) {
+    Impl* raw = impl.get();
+    raw->poller = std::thread([raw] {
+      std::unique_lock<std::mutex> lock(raw->poll_mu);
+      while (!raw->poll_cv.wait_for(lock, std::chrono::milliseconds(raw->opt.etcd_poll_ms), [raw] { return raw->stopping; })) {
+        lock.unlock();
+        auto live = raw->etcd->Members();
+        if (live.ok()) raw->t->Post([raw, v = *live] { raw->ApplyMembers(v); });  // empty too: all gone
+        lock.lock();
+      }
+    });
+  }
   return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
 }
 
 std::string StoreClient::IndexServer(const Key& first_block) const {
-  return impl_->members[impl_->OwnerOf(first_block)].address;
+  return impl_->AddressOf(impl_->OwnerOf(first_block));
 }
 
 Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline) {
@@ -204,7 +299,7 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
     x.tensor = rd.U64();
     x.first = rd.U32();
     x.count = rd.U32();
-    if (x.count == 0 || !impl_->by_node.count(x.owner)) rd.Fail();
+    if (x.count == 0) rd.Fail();
     sum += x.count;
     out.runs.push_back(x);
   }
@@ -229,6 +324,7 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
     size_t dst_first;            // index in dst of the run's first block
     size_t source = SIZE_MAX;    // the member it is read from, once acquired
     uint8_t tier = 0;
+    bool unknown_owner = false;
     uint64_t addr = 0;
     std::vector<uint64_t> sums;
   };
@@ -311,22 +407,30 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
   // 1. This node's own store server first: it holds what it owns and its replicas of
   //    others' hot tensors (and counts what it was asked for, to make replicas).
   std::vector<Source> sources;
-  if (I.local != SIZE_MAX) {
-    std::vector<Source> local(1);
-    local[0].member = I.local;
-    for (Piece& p : pieces) local[0].pieces.push_back(&p);
-    acquire(local);
-    sources.push_back(std::move(local[0]));  // its lease is released below even if all missed
+  const size_t local = [&] {
+    std::shared_lock lock(I.view_mu);
+    return I.local != SIZE_MAX && I.members[I.local].live ? I.local : SIZE_MAX;
+  }();
+  if (local != SIZE_MAX) {
+    std::vector<Source> mine(1);
+    mine[0].member = local;
+    for (Piece& p : pieces) mine[0].pieces.push_back(&p);
+    acquire(mine);
+    sources.push_back(std::move(mine[0]));  // its lease is released below even if all missed
   }
   // 2. What is left, from each owner, all at once.
   {
     std::map<size_t, Source> by_owner;
     for (Piece& p : pieces) {
       if (p.source != SIZE_MAX) continue;
-      const size_t m = I.by_node.at(p.run.owner);
-      if (m == I.local) continue;  // the local server owns it and said no: evicted
-      by_owner[m].member = m;
-      by_owner[m].pieces.push_back(&p);
+      const auto m = I.MemberOf(p.run.owner);
+      if (!m) {
+        p.unknown_owner = true;  // not (yet) in this client's membership: down, not evicted
+        continue;
+      }
+      if (*m == local) continue;  // the local server owns it and said no: evicted
+      by_owner[*m].member = *m;
+      by_owner[*m].pieces.push_back(&p);
     }
     std::vector<Source> owners;
     for (auto& [m, src] : by_owner) owners.push_back(std::move(src));
@@ -339,7 +443,8 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
   }
   std::vector<std::pair<uint64_t, uint64_t>> gone;  // pieces nobody holds: (owner, tensor)
   for (const Piece& p : pieces) {
-    if (p.source == SIZE_MAX) gone.emplace_back(p.run.owner, p.run.tensor);
+    if (p.source == SIZE_MAX && p.unknown_owner && status.ok()) status = Unavailable("a block's owner is not a live member");
+    if (p.source == SIZE_MAX && !p.unknown_owner) gone.emplace_back(p.run.owner, p.run.tensor);
   }
   if (status.ok() && !gone.empty()) {
     status = NotFound(fmt::format("tensor {} is no longer stored", gone.front().second));
@@ -433,7 +538,7 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
   }
   GetReceipt g;
   for (const Piece& p : pieces) {
-    if (p.source != I.local) g.remote += p.run.count;
+    if (p.source != local) g.remote += p.run.count;
     else if (p.tier == 1) g.replica += p.run.count;
     else if (p.tier == 2) g.ssd += p.run.count;
     else g.memory += p.run.count;
@@ -467,6 +572,7 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   std::vector<uint8_t> staging(inc * block_bytes);
   for (size_t i = 0; i < inc; ++i) std::memcpy(staging.data() + i * block_bytes, blocks[k + i], block_bytes);
   const size_t owner = I.OwnerOf(found.keys[k]);
+  if (owner == SIZE_MAX) return Unavailable("no live store server");
   auto reg = I.t->Sync([&] { return I.t->Register(staging.data(), staging.size()); });
   if (!reg.ok()) return reg.status();
   WireWriter w;
@@ -494,7 +600,7 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   const uint64_t tensor = rd.U64();
   if (!rd.Done()) return Corrupt("malformed put reply");
   WireWriter c;
-  c.U64(I.members[owner].node);
+  c.U64(I.NodeOf(owner));
   c.U64(tensor);
   c.U32(static_cast<uint32_t>(inc));
   for (size_t i = k; i < n; ++i) WriteKey(c, found.keys[i]);
@@ -505,6 +611,15 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   I.st.put_blocks += inc;
   I.st.put_skipped_blocks += k;
   return inc;
+}
+
+std::vector<std::string> StoreClient::Members() const {
+  std::shared_lock lock(impl_->view_mu);
+  std::vector<std::string> out;
+  for (const auto& m : impl_->members) {
+    if (m.live) out.push_back(m.address);
+  }
+  return out;
 }
 
 ClientStats StoreClient::stats() const {

@@ -1,7 +1,7 @@
 // StoreClient: an engine's (or a script's) handle on the prefix tensor store.
 //
-// It connects to every store server named (the static membership; placement is a
-// consistent-hash ring over them, docs/store.md "Placement"), and offers:
+// It connects to every store server named, or registered in etcd (placement is a
+// consistent-hash ring over the live members, docs/store.md "Placement"), and offers:
 //   Lookup: the longest stored prefix of a token sequence, in whole blocks, with one
 //           round trip to the one server indexing the sequence's first block;
 //   Get:    that prefix's first n blocks into caller-given block buffers: one Acquire
@@ -34,6 +34,11 @@ struct ClientOptions {
   // it owns and its replicas of other nodes' hot tensors, and learns from the misses
   // which tensors to replicate.
   std::string local;
+  // etcd ("http://HOST:PORT"), or "": the members registered there join `servers`, and
+  // the membership follows etcd (polled every etcd_poll_ms; placement is rebuilt over
+  // the live members, so a member joining or leaving moves only its share of keys).
+  std::string etcd;
+  uint32_t etcd_poll_ms = 1000;
   net::TransportOptions transport;
   uint32_t lease_ms = 5000;
 };
@@ -83,6 +88,8 @@ class StoreClient {
                      uint64_t block_bytes, double cost_s, net::Deadline deadline);
 
   ClientStats stats() const;
+  // The live members' addresses, as this client sees them now.
+  std::vector<std::string> Members() const;
   // The member that indexes a sequence starting with this first-block key.
   std::string IndexServer(const Key& first_block) const;
 

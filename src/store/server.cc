@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <condition_variable>
+#include <thread>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -16,6 +18,7 @@
 
 #include "net/wire.h"
 #include "store/keys.h"
+#include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/ssd.h"
 #include "util/log.h"
@@ -101,9 +104,41 @@ struct StoreServer::Impl {
   mutable std::mutex stats_mu;
   ServerStats st;
 
+  // etcd membership: a thread renews this server's lease and polls the members.
+  std::optional<Etcd> etcd;
+  std::string advertised;
+  std::thread etcd_thread;
+  std::mutex etcd_mu;
+  std::condition_variable etcd_cv;
+  bool etcd_stop = false;
+  int64_t lease = 0;
+
   std::unique_ptr<net::Transport> t;  // last: destroyed (loop joined) before the state above
 
+  void EtcdLoop();
+  void ApplyPeers(const std::vector<std::string>& live) {  // loop thread
+    std::set<uint64_t> now;
+    for (const std::string& a : live) {
+      const uint64_t id = NodeId(a);
+      if (id == node) continue;
+      now.insert(id);
+      if (!peers.count(id)) peers[id].address = a;
+    }
+    for (auto it = peers.begin(); it != peers.end();) {
+      it = now.count(it->first) ? std::next(it) : peers.erase(it);
+    }
+  }
+
   ~Impl() {
+    if (etcd_thread.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(etcd_mu);
+        etcd_stop = true;
+      }
+      etcd_cv.notify_all();
+      etcd_thread.join();
+      if (lease) (void)etcd->Revoke(lease);  // leave the membership at once, not after the TTL
+    }
     t.reset();  // the loop has stopped: the state is this thread's now
     FlushAllToSsd();
     if (arena) munmap(arena, opt.mem_bytes);
@@ -177,6 +212,7 @@ struct StoreServer::Impl {
   void UpdateGauges() {
     std::lock_guard<std::mutex> lock(stats_mu);
     st.index_keys = index.size();
+    st.peers = peers.size();
     st.leases_active = leases.size();
     uint64_t used = 0, on_ssd = 0, in_mem = 0, replicas = 0;
     for (auto& [id, tn] : tensors) {
@@ -355,6 +391,22 @@ void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::strin
       return t->Reply(c, rid, "");  // the text is served by MetricsText; the call proves liveness
     }
     default: return t->ReplyError(c, rid, Unsupported("unknown store message type " + std::to_string(type)));
+  }
+}
+
+void StoreServer::Impl::EtcdLoop() {
+  const auto period = std::chrono::milliseconds(std::max(200, opt.etcd_ttl_s * 1000 / 3));
+  std::unique_lock<std::mutex> lock(etcd_mu);
+  while (!etcd_cv.wait_for(lock, period, [this] { return etcd_stop; })) {
+    lock.unlock();
+    Status s = lease ? etcd->KeepAlive(lease) : NotFound("no lease");
+    if (!s.ok()) {  // expired (etcd restarted, or we were cut off too long): register again
+      auto l = etcd->Register(advertised, opt.etcd_ttl_s);
+      if (l.ok()) lease = *l;
+      else TRELLIS_LOG_WARN("store: etcd: {}", l.status().ToString());
+    }
+    if (auto live = etcd->Members(); live.ok()) t->Post([this, v = *live] { ApplyPeers(v); });
+    lock.lock();
   }
 }
 
@@ -604,10 +656,13 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
 // A local reader asked for a tensor that another node owns: count it, and copy the
 // tensor here once its reads pass the threshold (and a peer link to its owner exists).
 void StoreServer::Impl::NoteRemoteRead(uint64_t owner, uint64_t tensor) {
-  if (opt.replica_share <= 0 || !peers.count(owner)) return;
+  if (opt.replica_share <= 0) return;
   if (remote_reads.size() >= 65536) remote_reads.clear();  // bounded: interest is re-learned
   const uint32_t reads = ++remote_reads[{owner, tensor}];
-  if (reads >= opt.replica_after_reads && !replicating.count({owner, tensor})) Replicate(owner, tensor);
+  // Counted even before the owner is a known peer (etcd may not have told us yet).
+  if (reads >= opt.replica_after_reads && peers.count(owner) && !replicating.count({owner, tensor})) {
+    Replicate(owner, tensor);
+  }
 }
 
 void StoreServer::Impl::WithPeer(uint64_t node_id, std::function<void(Peer*)> then) {
@@ -852,7 +907,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     auto port = raw->t->Listen(raw->opt.host, raw->opt.port);
     if (!port.ok()) return port.status();
     raw->port = *port;
-    raw->node = NodeId(raw->opt.host + ":" + std::to_string(*port));
+    raw->advertised = raw->opt.advertise.empty() ? raw->opt.host + ":" + std::to_string(*port) : raw->opt.advertise;
+    raw->node = NodeId(raw->advertised);
     return Status::Ok();
   });
   TRELLIS_RETURN_IF_ERROR(s);
@@ -866,6 +922,16 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
   {
     std::lock_guard<std::mutex> lock(raw->stats_mu);
     raw->st.bytes_capacity = options.mem_bytes;
+  }
+  if (!options.etcd.empty()) {
+    TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(options.etcd));
+    raw->etcd = e;
+    if (raw->advertised.rfind("0.0.0.0:", 0) == 0) {
+      return InvalidArgument("listening on 0.0.0.0: give the address others reach this server at (--advertise)");
+    }
+    TRELLIS_ASSIGN_OR_RETURN(raw->lease, e.Register(raw->advertised, options.etcd_ttl_s));
+    if (auto live = e.Members(); live.ok()) raw->t->Sync([raw, &live] { raw->ApplyPeers(*live); });
+    raw->etcd_thread = std::thread([raw] { raw->EtcdLoop(); });
   }
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
@@ -896,6 +962,7 @@ std::string StoreServer::MetricsText() const {
     out += fmt::format("# HELP trellis_store_{0} {2}\n# TYPE trellis_store_{0} {1}\ntrellis_store_{0} {3}\n", name, type, help, v);
   };
   m("tensors", "gauge", "Owned tensors held in memory.", s.tensors);
+  m("peers", "gauge", "Peer store servers known (--peers or etcd).", s.peers);
   m("replicas", "gauge", "Replicas of other nodes' tensors held in memory.", s.replicas);
   m("replica_bytes", "gauge", "Bytes of replicas in memory.", s.replica_bytes);
   m("replica_hits_total", "counter", "Tensor ranges served from a replica.", s.replica_hits);

@@ -32,6 +32,11 @@ struct ServerOptions {
   double replica_share = 0.25;
   uint32_t replica_after_reads = 2;
   std::vector<std::string> peers;  // "host:port" of the other store servers
+  // etcd ("http://HOST:PORT"), or "": the server registers `advertise` under a lease of
+  // etcd_ttl_s seconds (renewed every third of it) and takes its peers from there too.
+  std::string etcd;
+  int etcd_ttl_s = 5;
+  std::string advertise;  // the address others reach it at; default host:port
   std::string ssd_dir;      // "": no SSD tier
   uint64_t ssd_bytes = 0;   // tensor bytes the SSD tier may hold
   net::TransportOptions transport;
@@ -44,7 +49,7 @@ struct ServerStats {
   uint64_t acquires = 0, acquire_hits = 0, acquire_misses = 0;
   uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
   uint64_t leases_active = 0, lease_expiries = 0;
-  uint64_t forgotten = 0, refused_requests = 0;
+  uint64_t forgotten = 0, refused_requests = 0, peers = 0;
   uint64_t replicas = 0, replica_bytes = 0, replica_hits = 0, replicas_made = 0, replicas_dropped = 0,
            replication_failures = 0;
   uint64_t ssd_tensors = 0, ssd_bytes_used = 0, ssd_bytes_capacity = 0;

@@ -1,6 +1,10 @@
 // The prefix tensor store end to end over real UCX on loopback: store servers and clients
 // in this process, each with its own UCX worker and thread.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +23,7 @@
 
 #include "net/wire.h"
 #include "store/client.h"
+#include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/server.h"
 
@@ -629,6 +634,172 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
   std::string log;
   EXPECT_EQ(a.Stop(&log), 0);
   EXPECT_NE(log.find("trellis_store_puts_total"), std::string::npos) << log;
+}
+
+// A free TCP port on 127.0.0.1 (bound, then released: a race no test here loses).
+uint16_t FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A single-member etcd (Debian's etcd-server) in a temporary directory.
+struct EtcdProcess {
+  pid_t pid = -1;
+  TempDir dir;
+  std::string url;
+  EtcdProcess() {
+    const uint16_t client = FreePort(), peer = FreePort();
+    url = "http://127.0.0.1:" + std::to_string(client);
+    const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
+    pid = fork();
+    if (pid == 0) {
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      execlp("etcd", "etcd", "--name", "t", "--data-dir", (dir.path + "/etcd").c_str(), "--listen-client-urls", url.c_str(),
+             "--advertise-client-urls", url.c_str(), "--listen-peer-urls", purl.c_str(), "--initial-advertise-peer-urls",
+             purl.c_str(), "--initial-cluster", ("t=" + purl).c_str(), "--heartbeat-interval", "10",
+             "--election-timeout", "100", nullptr);
+      _exit(127);
+    }
+    auto e = Etcd::Parse(url);
+    for (int i = 0; i < 200; ++i) {  // ready in ~0.1-1 s
+      if (e->Members().ok()) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    ADD_FAILURE() << "etcd did not start (is etcd-server installed?)";
+  }
+  ~EtcdProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+template <typename F>
+bool WaitFor(F cond, std::chrono::milliseconds limit) {
+  for (auto t0 = net::Clock::now(); net::Clock::now() - t0 < limit; std::this_thread::sleep_for(50ms)) {
+    if (cond()) return true;
+  }
+  return cond();
+}
+
+TEST(StoreEtcd, MembershipFollowsEtcdAndMovesOnlyTheChangedShare) {
+  EtcdProcess etcd;
+  auto server = [&](int ttl) {
+    ServerOptions o;
+    o.transport = Lo();
+    o.etcd = etcd.url;
+    o.etcd_ttl_s = ttl;
+    o.replica_after_reads = 2;
+    auto s = StoreServer::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::move(s).value();
+  };
+  auto a = server(2), b = server(2);
+  ClientOptions co;
+  co.etcd = etcd.url;
+  co.etcd_poll_ms = 100;
+  co.transport = Lo();
+  auto c = std::move(StoreClient::Connect(co, net::After(5000ms))).value();
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(c->Members()), sorted({Addr(*a), Addr(*b)}));
+  // Where 300 first-block keys are indexed, before and after a third member joins.
+  std::vector<Key> keys;
+  for (int r = 0; r < 300; ++r) keys.push_back(ChainKeys(Ns(), Tokens(4, 4, 900 + r))[0]);
+  std::vector<std::string> before;
+  for (const Key& k : keys) before.push_back(c->IndexServer(k));
+  // Sequences stored across a and b read back.
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 8; ++r) {
+    seqs.push_back(Tokens(16, 16, 1200 + r));
+    Blocks blk(seqs.back());
+    ASSERT_EQ(*c->Put(Ns(), seqs.back(), blk.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  }
+  auto cc = server(2);
+  ASSERT_TRUE(WaitFor([&] { return c->Members().size() == 3; }, 3000ms)) << "the client never saw the third member";
+  int moved = 0, moved_elsewhere = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string now = c->IndexServer(keys[i]);
+    moved += now != before[i];
+    moved_elsewhere += now != before[i] && now != Addr(*cc);  // consistent hashing: only to the newcomer
+  }
+  EXPECT_EQ(moved_elsewhere, 0);
+  EXPECT_GT(moved, 300 / 3 / 2);  // about a third moves to it
+  EXPECT_LT(moved, 300 * 2 / 3);
+  // The servers learn their peers from etcd too (every third of the TTL): a replicates
+  // b's tensor read through it.
+  ASSERT_TRUE(WaitFor([&] { return a->stats().peers == 2; }, 3000ms)) << "a never learned its peers from etcd";
+  ClientOptions lo = co;
+  lo.local = Addr(*a);
+  auto la = std::move(StoreClient::Connect(lo, net::After(5000ms))).value();
+  std::vector<int32_t> t;
+  for (int r = 0; r < 500 && t.empty(); ++r) {
+    auto cand = Tokens(8, 8, 3000 + r);
+    const auto k = ChainKeys(Ns(), cand);
+    if (la->IndexServer(k[0]) == Addr(*b)) t = cand;
+  }
+  ASSERT_FALSE(t.empty());
+  Blocks tb(t);
+  ASSERT_EQ(*la->Put(Ns(), t, tb.cptr, kBlockBytes, 1.0, net::After(5000ms)), 2u);
+  for (int i = 0; i < 2; ++i) {
+    auto f = la->Lookup(Ns(), t, net::After(3000ms));
+    Blocks dst(2);
+    ASSERT_TRUE(la->Get(*f, 2, dst.ptr, kBlockBytes, net::After(3000ms)).ok());
+  }
+  EXPECT_TRUE(WaitFor([&] { return a->stats().replicas_made == 1; }, 3000ms))
+      << "replication failures " << a->stats().replication_failures << ", acquire misses " << a->stats().acquire_misses << ", peers " << a->stats().peers;
+  // A member that stops leaves the membership (its lease is revoked at once).
+  cc.reset();
+  EXPECT_TRUE(WaitFor([&] { return c->Members().size() == 2; }, 3000ms));
+  int back = 0;
+  for (size_t i = 0; i < keys.size(); ++i) back += c->IndexServer(keys[i]) == before[i];
+  EXPECT_EQ(back, 300);  // the same placement as before it joined
+}
+
+TEST(StoreEtcd, AKilledServerLeavesTheMembershipWhenItsLeaseExpires) {
+  EtcdProcess etcd;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    execl(TRELLIS_BIN, TRELLIS_BIN, "store", "--listen", "127.0.0.1:0", "--mem", "16M", "--net-devices", "lo", "--etcd",
+          etcd.url.c_str(), "--etcd-ttl", "2", nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* err = fdopen(fds[0], "r");
+  char line[512];
+  while (std::fgets(line, sizeof line, err) && !std::strstr(line, "listening on")) {
+  }
+  ClientOptions co;
+  co.etcd = etcd.url;
+  co.etcd_poll_ms = 100;
+  co.transport = Lo();
+  auto c = StoreClient::Connect(co, net::After(5000ms));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->Members().size(), 1u);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  std::fclose(err);
+  const auto t0 = net::Clock::now();
+  EXPECT_TRUE(WaitFor([&] { return (*c)->Members().empty(); }, 6000ms));
+  EXPECT_LT(net::Clock::now() - t0, 5s);  // TTL 2 s, plus the client's poll
+  // With no member left, calls fail at once with a clear error.
+  auto f = (*c)->Lookup(Ns(), Tokens(8, 8), net::After(1000ms));
+  EXPECT_EQ(f.status().code(), StatusCode::kUnavailable);
 }
 
 }  // namespace

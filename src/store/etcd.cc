@@ -1,0 +1,173 @@
+#include "store/etcd.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace trellis::store {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kMaxBody = 4 << 20;
+constexpr size_t kMaxMembers = 4096;
+
+const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string B64(const std::string& in) {
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    for (int k = 3; k >= 0; --k) out += kB64[(v >> (6 * k)) & 63];
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint8_t(in[i]) << 16;
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+// nullopt on anything that is not base64.
+std::optional<std::string> UnB64(const std::string& in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 4) {
+    uint32_t v = 0;
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = in[i + k];
+      const char* p = c == '=' ? nullptr : std::strchr(kB64, c);
+      if (c == '=') {
+        if (i + 4 != in.size() || k < 2) return std::nullopt;
+        ++pad;
+      } else if (!p || c == '\0' || pad) {
+        return std::nullopt;
+      }
+      v = (v << 6) | (p ? static_cast<uint32_t>(p - kB64) : 0);
+    }
+    out += static_cast<char>((v >> 16) & 255);
+    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
+    if (pad < 1) out += static_cast<char>(v & 255);
+  }
+  return out;
+}
+
+std::string PrefixEnd(std::string p) {  // the first key after every key starting with p
+  p.back() = static_cast<char>(p.back() + 1);
+  return p;
+}
+
+}  // namespace
+
+bool IsHostPort(const std::string& a) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || a.size() > 255) return false;
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
+  const int p = std::stoi(port);
+  return p >= 1 && p <= 65535 && a.find_first_of(" \t\r\n/") == std::string::npos;
+}
+
+Result<Etcd> Etcd::Parse(const std::string& url) {
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  if (!IsHostPort(rest)) return InvalidArgument("--etcd takes http://HOST:PORT, got '" + url + "'");
+  Etcd e;
+  const size_t colon = rest.rfind(':');
+  e.host_ = rest.substr(0, colon);
+  e.port_ = std::stoi(rest.substr(colon + 1));
+  return e;
+}
+
+Result<std::string> Etcd::Post(const std::string& path, const std::string& body) const {
+  httplib::Client c(host_, port_);
+  c.set_connection_timeout(2, 0);
+  c.set_read_timeout(3, 0);
+  c.set_write_timeout(3, 0);
+  std::string got;
+  bool too_big = false;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (got.size() + n > kMaxBody) {  // bounded before it is kept
+      too_big = true;
+      return false;
+    }
+    got.append(data, n);
+    return true;
+  };
+  auto r = c.send(req);
+  if (too_big) return Corrupt("etcd answered more than 4 MiB");
+  if (!r) return Unavailable("etcd at " + host_ + ":" + std::to_string(port_) + " is not reachable");
+  if (r->status != 200) return Unavailable("etcd answered HTTP " + std::to_string(r->status) + " to " + path);
+  return got;
+}
+
+Result<int64_t> Etcd::Register(const std::string& address, int ttl_s) const {
+  if (!IsHostPort(address)) return InvalidArgument("'" + address + "' is not HOST:PORT");
+  TRELLIS_ASSIGN_OR_RETURN(std::string g, Post("/v3/lease/grant", json{{"TTL", ttl_s}}.dump()));
+  const json j = json::parse(g, nullptr, false);
+  // etcd's gateway writes 64-bit integers as strings.
+  if (!j.is_object() || !j.contains("ID")) return Corrupt("etcd lease grant: no ID");
+  int64_t lease = 0;
+  try {
+    lease = j["ID"].is_string() ? std::stoll(j["ID"].get<std::string>()) : j["ID"].get<int64_t>();
+  } catch (...) {
+    return Corrupt("etcd lease grant: a malformed ID");
+  }
+  const json put = {{"key", B64(std::string(kPrefix) + address)}, {"value", B64(address)}, {"lease", std::to_string(lease)}};
+  TRELLIS_RETURN_IF_ERROR(Post("/v3/kv/put", put.dump()).status());
+  return lease;
+}
+
+Status Etcd::KeepAlive(int64_t lease) const {
+  TRELLIS_ASSIGN_OR_RETURN(std::string r, Post("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}.dump()));
+  const json j = json::parse(r, nullptr, false);
+  // A lease that expired comes back without a TTL (or TTL <= 0): register again.
+  const json* res = j.is_object() && j.contains("result") ? &j["result"] : nullptr;
+  if (!res || !res->is_object() || !res->contains("TTL")) return NotFound("etcd lease expired");
+  return Status::Ok();
+}
+
+Status Etcd::Revoke(int64_t lease) const {
+  return Post("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump()).status();
+}
+
+Result<std::vector<std::string>> Etcd::Members() const {
+  const json q = {{"key", B64(kPrefix)}, {"range_end", B64(PrefixEnd(kPrefix))}};
+  TRELLIS_ASSIGN_OR_RETURN(std::string r, Post("/v3/kv/range", q.dump()));
+  const json j = json::parse(r, nullptr, false);
+  if (!j.is_object()) return Corrupt("etcd range: not a JSON object");
+  std::vector<std::string> out;
+  if (!j.contains("kvs")) return out;  // no members
+  const json& kvs = j["kvs"];
+  if (!kvs.is_array() || kvs.size() > kMaxMembers) return Corrupt("etcd range: kvs is not a list of at most 4096");
+  for (const json& kv : kvs) {
+    if (!kv.is_object() || !kv.contains("value") || !kv["value"].is_string()) return Corrupt("etcd range: a malformed entry");
+    auto v = UnB64(kv["value"].get<std::string>());
+    if (!v || !IsHostPort(*v)) continue;  // not ours, or garbage: skipped
+    out.push_back(*v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace trellis::store
