@@ -169,6 +169,7 @@ struct StoreServer::Impl {
   }
 
   // --- memory ---
+  std::optional<uint64_t> TakeHole(uint64_t bytes);
   std::optional<uint64_t> Allocate(uint64_t bytes);
   void FreeRange(uint64_t off, uint64_t len);
   bool EvictOne();
@@ -231,17 +232,23 @@ struct StoreServer::Impl {
   }
 };
 
+// First fit in the free list, without evicting anything.
+std::optional<uint64_t> StoreServer::Impl::TakeHole(uint64_t bytes) {
+  for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+    if (it->second >= bytes) {
+      const uint64_t off = it->first, len = it->second;
+      free_list.erase(it);
+      if (len > bytes) free_list[off + bytes] = len - bytes;
+      return off;
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<uint64_t> StoreServer::Impl::Allocate(uint64_t bytes) {
   if (bytes == 0 || bytes > opt.mem_bytes) return std::nullopt;
   for (;;) {
-    for (auto it = free_list.begin(); it != free_list.end(); ++it) {
-      if (it->second >= bytes) {
-        const uint64_t off = it->first, len = it->second;
-        free_list.erase(it);
-        if (len > bytes) free_list[off + bytes] = len - bytes;
-        return off;
-      }
-    }
+    if (auto off = TakeHole(bytes)) return off;
     if (!EvictOne()) return std::nullopt;
   }
 }
@@ -699,14 +706,7 @@ std::optional<uint64_t> StoreServer::Impl::AllocateReplica(uint64_t bytes) {
   // pushes out a tensor this node owns.
   for (;;) {
     if (replica_bytes + bytes <= budget) {
-      for (auto it = free_list.begin(); it != free_list.end(); ++it) {
-        if (it->second >= bytes) {
-          const uint64_t off = it->first, len = it->second;
-          free_list.erase(it);
-          if (len > bytes) free_list[off + bytes] = len - bytes;
-          return off;
-        }
-      }
+      if (auto off = TakeHole(bytes)) return off;
     }
     if (replicas_evictable.empty()) return std::nullopt;
     const uint64_t victim = replicas_evictable.begin()->second;
