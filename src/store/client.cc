@@ -178,17 +178,12 @@ struct StoreClient::Impl {
     mb.conn = *c;
     t->Call(mb.conn, kHello, "", d, [this, m, then = std::move(then)](Result<std::string> r) {
       if (!r.ok()) return then(r.status().WithContext("store " + members[m].address));
-      WireReader rd(*r);
-      const uint64_t node = rd.U64();
-      net::RemoteRegion region;
-      region.base = rd.U64();
-      region.length = rd.U64();
-      region.rkey = std::string(rd.Str(kMaxRkeyBytes));
-      const uint32_t version = rd.U32();
-      if (!rd.Done() || version != kProtocolVersion) {
-        return then(Corrupt("store " + members[m].address + " speaks another protocol (version " + std::to_string(version) + ")"));
+      HelloReply h;
+      if (!DecodeHello(*r, h) || h.version != kProtocolVersion) {
+        return then(Corrupt("store " + members[m].address + " speaks another protocol (version " + std::to_string(h.version) + ")"));
       }
-      if (node != members[m].node) {
+      const net::RemoteRegion& region = h.region;
+      if (h.node != members[m].node) {
         return then(Corrupt("store " + members[m].address + " names itself differently: is it listening on another address?"));
       }
       members[m].region = region;

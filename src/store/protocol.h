@@ -4,6 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "net/transport.h"
+#include "net/wire.h"
 
 namespace trellis::store {
 
@@ -37,5 +41,21 @@ inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M
 inline constexpr uint32_t kMaxSegments = 1 << 16;
 inline constexpr uint32_t kMaxLeaseMs = 60000;
 inline constexpr uint32_t kMaxRkeyBytes = 1 << 16;
+
+// A Hello reply: the server's node id and registered region. False if malformed.
+struct HelloReply {
+  uint64_t node = 0;
+  net::RemoteRegion region;
+  uint32_t version = 0;
+};
+inline bool DecodeHello(std::string_view body, HelloReply& h) {
+  net::WireReader rd(body);
+  h.node = rd.U64();
+  h.region.base = rd.U64();
+  h.region.length = rd.U64();
+  h.region.rkey = std::string(rd.Str(kMaxRkeyBytes));
+  h.version = rd.U32();
+  return rd.Done();
+}
 
 }  // namespace trellis::store

@@ -685,15 +685,9 @@ void StoreServer::Impl::WithPeer(uint64_t node_id, std::function<void(Peer*)> th
   t->Call(p.conn, kHello, "", net::After(std::chrono::milliseconds(2000)), [this, node_id, then](Result<std::string> r) {
     auto it = peers.find(node_id);
     if (!r.ok() || it == peers.end()) return then(nullptr);
-    WireReader rd(*r);
-    const uint64_t id = rd.U64();
-    net::RemoteRegion region;
-    region.base = rd.U64();
-    region.length = rd.U64();
-    region.rkey = std::string(rd.Str(kMaxRkeyBytes));
-    const uint32_t version = rd.U32();
-    if (!rd.Done() || id != node_id || version != kProtocolVersion) return then(nullptr);
-    it->second.region = region;
+    HelloReply h;
+    if (!DecodeHello(*r, h) || h.node != node_id || h.version != kProtocolVersion) return then(nullptr);
+    it->second.region = h.region;
     it->second.ready = true;
     then(&it->second);
   });
