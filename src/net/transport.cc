@@ -564,7 +564,9 @@ Result<std::unique_ptr<Transport>> Transport::Create(const TransportOptions& opt
   return t;
 }
 
-Transport::~Transport() {
+Transport::~Transport() { Stop(); }
+
+void Transport::Stop() {
   impl_->stop.store(true, std::memory_order_release);
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();

@@ -119,9 +119,15 @@ class Transport {
   using SegmentCallback = std::function<void(size_t segment)>;
 
   static Result<std::unique_ptr<Transport>> Create(const TransportOptions& options);
-  ~Transport();  // stops the loop thread and closes every connection
+  ~Transport();  // Stop()
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
+
+  // --- any thread but the loop's ---
+  // Stops the loop thread and closes every connection; nothing runs on the loop after it
+  // returns. Idempotent. Owners whose handlers reach the transport through their own
+  // pointer call this before destroying it (unique_ptr::reset clears the pointer first).
+  void Stop();
 
   // --- any thread ---
   void Post(std::function<void()> fn);

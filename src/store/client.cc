@@ -18,6 +18,7 @@
 #include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/server.h"
+#include "util/checksum.h"
 
 namespace trellis::store {
 
@@ -80,6 +81,7 @@ struct StoreClient::Impl {
     }
     poll_cv.notify_all();
     if (poller.joinable()) poller.join();
+    if (t) t->Stop();  // before the members its callbacks use go
   }
 
   // The live member owning a key, or SIZE_MAX when there is none. Any thread.
@@ -490,7 +492,7 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
             },
             [&, blocks](size_t seg) {
               for (auto [i, sum] : (*blocks)[seg]) {
-                if (XXH3_64bits(dst[i], block_bytes) != sum) bad_block = std::min(bad_block, i);
+                if (Checksum64(dst[i], block_bytes) != sum) bad_block = std::min(bad_block, i);
               }
             });
       }

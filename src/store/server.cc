@@ -21,6 +21,7 @@
 #include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/ssd.h"
+#include "util/checksum.h"
 #include "util/log.h"
 
 namespace trellis::store {
@@ -139,6 +140,9 @@ struct StoreServer::Impl {
       etcd_thread.join();
       if (lease) (void)etcd->Revoke(lease);  // leave the membership at once, not after the TTL
     }
+    // Stopped before it is destroyed: a handler still running on the loop reaches the
+    // transport through `t`, which reset() would clear first.
+    if (t) t->Stop();
     t.reset();  // the loop has stopped: the state is this thread's now
     FlushAllToSsd();
     if (arena) munmap(arena, opt.mem_bytes);
@@ -535,7 +539,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
     }
     tn.checksums.resize(tn.n_blocks);
     for (uint32_t b = 0; b < tn.n_blocks; ++b) {
-      tn.checksums[b] = XXH3_64bits(arena + tn.offset + b * tn.block_bytes, tn.block_bytes);
+      tn.checksums[b] = Checksum64(arena + tn.offset + b * tn.block_bytes, tn.block_bytes);
     }
     tn.ready = true;
     SetPriority(id, tn, Gdsf(tn));
@@ -786,7 +790,7 @@ void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
         tn.leases = 0;
         bool good = s.ok();
         for (uint32_t b = 0; good && b < tn.n_blocks; ++b) {
-          good = XXH3_64bits(arena + tn.offset + b * tn.block_bytes, tn.block_bytes) == tn.checksums[b];
+          good = Checksum64(arena + tn.offset + b * tn.block_bytes, tn.block_bytes) == tn.checksums[b];
         }
         if (!good) {
           DropTensor(id);

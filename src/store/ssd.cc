@@ -15,6 +15,7 @@
 
 #include "net/wire.h"
 #include "store/protocol.h"
+#include "util/checksum.h"
 #include "util/log.h"
 
 namespace trellis::store {
@@ -164,7 +165,7 @@ Status SsdTier::Scan() {
     bool good = true;
     for (uint32_t b = 0; b < m->n_blocks && good; ++b) {
       good = PreadAll(fd.fd, buf.data(), buf.size(), kDataOffset + b * m->block_bytes) &&
-             XXH3_64bits(buf.data(), buf.size()) == m->checksums[b];
+             Checksum64(buf.data(), buf.size()) == m->checksums[b];
     }
     if (!good || used_ + m->bytes() > capacity_) {
       reject(good ? "over the tier's capacity" : "a block fails its checksum");
@@ -277,7 +278,7 @@ Status SsdTier::Read(const SsdTensor& meta, uint8_t* dst) {
   if (fd.fd < 0) return NotFound("tensor file " + path + " is gone");
   if (!PreadAll(fd.fd, dst, meta.bytes(), kDataOffset)) return IoError("reading " + path);
   for (uint32_t b = 0; b < meta.n_blocks; ++b) {
-    if (XXH3_64bits(dst + b * meta.block_bytes, meta.block_bytes) != meta.checksums[b]) {
+    if (Checksum64(dst + b * meta.block_bytes, meta.block_bytes) != meta.checksums[b]) {
       Remove(meta.id);
       return Corrupt(fmt::format("{}: block {} fails its checksum; deleted", path, b));
     }
