@@ -309,13 +309,15 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
   return out;
 }
 
-Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
-                        Deadline deadline, GetReceipt* receipt) {
-  if (n_blocks > found.blocks || dst.size() < n_blocks) return InvalidArgument("asked for more blocks than found or given");
+Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
+                             uint64_t block_bytes, Deadline deadline, GetReceipt* receipt) {
+  if (first > found.blocks || n_blocks > found.blocks - first || dst.size() < n_blocks) {
+    return InvalidArgument("asked for more blocks than found or given");
+  }
   if (receipt) *receipt = {};
   if (n_blocks == 0) return Status::Ok();
   Impl& I = *impl_;
-  // The pieces: the lookup's runs cut to the first n_blocks.
+  // The pieces: the lookup's runs cut to blocks [first, first + n_blocks).
   struct Piece {
     Run run;
     size_t dst_first;            // index in dst of the run's first block
@@ -326,10 +328,17 @@ Status StoreClient::Get(const LookupResult& found, size_t n_blocks, std::span<vo
     std::vector<uint64_t> sums;
   };
   std::vector<Piece> pieces;
-  size_t at = 0;
+  size_t skip = first, at = 0;
   for (const Run& r : found.runs) {
     if (at >= n_blocks) break;
     Run x = r;
+    if (skip >= x.count) {
+      skip -= x.count;
+      continue;
+    }
+    x.first += static_cast<uint32_t>(skip);
+    x.count -= static_cast<uint32_t>(skip);
+    skip = 0;
     x.count = static_cast<uint32_t>(std::min<size_t>(x.count, n_blocks - at));
     Piece p;
     p.run = x;

@@ -79,7 +79,13 @@ class StoreClient {
   // (block_bytes each). On error nothing in dst is to be trusted, and nothing lands in it
   // after the call returns.
   Status Get(const LookupResult& found, size_t n_blocks, std::span<void* const> dst, uint64_t block_bytes,
-             net::Deadline deadline, GetReceipt* receipt = nullptr);
+             net::Deadline deadline, GetReceipt* receipt = nullptr) {
+    return GetRange(found, 0, n_blocks, dst, block_bytes, deadline, receipt);
+  }
+  // Blocks [first, first + n_blocks) of the prefix, block first + i into dst[i]: an
+  // engine that holds the first blocks itself reads only the rest.
+  Status GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
+                  uint64_t block_bytes, net::Deadline deadline, GetReceipt* receipt = nullptr);
 
   // Stores `tokens`' whole blocks (blocks[i] holds block i, block_bytes each) past the
   // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).

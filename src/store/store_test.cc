@@ -146,6 +146,11 @@ TEST(Store, StoresOnlyTheIncrementPastTheLongestCommonPrefix) {
   Blocks dst(14);
   ASSERT_TRUE(c->Get(*found, 14, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
   for (size_t i = 0; i < 14; ++i) EXPECT_EQ(dst.data[i], bb.data[i]) << i;
+  // A reader holding the first 4 blocks reads blocks 4..11: across the tensors' border.
+  Blocks mid(8);
+  ASSERT_TRUE(c->GetRange(*found, 4, 8, mid.ptr, kBlockBytes, net::After(5000ms)).ok());
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(mid.data[i], bb.data[4 + i]) << i;
+  EXPECT_FALSE(c->GetRange(*found, 10, 5, mid.ptr, kBlockBytes, net::After(5000ms)).ok());  // past the prefix
 }
 
 TEST(Store, SpreadsAcrossServersAndLooksUpInOneRoundTrip) {
