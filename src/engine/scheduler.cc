@@ -24,6 +24,11 @@ struct Scheduler::Session {
   bool admitted_once = false;
   bool preempted = false;       // set during planning; moved back to waiting after
   bool done = false;
+  bool fetching = false;        // a store fetch writes into table[fetch_first ..]
+  bool cancel_pending = false;  // cancelled while fetching: finished when it completes
+  int32_t fetch_first = 0;
+  int32_t fetch_want = 0;
+  int32_t reused_blocks = 0;    // whole blocks taken from the tree or the store
   double t_submit = 0;
   Sampler sampler;
   RequestResult result;
@@ -47,6 +52,12 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPoo
     : model_(model), opts_(opts), threads_(pool) {}
 
 Scheduler::~Scheduler() {
+  // Nothing may write into or read from the pool once it is gone: wait for the store's
+  // fetches and publishes (each bounded by its deadline) and take back their blocks.
+  if (opts_.store) {
+    opts_.store->Drain();
+    PollStore(std::chrono::microseconds(0));
+  }
   // Sessions hold pool references; drop them before the pool goes away.
   for (auto& s : running_) ReleaseSession(*s);
 }
@@ -151,6 +162,10 @@ Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishC
 void Scheduler::Cancel(RequestId id) { cancel_.push_back(id); }
 
 void Scheduler::CancelAll() {
+  if (opts_.store) {
+    opts_.store->Drain();
+    PollStore(std::chrono::microseconds(0));
+  }
   for (auto& s : running_) {
     if (!s->done) Finish(*s, FinishReason::kCancelled);
   }
@@ -217,13 +232,138 @@ bool Scheduler::Admit(Session& s) {
   s.n_tree_blocks = k;
   s.admit_order = ++admit_counter_;
   s.result.n_cached = k * B + j;
+  s.reused_blocks = k;
+  s.result.cache = CacheReceipt{};
+  s.result.cache.local = k * B + j;
   if (!s.admitted_once) {
-    s.admitted_once = true;
     m_.prompt_tokens += s.result.n_prompt;
     m_.cached_tokens += k * B + j;
     m_.partial_tokens += j;
   }
+  // The store may hold more of the prompt's whole blocks (before its last position).
+  const int32_t limit = static_cast<int32_t>((n - 1) / B);
+  if (opts_.store && limit > k) StartFetch(s, k, limit - k);
+  s.admitted_once = true;
   return true;
+}
+
+StoreNamespace Scheduler::StoreNs(const Session& s) const {
+  StoreNamespace ns;
+  ns.model_fingerprint = model_.fingerprint();
+  ns.block_tokens = static_cast<uint32_t>(opts_.block_size);
+  ns.kv_dtype = 0;  // f16
+  ns.layout_version = 1;
+  ns.salt = s.req.cache_salt;
+  return ns;
+}
+
+void Scheduler::StartFetch(Session& s, int32_t first_block, int32_t n_blocks) {
+  const int B = opts_.block_size;
+  StoreFetch f;
+  f.id = static_cast<uint64_t>(s.id);
+  f.ns = StoreNs(s);
+  f.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<int64_t>(first_block + n_blocks) * B);
+  f.first_block = first_block;
+  for (int32_t i = 0; i < n_blocks; ++i) f.dst.push_back(pool_->BlockData(s.table[static_cast<size_t>(first_block + i)]));
+  f.block_bytes = pool_->block_bytes();
+  f.compute_seconds_per_block = prefill_s_per_token_ * B;
+  s.fetching = true;
+  s.fetch_first = first_block;
+  s.fetch_want = n_blocks;
+  ++fetching_;
+  opts_.store->StartFetch(std::move(f));
+}
+
+void Scheduler::ApplyFetch(const StoreFetchDone& d) {
+  Session* sp = nullptr;
+  for (auto& r : running_) {
+    if (r->fetching && static_cast<uint64_t>(r->id) == d.id) sp = r.get();
+  }
+  if (!sp) return;  // cannot happen: a fetching session is never released
+  Session& s = *sp;
+  const int B = opts_.block_size;
+  s.fetching = false;
+  --fetching_;
+  CacheReceipt& c = s.result.cache;
+  const bool first_admission = !s.result.n_preempted;
+  if (d.blocks > 0) {
+    // The fetched blocks cover any slots copied from a partial match into the first.
+    const int32_t upto = (s.fetch_first + d.blocks) * B;
+    const int32_t copied = s.n_computed - s.fetch_first * B;
+    s.n_computed = std::max(s.n_computed, upto);
+    s.reused_blocks = s.fetch_first + d.blocks;
+    c.local -= copied;
+    c.store = d.blocks * B;
+    c.store_memory = d.from_memory * B;
+    c.store_replica = d.from_replica * B;
+    c.store_ssd = d.from_ssd * B;
+    c.store_remote = d.from_remote * B;
+    s.result.n_cached = s.n_computed;
+    if (first_admission) {
+      m_.cached_tokens += c.store - copied;
+      m_.partial_tokens -= copied;
+      m_.store_tokens += c.store;
+      m_.store_tier_tokens[0] += c.store_memory;
+      m_.store_tier_tokens[1] += c.store_replica;
+      m_.store_tier_tokens[2] += c.store_ssd;
+      m_.store_tier_tokens[3] += c.store_remote;
+    }
+    InsertFullBlocks(s);
+  }
+  if (d.miss != StoreMiss::kNone) {
+    const int missed = (s.fetch_want - d.blocks) * B;
+    c.misses[static_cast<int>(d.miss)] += missed;
+    if (first_admission) m_.store_miss_tokens[static_cast<int>(d.miss)] += missed;
+  }
+  ++m_.store_fetches;
+  m_.store_fetch_seconds += d.seconds;
+  if (s.cancel_pending) Finish(s, FinishReason::kCancelled);
+}
+
+// Publishes the session's full blocks when it computed some of them itself: the store
+// keeps only what it does not hold yet (the increment past the longest stored prefix).
+// The blocks are pinned until the store has read them.
+void Scheduler::Publish(Session& s) {
+  if (!opts_.store) return;
+  const int B = opts_.block_size;
+  const int32_t full = std::min<int32_t>(s.n_computed / B, static_cast<int32_t>(s.table.size()));
+  if (full <= s.reused_blocks) return;
+  StorePublish p;
+  p.id = ++publish_seq_;
+  p.ns = StoreNs(s);
+  p.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<int64_t>(full) * B);
+  std::vector<int32_t> pinned(s.table.begin(), s.table.begin() + full);
+  for (int32_t b : pinned) {
+    pool_->Acquire(b);
+    p.blocks.push_back(pool_->BlockData(b));
+  }
+  p.block_bytes = pool_->block_bytes();
+  p.cost_seconds = prefill_s_per_token_ * (full - s.reused_blocks) * B;
+  s.reused_blocks = full;  // published: not again
+  pins_.emplace_back(p.id, std::move(pinned));
+  opts_.store->StartPublish(std::move(p));
+}
+
+void Scheduler::PollStore(std::chrono::microseconds wait) {
+  if (!opts_.store) return;
+  fetch_done_.clear();
+  publish_done_.clear();
+  opts_.store->Poll(&fetch_done_, &publish_done_, wait);
+  for (const StoreFetchDone& d : fetch_done_) ApplyFetch(d);
+  for (const StorePublishDone& d : publish_done_) {
+    if (d.status.ok()) {
+      m_.store_published_blocks += d.stored;
+    } else {
+      ++m_.store_publish_failures;
+    }
+    for (size_t i = 0; i < pins_.size(); ++i) {
+      if (pins_[i].first != d.id) continue;
+      for (int32_t b : pins_[i].second) pool_->Release(b);
+      pins_.erase(pins_.begin() + static_cast<ptrdiff_t>(i));
+      break;
+    }
+  }
+  if (!fetch_done_.empty()) std::erase_if(running_, [](const auto& s) { return s->done; });
 }
 
 bool Scheduler::ShouldDefer(const Session& s) {
@@ -272,7 +412,7 @@ int32_t Scheduler::AllocateBlock(Session* requester, bool may_preempt) {
     // Preempt the most recently admitted other session (it has done the least work).
     Session* victim = nullptr;
     for (auto& r : running_) {
-      if (r.get() == requester || r->preempted || r->done) continue;
+      if (r.get() == requester || r->preempted || r->done || r->fetching) continue;
       if (requester && r->admit_order < requester->admit_order) continue;
       if (!victim || r->admit_order > victim->admit_order) victim = r.get();
     }
@@ -341,6 +481,9 @@ void Scheduler::CacheFinished(Session& s) {
 
 void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
   if (reason != FinishReason::kError) CacheFinished(s);
+  // What it generated, for the next turn on any node (not when cancelled: shutting down
+  // must not wait for the store).
+  if (reason != FinishReason::kError && reason != FinishReason::kCancelled) Publish(s);
   ReleaseSession(s);
   s.done = true;
   s.result.reason = reason;
@@ -355,7 +498,12 @@ bool Scheduler::Step() {
   // Cancellations.
   for (RequestId id : cancel_) {
     for (auto& s : running_) {
-      if (s->id == id && !s->done) Finish(*s, FinishReason::kCancelled);
+      if (s->id != id || s->done) continue;
+      if (s->fetching) {
+        s->cancel_pending = true;  // its blocks are being written: finished when the fetch completes
+      } else {
+        Finish(*s, FinishReason::kCancelled);
+      }
     }
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
       if ((*it)->id == id) {
@@ -366,6 +514,7 @@ bool Scheduler::Step() {
     }
   }
   cancel_.clear();
+  PollStore(std::chrono::microseconds(0));
   std::erase_if(running_, [](const auto& s) { return s->done; });
 
   // Admission, in arrival order (preempted sessions were put back at the front). A
@@ -402,7 +551,7 @@ bool Scheduler::Step() {
   run_len_.clear();
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.pending() != 1 || budget == 0) continue;
+    if (s.preempted || s.fetching || s.pending() != 1 || budget == 0) continue;
     Status st = EnsureBlocks(s, s.n_computed + 1, /*may_preempt=*/true);
     if (!st.ok()) {
       bool alone = true;
@@ -420,7 +569,7 @@ bool Scheduler::Step() {
   }
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.done || s.pending() <= 1 || budget == 0) continue;
+    if (s.preempted || s.done || s.fetching || s.pending() <= 1 || budget == 0) continue;
     const int32_t n = std::min({s.pending(), opts_.prefill_chunk, budget});
     if (!EnsureBlocks(s, s.n_computed + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
     scheduled_.push_back(&s);
@@ -435,7 +584,11 @@ bool Scheduler::Step() {
     }
   }
   std::erase_if(running_, [](const auto& s) { return s == nullptr || s->done; });
-  if (scheduled_.empty()) return !Idle();
+  if (scheduled_.empty()) {
+    // Only store fetches in flight: wait a little for one rather than spin.
+    if (fetching_ > 0) PollStore(std::chrono::microseconds(1000));
+    return !Idle();
+  }
 
   // Apply: one forward pass over the whole batch.
   batch_.clear();
@@ -449,8 +602,19 @@ bool Scheduler::Step() {
     sb.n_logits = (s.n_computed + n == static_cast<int32_t>(s.tokens.size())) ? 1 : 0;
     batch_.push_back(sb);
   }
+  const double t_fwd = NowSeconds();
   Status st = forward_->Run(batch_);
   ++m_.steps;
+  {
+    // The prefill rate, for deciding whether reading a prefix from the store is quicker
+    // than computing it: from steps that are mostly prefill.
+    int64_t tokens = 0;
+    for (int32_t n : run_len_) tokens += n;
+    if (st.ok() && tokens >= 16 && tokens >= 4 * static_cast<int64_t>(run_len_.size())) {
+      const double x = (NowSeconds() - t_fwd) / static_cast<double>(tokens);
+      prefill_s_per_token_ = prefill_s_per_token_ <= 0 ? x : 0.75 * prefill_s_per_token_ + 0.25 * x;
+    }
+  }
   if (!st.ok()) {
     TRELLIS_LOG_ERROR("scheduler: forward failed: {}", st.ToString());
     for (Session* s : scheduled_) Finish(*s, FinishReason::kError, st);
@@ -467,6 +631,12 @@ bool Scheduler::Step() {
     m_.computed_tokens += run_len_[i];
     InsertFullBlocks(s);
     if (!sample) continue;
+    if (s.result.tokens.empty()) {
+      // The prompt is in: what was not reused was computed, and its new blocks are
+      // offered to the store now, not only when the request ends.
+      s.result.cache.computed = s.result.n_prompt - s.result.cache.local - s.result.cache.store;
+      Publish(s);
+    }
     std::copy_n(forward_->logits_row(logit_row++), n_vocab, logits_buf_.data());
     if (s.req.logits && s.on_token) {
       // Report the raw logits (before penalties) with the token sampled from them.

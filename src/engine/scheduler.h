@@ -25,6 +25,7 @@
 // (engine_loop.h) puts it behind a queue for other threads.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -37,6 +38,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "kv/block_pool.h"
+#include "kv/prefix_store.h"
 #include "kv/radix_cache.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
@@ -55,6 +57,12 @@ struct SchedulerOptions {
   int max_running = 64;         // sessions admitted at once
   bool prefix_cache = true;
   std::string eviction = "lru";  // "lru" or "lfu"
+  // A shared prefix store (borrowed; outlives the scheduler), or null. On admission,
+  // after the local match, the rest of the prompt's whole blocks are looked up there and
+  // read into the session's new blocks when that is estimated quicker than computing
+  // them; the blocks a session computes are published to it after its prefill and when
+  // it finishes. The engine thread never waits on it.
+  PrefixStore* store = nullptr;
 };
 
 enum class FinishReason { kStop, kLength, kContextFull, kCancelled, kError };
@@ -73,12 +81,24 @@ struct Request {
   std::vector<int32_t> force_tokens;
 };
 
+// Where a request's prompt K/V came from (tokens).
+struct CacheReceipt {
+  int local = 0;     // this node's radix cache
+  int store = 0;     // read from the prefix store, of which:
+  int store_memory = 0, store_replica = 0, store_ssd = 0, store_remote = 0;
+  int waited_for = 0;  // computed once elsewhere while this request waited for it
+  int computed = 0;    // computed for this request
+  // Prompt tokens the store could not give, by reason (StoreMiss; [0] unused).
+  int misses[kStoreMissKinds] = {};
+};
+
 struct RequestResult {
   FinishReason reason = FinishReason::kStop;
   Status error;                  // set when reason == kError
   std::vector<int32_t> tokens;   // generated
   int n_prompt = 0;
-  int n_cached = 0;              // prompt tokens taken from the prefix cache (last admission)
+  int n_cached = 0;              // prompt tokens taken from the prefix cache or store (last admission)
+  CacheReceipt cache;            // the same, by source (last admission)
   int n_preempted = 0;
   double ttft_seconds = 0;       // submit to first token
   double total_seconds = 0;
@@ -99,6 +119,14 @@ struct SchedulerMetrics {
   int64_t partial_copies = 0;     // cached block prefixes copied into a new block (reuse to the token)
   int64_t partial_tokens = 0;     // prompt tokens those copies brought (part of cached_tokens)
   int64_t evicted_blocks = 0;
+  // The prefix store (zero without one).
+  int64_t store_fetches = 0;        // fetches completed
+  int64_t store_tokens = 0;         // prompt tokens read from the store
+  int64_t store_tier_tokens[4] = {};  // of which from: local memory, local replica, local SSD, other nodes
+  int64_t store_miss_tokens[kStoreMissKinds] = {};  // tokens it could not give, by StoreMiss
+  int64_t store_published_blocks = 0;
+  int64_t store_publish_failures = 0;
+  double store_fetch_seconds = 0;   // summed over fetches
   int64_t preemptions = 0;
   int64_t steps = 0;
   int32_t running = 0, waiting = 0;
@@ -147,6 +175,11 @@ class Scheduler {
   void CacheFinished(Session& s);  // its full blocks and its partly filled last block
   void ReleaseSession(Session& s);
   void Finish(Session& s, FinishReason reason, Status error = Status::Ok());
+  void StartFetch(Session& s, int32_t first_block, int32_t n_blocks);
+  void Publish(Session& s);                           // its computed full blocks, if any
+  void PollStore(std::chrono::microseconds wait);     // applies the store's completions
+  void ApplyFetch(const StoreFetchDone& d);
+  StoreNamespace StoreNs(const Session& s) const;
   uint64_t Namespace(const Session& s) const;
 
   const Model& model_;
@@ -161,6 +194,12 @@ class Scheduler {
   std::vector<std::unique_ptr<Session>> running_;
   std::vector<std::unique_ptr<Session>> deferred_;  // admission scratch
   std::vector<RequestId> cancel_;
+  int32_t fetching_ = 0;                   // sessions waiting for a store fetch
+  uint64_t publish_seq_ = 0;
+  std::vector<std::pair<uint64_t, std::vector<int32_t>>> pins_;  // publish id -> blocks it holds
+  double prefill_s_per_token_ = 0;         // measured, smoothed (0: not yet)
+  std::vector<StoreFetchDone> fetch_done_;    // scratch
+  std::vector<StorePublishDone> publish_done_;
   SchedulerMetrics m_;
   // Per-step scratch, reserved once.
   std::vector<SeqBatch> batch_;

@@ -200,6 +200,7 @@ struct StoreClient::Impl {
     if (s.code() == StatusCode::kDeadlineExceeded) ++st.misses_deadline;
     else if (s.code() == StatusCode::kNotFound) ++st.misses_evicted;
     else if (s.code() == StatusCode::kCorrupt) ++st.checksum_failures;
+    else if (s.code() == StatusCode::kInvalidArgument) ++st.misses_mismatch;
     else ++st.misses_down;
   }
 };
@@ -393,7 +394,12 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
               const uint32_t count = rd.U32();
               const uint64_t bb = rd.U64();
               if (!ok) continue;
-              if (count != p.run.count || bb != block_bytes || count > rd.remaining() / 8) {
+              if (bb != block_bytes && count == p.run.count) {
+                // Stored by an engine with other blocks: not this reader's to use.
+                return done(InvalidArgument(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes",
+                                                        p.run.tensor, bb, block_bytes)));
+              }
+              if (count != p.run.count || count > rd.remaining() / 8) {
                 rd.Fail();
                 break;
               }

@@ -1,0 +1,298 @@
+#include "engine/store_bridge.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+
+namespace trellis {
+
+namespace {
+
+StoreMiss MissOf(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kNotFound: return StoreMiss::kEvicted;
+    case StatusCode::kCorrupt: return StoreMiss::kChecksum;
+    case StatusCode::kDeadlineExceeded: return StoreMiss::kDeadline;
+    case StatusCode::kInvalidArgument: return StoreMiss::kFingerprint;
+    default: return StoreMiss::kDown;
+  }
+}
+
+// Running estimates move a quarter of the way to each new measurement.
+double Smooth(double old, double x) { return old <= 0 ? x : 0.75 * old + 0.25 * x; }
+
+// The probe that measures the get bandwidth at start: a few blocks under a namespace no
+// model uses, the same on every node (stored once, read by each engine that starts).
+constexpr uint32_t kProbeBlocks = 4;
+constexpr uint32_t kProbeBlockTokens = 32;
+constexpr uint64_t kProbeBlockBytes = 256 * 1024;
+store::Namespace ProbeNamespace() {
+  store::Namespace ns;
+  ns.model_fingerprint = 0;
+  ns.block_tokens = kProbeBlockTokens;
+  ns.salt = 0x70726f6265ull;  // "probe"
+  return ns;
+}
+
+}  // namespace
+
+store::Namespace ToStoreNamespace(const StoreNamespace& n) {
+  store::Namespace ns;
+  ns.model_fingerprint = n.model_fingerprint;
+  ns.block_tokens = n.block_tokens;
+  ns.kv_dtype = n.kv_dtype;
+  ns.layout_version = n.layout_version;
+  ns.salt = n.salt;
+  return ns;
+}
+
+Result<std::unique_ptr<StoreBridge>> StoreBridge::Connect(const StoreBridgeOptions& options) {
+  std::unique_ptr<StoreBridge> b(new StoreBridge());
+  b->opt_ = options;
+  TRELLIS_ASSIGN_OR_RETURN(b->client_, store::StoreClient::Connect(options.client, net::After(options.connect_timeout)));
+  // Measure the read path once before serving: store the probe (once per store), then
+  // read it back a few times. A failure leaves the estimates empty (fetches are then
+  // always tried, and measured).
+  {
+    std::vector<int32_t> tokens(kProbeBlocks * kProbeBlockTokens);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i);
+    std::vector<uint8_t> data(kProbeBlocks * kProbeBlockBytes);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 131u);
+    std::vector<const void*> src;
+    std::vector<void*> dst;
+    for (uint32_t i = 0; i < kProbeBlocks; ++i) {
+      src.push_back(data.data() + i * kProbeBlockBytes);
+      dst.push_back(data.data() + i * kProbeBlockBytes);
+    }
+    const auto deadline = net::After(options.connect_timeout);
+    auto put = b->client_->Put(ProbeNamespace(), tokens, src, kProbeBlockBytes, 0.0, deadline);
+    for (int r = 0; put.ok() && r < 3; ++r) {
+      const double t0 = NowSeconds();
+      auto found = b->client_->Lookup(ProbeNamespace(), tokens, deadline);
+      if (!found.ok() || found->blocks != kProbeBlocks) break;
+      const double t1 = NowSeconds();
+      if (!b->client_->Get(*found, kProbeBlocks, dst, kProbeBlockBytes, deadline).ok()) break;
+      const double t2 = NowSeconds();
+      std::lock_guard<std::mutex> lock(b->mu_);
+      b->st_.lookup_seconds = Smooth(b->st_.lookup_seconds, t1 - t0);
+      b->st_.get_bytes_per_second = Smooth(b->st_.get_bytes_per_second, kProbeBlocks * kProbeBlockBytes / std::max(t2 - t1, 1e-6));
+    }
+    if (!put.ok()) TRELLIS_LOG_WARN("store: bandwidth probe not stored: {}", put.status().ToString());
+  }
+  b->fetch_thread_ = std::thread([p = b.get()] { p->FetchLoop(); });
+  b->publish_thread_ = std::thread([p = b.get()] { p->PublishLoop(); });
+  return b;
+}
+
+StoreBridge::~StoreBridge() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (fetch_thread_.joinable()) fetch_thread_.join();
+  if (publish_thread_.joinable()) publish_thread_.join();
+}
+
+void StoreBridge::StartFetch(StoreFetch f) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++in_flight_;
+    fetches_.push_back(std::move(f));
+  }
+  work_cv_.notify_all();
+}
+
+void StoreBridge::StartPublish(StorePublish p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++in_flight_;
+    if (publishes_.size() >= opt_.max_queued_publishes) {
+      // The store cannot keep up: drop the oldest rather than grow without bound (its
+      // blocks are only unpinned, nothing is lost but the chance to share them).
+      StorePublishDone d;
+      d.id = publishes_.front().id;
+      d.status = ResourceExhausted("publish queue full");
+      publishes_.pop_front();
+      ++st_.publishes_dropped;
+      publish_done_.push_back(std::move(d));
+    }
+    publishes_.push_back(std::move(p));
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+}
+
+void StoreBridge::Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
+                       std::chrono::microseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (fetch_done_.empty() && publish_done_.empty() && wait.count() > 0 && in_flight_ > 0) {
+    done_cv_.wait_for(lock, wait, [&] { return !fetch_done_.empty() || !publish_done_.empty(); });
+  }
+  in_flight_ -= fetch_done_.size() + publish_done_.size();
+  for (auto& d : fetch_done_) fetched->push_back(std::move(d));
+  for (auto& d : publish_done_) published->push_back(std::move(d));
+  fetch_done_.clear();
+  publish_done_.clear();
+}
+
+void StoreBridge::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return fetches_.empty() && publishes_.empty() && running_ == 0; });
+}
+
+size_t StoreBridge::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+StoreBridgeStats StoreBridge::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return st_;
+}
+
+double StoreBridge::EstimateFetchSeconds(uint64_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (st_.get_bytes_per_second <= 0) return 0;
+  return st_.lookup_seconds + static_cast<double>(bytes) / st_.get_bytes_per_second;
+}
+
+void StoreBridge::MeasureGet(uint64_t bytes, double seconds) {
+  // Small reads measure latency more than bandwidth: only reads of 1 MiB and more count.
+  if (bytes < (1u << 20) || seconds <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  st_.get_bytes_per_second = Smooth(st_.get_bytes_per_second, static_cast<double>(bytes) / seconds);
+}
+
+void StoreBridge::Complete(StoreFetchDone d) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++st_.fetches;
+    st_.fetched_blocks += static_cast<uint64_t>(d.blocks);
+    if (d.miss != StoreMiss::kNone) ++st_.misses[static_cast<int>(d.miss)];
+    fetch_done_.push_back(std::move(d));
+    --running_;
+  }
+  done_cv_.notify_all();
+}
+
+void StoreBridge::Complete(StorePublishDone d) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (d.status.ok()) {
+      ++st_.publishes;
+      st_.published_blocks += static_cast<uint64_t>(d.stored);
+    } else {
+      ++st_.publishes_failed;
+    }
+    publish_done_.push_back(std::move(d));
+    --running_;
+  }
+  done_cv_.notify_all();
+}
+
+void StoreBridge::FetchLoop() {
+  for (;;) {
+    StoreFetch f;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !fetches_.empty(); });
+      if (fetches_.empty()) return;
+      f = std::move(fetches_.front());
+      fetches_.pop_front();
+      ++running_;
+    }
+    Complete(RunFetch(f));
+  }
+}
+
+StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
+  StoreFetchDone d;
+  d.id = f.id;
+  const double t0 = NowSeconds();
+  const size_t want = f.dst.size();
+  if (want == 0) return d;
+  // The deadline: the configured bound, or sooner if computing the blocks would be.
+  auto budget = opt_.fetch_timeout;
+  if (f.compute_seconds_per_block > 0) {
+    const auto compute = std::chrono::milliseconds(static_cast<int64_t>(f.compute_seconds_per_block * 1000.0 * static_cast<double>(want)) + 5);
+    budget = std::min(budget, compute);
+  }
+  const net::Deadline deadline = net::Clock::now() + budget;
+  const store::Namespace ns = ToStoreNamespace(f.ns);
+  auto found = client_->Lookup(ns, f.tokens, deadline);
+  const double t1 = NowSeconds();
+  if (!found.ok()) {
+    d.miss = MissOf(found.status());
+    d.seconds = t1 - t0;
+    return d;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    st_.lookup_seconds = Smooth(st_.lookup_seconds, t1 - t0);
+  }
+  const size_t first = static_cast<size_t>(f.first_block);
+  const size_t stored = found->blocks > first ? found->blocks - first : 0;
+  const size_t n = std::min(stored, want);
+  if (n == 0) {
+    d.miss = StoreMiss::kNotStored;
+    d.seconds = t1 - t0;
+    return d;
+  }
+  const uint64_t bytes = n * f.block_bytes;
+  const double est = EstimateFetchSeconds(bytes);
+  if (f.compute_seconds_per_block > 0 && est > 0 && est > f.compute_seconds_per_block * static_cast<double>(n)) {
+    d.miss = StoreMiss::kSlower;
+    d.seconds = t1 - t0;
+    return d;
+  }
+  std::vector<void*> dst(f.dst.begin(), f.dst.begin() + static_cast<ptrdiff_t>(n));
+  store::GetReceipt r;
+  const Status st = client_->GetRange(*found, first, n, dst, f.block_bytes, deadline, &r);
+  const double t2 = NowSeconds();
+  d.seconds = t2 - t0;
+  if (!st.ok()) {
+    d.miss = MissOf(st);
+    TRELLIS_LOG_DEBUG("store: fetch of {} blocks failed: {}", n, st.ToString());
+    return d;
+  }
+  MeasureGet(bytes, t2 - t1);
+  d.blocks = static_cast<int32_t>(n);
+  d.from_memory = static_cast<int32_t>(r.memory);
+  d.from_replica = static_cast<int32_t>(r.replica);
+  d.from_ssd = static_cast<int32_t>(r.ssd);
+  d.from_remote = static_cast<int32_t>(r.remote);
+  if (n < want) d.miss = StoreMiss::kNotStored;
+  return d;
+}
+
+void StoreBridge::PublishLoop() {
+  for (;;) {
+    StorePublish p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !publishes_.empty(); });
+      if (publishes_.empty()) return;
+      p = std::move(publishes_.front());
+      publishes_.pop_front();
+      ++running_;
+    }
+    StorePublishDone d;
+    d.id = p.id;
+    std::vector<const void*> blocks(p.blocks.begin(), p.blocks.end());
+    auto put = client_->Put(ToStoreNamespace(p.ns), p.tokens, blocks, p.block_bytes, p.cost_seconds,
+                            net::After(opt_.publish_timeout));
+    if (put.ok()) {
+      d.stored = static_cast<int32_t>(*put);
+    } else {
+      d.status = put.status();
+      TRELLIS_LOG_DEBUG("store: publish of {} blocks failed: {}", blocks.size(), d.status.ToString());
+    }
+    Complete(std::move(d));
+  }
+}
+
+}  // namespace trellis

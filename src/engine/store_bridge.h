@@ -1,0 +1,98 @@
+// StoreBridge: the engine's PrefixStore (kv/prefix_store.h) on the prefix tensor store
+// (src/store, docs/store.md).
+//
+// Two threads of its own: one runs fetches (lookup, then one bulk read straight into the
+// session's pool blocks), one runs publishes (the blocks past the longest stored prefix,
+// as one new tensor), so a large publish never delays a fetch. Every call has a
+// deadline; a store that is down, slow or answers nonsense is a miss with a typed
+// reason, never an error for the request and never a hang.
+//
+// Whether a fetch is worth making is decided per request: the estimated read time (bytes
+// over the get bandwidth measured on recent reads, plus a lookup round trip) against the
+// engine's estimated compute time for the same blocks. The bandwidth is measured at
+// start (a read of a probe tensor) and kept current with every read.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kv/prefix_store.h"
+#include "store/client.h"
+
+namespace trellis {
+
+struct StoreBridgeOptions {
+  store::ClientOptions client;
+  // The longest a fetch may take (lookup and read); less when computing the blocks is
+  // estimated to be quicker.
+  std::chrono::milliseconds fetch_timeout{2000};
+  std::chrono::milliseconds publish_timeout{10000};
+  std::chrono::milliseconds connect_timeout{3000};
+  size_t max_queued_publishes = 64;  // past this, publishes are dropped (counted)
+};
+
+struct StoreBridgeStats {
+  uint64_t fetches = 0, fetched_blocks = 0, publishes = 0, published_blocks = 0;
+  uint64_t publishes_failed = 0, publishes_dropped = 0;
+  uint64_t misses[kStoreMissKinds] = {};
+  double get_bytes_per_second = 0;  // current estimate (0: none yet)
+  double lookup_seconds = 0;        // current estimate of one lookup round trip
+};
+
+class StoreBridge : public PrefixStore {
+ public:
+  // Connects to the store. Unavailable if no server answers within connect_timeout; a
+  // server that goes away later only makes misses.
+  static Result<std::unique_ptr<StoreBridge>> Connect(const StoreBridgeOptions& options);
+  ~StoreBridge() override;
+
+  void StartFetch(StoreFetch f) override;
+  void StartPublish(StorePublish p) override;
+  void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
+            std::chrono::microseconds wait) override;
+  void Drain() override;
+  size_t in_flight() const override;
+
+  StoreBridgeStats stats() const;
+  store::StoreClient& client() { return *client_; }
+
+  // The estimated time of reading `bytes` (a lookup plus the transfer); 0 when nothing
+  // has been measured yet.
+  double EstimateFetchSeconds(uint64_t bytes) const;
+
+ private:
+  StoreBridge() = default;
+  void FetchLoop();
+  void PublishLoop();
+  StoreFetchDone RunFetch(const StoreFetch& f);
+  void Complete(StoreFetchDone d);
+  void Complete(StorePublishDone d);
+  void MeasureGet(uint64_t bytes, double seconds);
+
+  StoreBridgeOptions opt_;
+  std::unique_ptr<store::StoreClient> client_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // new work or stop
+  std::condition_variable done_cv_;  // a completion
+  std::deque<StoreFetch> fetches_;          // GUARDED_BY(mu_)
+  std::deque<StorePublish> publishes_;      // GUARDED_BY(mu_)
+  std::vector<StoreFetchDone> fetch_done_;  // GUARDED_BY(mu_)
+  std::vector<StorePublishDone> publish_done_;  // GUARDED_BY(mu_)
+  size_t in_flight_ = 0;                    // started, not yet polled; GUARDED_BY(mu_)
+  size_t running_ = 0;                      // being worked on now; GUARDED_BY(mu_)
+  bool stop_ = false;                       // GUARDED_BY(mu_)
+  StoreBridgeStats st_;                     // GUARDED_BY(mu_)
+  std::thread fetch_thread_, publish_thread_;
+};
+
+// The namespace an engine's blocks are stored under (docs/store.md, "Data model").
+store::Namespace ToStoreNamespace(const StoreNamespace& ns);
+
+}  // namespace trellis

@@ -1,0 +1,292 @@
+// Engines on the prefix tensor store: two schedulers (two "nodes", each with its own
+// pool, tree and store client) sharing store servers over real UCX on loopback. The
+// central property: a request's greedy tokens and logits are the same whether its prefix
+// was computed, taken from the local cache, or read from the store.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+
+#include "engine/scheduler.h"
+#include "engine/store_bridge.h"
+#include "engine/test_models.h"
+#include "store/server.h"
+
+namespace trellis {
+namespace {
+
+using namespace std::chrono_literals;
+
+const Model& TestModel() {
+  static std::unique_ptr<Model> m = [] {
+    auto r = Model::Load(testing::WriteSmallModel("store_engine_f32.gguf", "f32"));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return std::move(r).value();
+  }();
+  return *m;
+}
+
+net::TransportOptions Lo() {
+  net::TransportOptions o;
+  o.net_devices = "lo";
+  return o;
+}
+
+std::unique_ptr<store::StoreServer> StoreServer() {
+  store::ServerOptions o;
+  o.mem_bytes = 32 << 20;
+  o.transport = Lo();
+  auto s = store::StoreServer::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+std::unique_ptr<StoreBridge> Bridge(const std::vector<const store::StoreServer*>& servers, size_t local = 0,
+                                    std::chrono::milliseconds timeout = 2000ms) {
+  StoreBridgeOptions o;
+  for (auto* s : servers) o.client.servers.push_back("127.0.0.1:" + std::to_string(s->port()));
+  o.client.local = o.client.servers[local];
+  o.client.transport = Lo();
+  o.fetch_timeout = timeout;
+  o.publish_timeout = timeout;
+  auto b = StoreBridge::Connect(o);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  RequestResult result;
+};
+
+Request Greedy(std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.logits = true;
+  return r;
+}
+
+std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
+  std::vector<Outcome> out(reqs.size());
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = s.Submit(
+        reqs[i],
+        [&](RequestId id, int32_t tok, std::span<const float> l) {
+          Outcome& o = out[index.at(id)];
+          o.tokens.push_back(tok);
+          o.logits.emplace_back(l.begin(), l.end());
+        },
+        [&](RequestId id, const RequestResult& r) { out[index.at(id)].result = r; });
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    index[*id] = i;
+  }
+  s.RunUntilIdle();
+  return out;
+}
+
+// max |a - b| / std(b); +inf on any non-finite value or size mismatch.
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (a.size() != b.size() || b.empty()) return kInf;
+  double mean = 0, var = 0, worst = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
+    mean += b[i];
+  }
+  mean /= static_cast<double>(b.size());
+  for (float v : b) var += (v - mean) * (v - mean);
+  const double sd = std::sqrt(var / static_cast<double>(b.size()));
+  if (!(sd > 0)) return kInf;
+  for (size_t i = 0; i < a.size(); ++i) worst = testing::Worse(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst / sd;
+}
+
+std::unique_ptr<Scheduler> Make(ThreadPool& pool, SchedulerOptions o) {
+  auto s = Scheduler::Create(TestModel(), o, pool);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::move(s).value();
+}
+
+void ExpectSameOutput(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t k = 0; k < want.logits.size(); ++k) {
+    EXPECT_LT(MaxRelDiff(got.logits[k], want.logits[k]), 1e-4) << what << " step " << k;
+  }
+}
+
+// Node A computes prompts sharing system prompts and publishes them; node B, with an
+// empty cache of its own, reads the prefixes from the store (spread over two servers),
+// computes only the rest, and produces what a cold engine without any cache produces.
+TEST(StoreEngine, AnotherNodeReadsThePrefixAndOutputIsUnchanged) {
+  auto s1 = StoreServer(), s2 = StoreServer();
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  for (int round = 0; round < 3; ++round) {
+    const int bs = std::vector<int>{8, 16, 32}[static_cast<size_t>(round)];
+    SchedulerOptions o;
+    o.block_size = bs;
+    o.kv_blocks = 160;
+    o.n_ctx = 512;
+    o.prefill_chunk = std::vector<int>{24, 64, 512}[static_cast<size_t>(round)];
+    std::vector<std::vector<int32_t>> systems(2);
+    for (auto& sys : systems) {
+      sys.resize(static_cast<size_t>(40 + rng() % 100));
+      for (auto& t : sys) t = static_cast<int32_t>(rng() % 1000) + 3;
+    }
+    std::vector<Request> reqs;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> p = systems[static_cast<size_t>(i) % systems.size()];
+      const int suffix = 1 + static_cast<int>(rng() % 30);
+      for (int k = 0; k < suffix; ++k) p.push_back(static_cast<int32_t>(rng() % 1000) + 3);
+      reqs.push_back(Greedy(p, 2 + static_cast<int>(rng() % 6)));
+    }
+    auto ba = Bridge({s1.get(), s2.get()}, 0), bb = Bridge({s1.get(), s2.get()}, 1);
+    ASSERT_TRUE(ba && bb);
+    SchedulerOptions oa = o, ob = o;
+    oa.store = ba.get();
+    ob.store = bb.get();
+    auto a = Make(pool, oa);
+    RunAll(*a, reqs);
+    ba->Drain();  // A's publishes are in the store
+    EXPECT_GT(ba->stats().published_blocks, 0u) << "round " << round;
+
+    auto b = Make(pool, ob);
+    auto got = RunAll(*b, {reqs[0]});  // alone first: everything before the suffix from the store
+    auto rest = RunAll(*b, std::vector<Request>(reqs.begin() + 1, reqs.end()));
+    got.insert(got.end(), rest.begin(), rest.end());
+    const SchedulerMetrics mb = b->metrics();
+    EXPECT_GT(mb.store_tokens, 0) << "round " << round;
+    const CacheReceipt& c0 = got[0].result.cache;
+    const int whole = (static_cast<int>(reqs[0].prompt.size()) - 1) / bs * bs;
+    EXPECT_EQ(c0.local, 0);
+    // A published reqs[0]'s prompt and what it generated: every whole block but the
+    // last position's is in the store.
+    EXPECT_EQ(c0.store, whole) << "round " << round;
+    EXPECT_EQ(c0.store_memory + c0.store_replica + c0.store_ssd + c0.store_remote, c0.store);
+    EXPECT_EQ(c0.computed, static_cast<int>(reqs[0].prompt.size()) - whole);
+    EXPECT_EQ(got[0].result.n_cached, whole);
+    EXPECT_EQ(b->cache().CheckInvariants(), "");
+
+    SchedulerOptions off = o;
+    off.prefix_cache = false;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto cold = Make(pool, off);
+      auto want = RunAll(*cold, {reqs[i]});
+      ExpectSameOutput(got[i], want[0], "round " + std::to_string(round) + " request " + std::to_string(i));
+    }
+    b.reset();
+    a.reset();
+  }
+}
+
+// A store that goes away is a miss, counted, and the request is computed locally with
+// the same output; nothing hangs past the fetch deadline.
+TEST(StoreEngine, ADeadStoreDegradesToLocalCaching) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  auto bridge = Bridge({s1.get()}, 0, 300ms);
+  ASSERT_TRUE(bridge);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  o.store = bridge.get();
+  std::vector<int32_t> p(100);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(7 + i * 13 % 1000);
+  s1.reset();  // gone
+  auto sched = Make(pool, o);
+  auto got = RunAll(*sched, {Greedy(p, 4)});
+  EXPECT_EQ(got[0].result.reason, FinishReason::kLength);
+  EXPECT_EQ(got[0].result.cache.store, 0);
+  const int missed = got[0].result.cache.misses[static_cast<int>(StoreMiss::kDown)] +
+                     got[0].result.cache.misses[static_cast<int>(StoreMiss::kDeadline)];
+  EXPECT_EQ(missed, (100 - 1) / 16 * 16);
+  EXPECT_EQ(got[0].result.cache.computed, 100);
+  SchedulerOptions off = o;
+  off.store = nullptr;
+  off.prefix_cache = false;
+  auto cold = Make(pool, off);
+  ExpectSameOutput(got[0], RunAll(*cold, {Greedy(p, 4)})[0], "dead store");
+  // The same prompt again: the local cache serves it, the store is not needed.
+  auto again = RunAll(*sched, {Greedy(p, 4)});
+  EXPECT_EQ(again[0].result.cache.local, (100 - 1) / 16 * 16 + 3);  // whole blocks + the copied tail, to the token
+  bridge->Drain();
+  EXPECT_GT(bridge->stats().publishes_failed, 0u);
+}
+
+// Another salt or block size is another namespace: nothing of A's is read.
+TEST(StoreEngine, OtherNamespacesReadNothing) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  o.store = ba.get();
+  std::vector<int32_t> p(90);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(11 + i * 7 % 1000);
+  auto a = Make(pool, o);
+  RunAll(*a, {Greedy(p, 2)});
+  ba->Drain();
+  SchedulerOptions salted = o, wider = o;
+  salted.store = bb.get();
+  wider.store = bb.get();
+  wider.block_size = 32;
+  auto b1 = Make(pool, salted);
+  Request r = Greedy(p, 2);
+  r.cache_salt = 99;
+  auto g1 = RunAll(*b1, {r});
+  EXPECT_EQ(g1[0].result.cache.store, 0);
+  EXPECT_GT(g1[0].result.cache.misses[static_cast<int>(StoreMiss::kNotStored)], 0);
+  auto b2 = Make(pool, wider);
+  auto g2 = RunAll(*b2, {Greedy(p, 2)});
+  EXPECT_EQ(g2[0].result.cache.store, 0);
+  // The same namespace does read it.
+  SchedulerOptions same = o;
+  same.store = bb.get();
+  auto b3 = Make(pool, same);
+  EXPECT_EQ(RunAll(*b3, {Greedy(p, 2)})[0].result.cache.store, (90 - 1) / 16 * 16);
+}
+
+// Destroying an engine while a fetch is in flight waits for it (bounded) and frees
+// everything: nothing writes into a pool that is gone (ASan checks this run).
+TEST(StoreEngine, ShutdownWithAFetchInFlightIsClean) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  auto bridge = Bridge({s1.get()});
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  o.store = bridge.get();
+  std::vector<int32_t> p(200);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(5 + i * 31 % 1000);
+  {
+    auto a = Make(pool, o);
+    RunAll(*a, {Greedy(p, 1)});
+  }
+  bridge->Drain();
+  for (int i = 0; i < 5; ++i) {
+    auto b = Make(pool, o);
+    bool finished = false;
+    ASSERT_TRUE(b->Submit(Greedy(p, 3), nullptr, [&](RequestId, const RequestResult&) { finished = true; }).ok());
+    b->Step();  // admitted: the fetch is in flight
+    if (i % 2) {
+      b->CancelAll();
+      EXPECT_TRUE(finished);
+    }
+    b.reset();
+    EXPECT_EQ(bridge->in_flight(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace trellis

@@ -1,0 +1,99 @@
+// PrefixStore: how the engine reaches a shared store of KV prefixes (the prefix tensor
+// store of docs/store.md, or anything else that can look up, read and write whole KV
+// blocks named by their token prefix).
+//
+// The engine thread never waits on it: it starts fetches and publishes, and collects
+// their completions with Poll at each scheduling step. A fetch writes blocks straight
+// into pool blocks the session owns and nothing else touches until the fetch completes;
+// a publish reads full blocks the engine has pinned (refcount) until it completes.
+//
+// Thread safety: Start*, Poll and Drain are called by the engine thread; the
+// implementation does its I/O on threads of its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trellis {
+
+// What must match for stored K/V to be usable (docs/store.md, "Data model").
+struct StoreNamespace {
+  uint64_t model_fingerprint = 0;
+  uint32_t block_tokens = 32;
+  uint32_t kv_dtype = 0;        // 0: f16 (the only KV type yet)
+  uint32_t layout_version = 1;  // docs/kv_layout.md
+  uint64_t salt = 0;
+};
+
+// Why a fetch brought fewer blocks than the prompt could use.
+enum class StoreMiss : uint8_t {
+  kNone = 0,
+  kNotStored,       // the store has no longer prefix
+  kEvicted,         // found by the lookup, gone by the read
+  kFingerprint,     // stored under another namespace or block size
+  kChecksum,        // a block failed its checksum after the transfer
+  kDeadline,        // the store answered too late
+  kDown,            // no store server reachable
+  kSlower,          // fetching was estimated slower than computing
+};
+inline constexpr int kStoreMissKinds = 8;
+const char* StoreMissName(StoreMiss m);  // "not_stored", "evicted", ...
+
+struct StoreFetch {
+  uint64_t id = 0;  // the caller's, echoed in the completion
+  StoreNamespace ns;
+  std::vector<int32_t> tokens;  // the sequence; its whole blocks are looked up
+  int32_t first_block = 0;      // blocks [0, first_block) are held already: read from here
+  std::vector<uint8_t*> dst;    // where blocks first_block, first_block + 1, ... go
+  uint64_t block_bytes = 0;
+  // The engine's current cost of computing one block, seconds (0: not measured yet):
+  // a fetch estimated slower than that is not made.
+  double compute_seconds_per_block = 0;
+};
+
+struct StoreFetchDone {
+  uint64_t id = 0;
+  int32_t blocks = 0;  // read into dst[0 .. blocks)
+  // Where they came from: the local store server's memory, its replicas, its SSD, or
+  // other nodes.
+  int32_t from_memory = 0, from_replica = 0, from_ssd = 0, from_remote = 0;
+  StoreMiss miss = StoreMiss::kNone;  // why not all of dst (kNone: all of it)
+  double seconds = 0;                 // lookup + read
+};
+
+struct StorePublish {
+  uint64_t id = 0;
+  StoreNamespace ns;
+  std::vector<int32_t> tokens;             // whole blocks
+  std::vector<const uint8_t*> blocks;      // block i of tokens, pinned until done
+  uint64_t block_bytes = 0;
+  double cost_seconds = 0;                 // compute time the blocks save (eviction cost)
+};
+
+struct StorePublishDone {
+  uint64_t id = 0;
+  Status status;
+  int32_t stored = 0;  // blocks newly stored (the rest were there already)
+};
+
+class PrefixStore {
+ public:
+  virtual ~PrefixStore() = default;
+  virtual void StartFetch(StoreFetch f) = 0;
+  virtual void StartPublish(StorePublish p) = 0;
+  // Appends the completions ready now; if there are none, waits up to `wait` for one.
+  virtual void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
+                    std::chrono::microseconds wait) = 0;
+  // Waits until everything started has completed (each within its deadline); the
+  // completions are then ready for Poll. Nothing writes to a fetch's dst or reads a
+  // publish's blocks after it returns.
+  virtual void Drain() = 0;
+  // How many started operations have not been returned by Poll yet.
+  virtual size_t in_flight() const = 0;
+};
+
+}  // namespace trellis
