@@ -57,7 +57,8 @@ class Model {
   std::string TypeSummary() const;
   // Bytes of weights a decode step streams (all matrices once).
   int64_t WeightBytes() const;
-  // Identifies the weights for cache keys: hash of config and tensor table.
+  // Identifies the weights for cache and store keys: hash of the config, the tensor
+  // table and every weight byte (XXH3).
   uint64_t fingerprint() const { return fingerprint_; }
   // Bytes of weights held in a repacked layout (0 if none).
   size_t packed_bytes() const { return packed_bytes_; }
