@@ -595,10 +595,23 @@ Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const Ap
 namespace {
 
 json UsageJson(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  if (u.cache) {
+    const CacheUsage& c = *u.cache;
+    json reasons = json::object();
+    for (const auto& [why, n] : c.miss_reasons) reasons[why] = n;
+    j["cache"] = {{"local", c.local},
+                  {"store", c.store},
+                  {"store_tiers", {{"memory", c.store_memory}, {"replica", c.store_replica}, {"ssd", c.store_ssd},
+                                   {"remote", c.store_remote}}},
+                  {"waited_for", c.waited_for},
+                  {"computed", c.computed},
+                  {"miss_reasons", std::move(reasons)}};
+  }
+  return j;
 }
 
 json Bytes(const std::string& s) {

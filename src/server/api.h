@@ -138,10 +138,19 @@ Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const Ap
 
 // ---- responses ----------------------------------------------------------------------
 
+// Where the prompt's K/V came from, in tokens: usage.cache (docs/api.md).
+struct CacheUsage {
+  int local = 0, store = 0;  // this node's radix cache; the prefix store, of which:
+  int store_memory = 0, store_replica = 0, store_ssd = 0, store_remote = 0;
+  int waited_for = 0, computed = 0;
+  std::vector<std::pair<std::string, int>> miss_reasons;  // tokens the store could not give, by reason
+};
+
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
-  int cached_tokens = 0;  // prompt_tokens_details.cached_tokens
+  int cached_tokens = 0;  // prompt_tokens_details.cached_tokens: local + store
+  std::optional<CacheUsage> cache;
 };
 
 struct TopLogprob {

@@ -132,7 +132,7 @@ TEST(Api, ResponsesCarryCachedTokens) {
   r.model = "tiny";
   r.text = "hi \xF0\x9F";  // a partial UTF-8 sequence must not throw
   r.finish_reason = "length";
-  r.usage = {10, 2, 0};
+  r.usage = {10, 2, 0, std::nullopt};
   json j = json::parse(ResponseJson(r));
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["usage"]["total_tokens"], 12);
@@ -144,9 +144,22 @@ TEST(Api, ResponsesCarryCachedTokens) {
   json cj = json::parse(ChunkJson(c));
   EXPECT_EQ(cj["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(cj["usage"].is_null());
-  json u = json::parse(UsageChunkJson(Endpoint::kCompletion, "cmpl-1", 0, "tiny", {5, 1, 3}));
+  EXPECT_FALSE(j["usage"].contains("cache"));
+  CacheUsage cu;
+  cu.local = 1;
+  cu.store = 2;
+  cu.store_remote = 2;
+  cu.computed = 2;
+  cu.miss_reasons = {{"not_stored", 2}};
+  json u = json::parse(UsageChunkJson(Endpoint::kCompletion, "cmpl-1", 0, "tiny", {5, 1, 3, cu}));
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+  EXPECT_EQ(u["usage"]["cache"]["local"], 1);
+  EXPECT_EQ(u["usage"]["cache"]["store"], 2);
+  EXPECT_EQ(u["usage"]["cache"]["store_tiers"]["remote"], 2);
+  EXPECT_EQ(u["usage"]["cache"]["store_tiers"]["memory"], 0);
+  EXPECT_EQ(u["usage"]["cache"]["computed"], 2);
+  EXPECT_EQ(u["usage"]["cache"]["miss_reasons"]["not_stored"], 2);
 }
 
 // Random JSON values used to replace or insert fields.

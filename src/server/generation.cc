@@ -179,6 +179,20 @@ Usage Generation::usage() const {
   u.prompt_tokens = static_cast<int>(p_.prompt.size());
   u.completion_tokens = n_tokens_;
   u.cached_tokens = result_.n_cached;
+  const CacheReceipt& r = result_.cache;
+  CacheUsage c;
+  c.local = r.local;
+  c.store = r.store;
+  c.store_memory = r.store_memory;
+  c.store_replica = r.store_replica;
+  c.store_ssd = r.store_ssd;
+  c.store_remote = r.store_remote;
+  c.waited_for = r.waited_for;
+  c.computed = r.computed;
+  for (int k = 1; k < kStoreMissKinds; ++k) {
+    if (r.misses[k] > 0) c.miss_reasons.emplace_back(StoreMissName(static_cast<StoreMiss>(k)), r.misses[k]);
+  }
+  u.cache = std::move(c);
   return u;
 }
 

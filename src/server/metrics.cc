@@ -88,6 +88,25 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
          m.evicted_blocks);
   Metric(out, "trellis_preemptions_total", "counter", "sessions preempted for KV blocks", m.preemptions);
   Metric(out, "trellis_engine_steps_total", "counter", "scheduler steps", m.steps);
+  out += "# HELP trellis_store_tokens_total prompt tokens read from the prefix store, by where they were\n"
+         "# TYPE trellis_store_tokens_total counter\n";
+  const char* tiers[] = {"memory", "replica", "ssd", "remote"};
+  for (int t = 0; t < 4; ++t) {
+    out += fmt::format("trellis_store_tokens_total{{tier=\"{}\"}} {}\n", tiers[t], m.store_tier_tokens[t]);
+  }
+  out += "# HELP trellis_store_miss_tokens_total prompt tokens the prefix store could not give, by reason\n"
+         "# TYPE trellis_store_miss_tokens_total counter\n";
+  for (int k = 1; k < kStoreMissKinds; ++k) {
+    out += fmt::format("trellis_store_miss_tokens_total{{reason=\"{}\"}} {}\n", StoreMissName(static_cast<StoreMiss>(k)),
+                       m.store_miss_tokens[k]);
+  }
+  Metric(out, "trellis_store_fetches_total", "counter", "prefix store lookups (and reads) completed", m.store_fetches);
+  Metric(out, "trellis_store_fetch_seconds_total", "counter", "time spent in prefix store lookups and reads",
+         m.store_fetch_seconds);
+  Metric(out, "trellis_store_published_blocks_total", "counter", "KV blocks newly stored in the prefix store",
+         m.store_published_blocks);
+  Metric(out, "trellis_store_publish_failures_total", "counter", "publishes to the prefix store that failed",
+         m.store_publish_failures);
   ttft_.Render("trellis_time_to_first_token_seconds", "submit to first generated token", out);
   itl_.Render("trellis_inter_token_latency_seconds", "time between generated tokens of one request", out);
   return out;

@@ -250,6 +250,24 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
     else last = s;
   }
   if (up == 0) return Unavailable("no store server reachable: " + last.message());
+  if (!impl->etcd && options.discover) {
+    for (size_t m = 0; m < impl->members.size(); ++m) {
+      auto r = impl->CallSync(m, kMembers, "", deadline);
+      if (!r.ok()) continue;
+      WireReader rd(*r);
+      const uint32_t n = rd.Count(1024, 4);
+      std::vector<std::string> known;
+      for (const Impl::Member& x : impl->members) known.push_back(x.address);
+      for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+        std::string a(rd.Str(256));
+        if (rd.ok() && SplitAddress(a).ok() && std::find(known.begin(), known.end(), a) == known.end()) known.push_back(a);
+      }
+      if (!rd.Done()) return Corrupt("malformed members reply from " + impl->members[m].address);
+      Impl* raw = impl.get();
+      raw->t->Sync([&] { raw->ApplyMembers(known); return 0; });
+      break;
+    }
+  }
   // With etcd, the membership follows it: polled every poll_ms, applied on the loop.
   if (impl->etcd) {
     Impl* raw = impl.get();

@@ -39,6 +39,9 @@ struct ClientOptions {
   // the live members, so a member joining or leaving moves only its share of keys).
   std::string etcd;
   uint32_t etcd_poll_ms = 1000;
+  // Without etcd: ask the first server that answers for the members it knows (itself
+  // and its --peers), so an engine needs only its local server's address.
+  bool discover = true;
   net::TransportOptions transport;
   uint32_t lease_ms = 5000;
 };

@@ -34,6 +34,9 @@ enum MsgType : uint16_t {
   kForget = 7,
   // -> Prometheus text
   kStats = 8,
+  // -> n u32, [address str] (this server's advertised address, then its peers': the
+  //    membership as it knows it)
+  kMembers = 9,
 };
 
 inline constexpr uint32_t kProtocolVersion = 1;

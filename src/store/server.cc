@@ -397,6 +397,13 @@ void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::strin
     case kAcquire: return OnAcquire(c, rid, r);
     case kRelease: return OnRelease(c, rid, r);
     case kForget: return OnForget(c, rid, r);
+    case kMembers: {
+      WireWriter w;
+      w.U32(static_cast<uint32_t>(1 + peers.size()));
+      w.Str(advertised);
+      for (const auto& [id, p] : peers) w.Str(p.address);
+      return t->Reply(c, rid, w.Take());
+    }
     case kStats: {
       UpdateGauges();
       return t->Reply(c, rid, "");  // the text is served by MetricsText; the call proves liveness

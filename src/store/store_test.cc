@@ -153,6 +153,36 @@ TEST(Store, StoresOnlyTheIncrementPastTheLongestCommonPrefix) {
   EXPECT_FALSE(c->GetRange(*found, 10, 5, mid.ptr, kBlockBytes, net::After(5000ms)).ok());  // past the prefix
 }
 
+// An engine given only its local server learns the others from it (its --peers), so
+// every client places keys over the same members.
+TEST(Store, AClientGivenOneServerLearnsItsPeers) {
+  auto s1 = Server();
+  ServerOptions o;
+  o.mem_bytes = 1 << 20;
+  o.transport = Lo();
+  o.peers = {Addr(*s1)};
+  auto s2r = StoreServer::Start(o);
+  ASSERT_TRUE(s2r.ok()) << s2r.status().ToString();
+  auto s2 = std::move(s2r).value();
+  auto c = Client({s2.get()});
+  auto members = c->Members();
+  std::sort(members.begin(), members.end());
+  std::vector<std::string> want = {Addr(*s1), Addr(*s2)};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(members, want);
+  // And it uses them: what it puts spreads over both, and reads back.
+  auto full = Client({s1.get(), s2.get()});
+  for (int r = 0; r < 8; ++r) {
+    const auto tok = Tokens(16, 16, /*root=*/r + 50);
+    Blocks b(tok);
+    ASSERT_EQ(*c->Put(Ns(), tok, b.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+    EXPECT_EQ(full->IndexServer(ChainKeys(Ns(), tok)[0]), c->IndexServer(ChainKeys(Ns(), tok)[0]));
+    EXPECT_EQ(full->Lookup(Ns(), tok, net::After(5000ms))->blocks, 4u);
+  }
+  EXPECT_GT(s1->stats().tensors, 0u);
+  EXPECT_GT(s2->stats().tensors, 0u);
+}
+
 TEST(Store, SpreadsAcrossServersAndLooksUpInOneRoundTrip) {
   auto s1 = Server(), s2 = Server(), s3 = Server();
   auto c = Client({s1.get(), s2.get(), s3.get()});
