@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/store_flags.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "util/clock.h"
@@ -26,6 +27,7 @@ struct RunOpts {
   int top_k = 40, repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;
   bool print_ids = false, no_bos = false, ignore_eos = false, quiet = false;
+  StoreFlags store;
 
   SamplerParams Sampling() const {
     SamplerParams p;
@@ -74,17 +76,14 @@ std::string CheckOpts(const RunOpts& o) {
   return {};
 }
 
-// --prompt-file: every line is a prompt; all run concurrently through the scheduler over
-// one shared prefix cache, and each session's cached prompt tokens are reported.
-int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok) {
-  std::ifstream f(o.prompt_file);
-  if (!f) return Fail("cannot read --prompt-file " + o.prompt_file);
-  std::vector<std::string> prompts;
-  for (std::string line; std::getline(f, line);) {
-    if (!line.empty()) prompts.push_back(line);
-  }
-  if (prompts.empty()) return Fail("--prompt-file " + o.prompt_file + " has no prompts");
+// --prompt-file (or --store): every prompt runs concurrently through the scheduler over
+// one shared prefix cache (and the store), and where each session's prompt K/V came from
+// is reported.
+int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok, std::vector<std::string> prompts) {
+  auto store = ConnectStore(o.store);
+  if (!store.ok()) return Fail(store.status().ToString());
   SchedulerOptions so;
+  so.store = store->get();
   so.block_size = o.block_size;
   so.n_ctx = o.ctx;
   so.kv_memory_bytes = o.kv_memory;
@@ -120,11 +119,13 @@ int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok) {
     std::printf("[%zu] %s%s\n", i + 1, prompts[i].c_str(), text.c_str());
   }
   if (!o.quiet) {
-    std::fprintf(stderr, "\n| session | prompt tokens | cached tokens | generated | TTFT ms | finish |\n|---|---|---|---|---|---|\n");
+    std::fprintf(stderr, "\n| session | prompt tokens | cached tokens | of which local | from store | computed | generated | TTFT ms | finish |\n"
+                 "|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < prompts.size(); ++i) {
       const RequestResult& r = results[i];
-      std::fprintf(stderr, "| %zu | %d | %d | %zu | %.1f | %s |\n", i + 1, r.n_prompt, r.n_cached, r.tokens.size(),
-                   r.ttft_seconds * 1e3, FinishReasonName(r.reason));
+      std::fprintf(stderr, "| %zu | %d | %d | %d | %d | %d | %zu | %.1f | %s |\n", i + 1, r.n_prompt, r.n_cached,
+                   r.cache.local, r.cache.store, r.cache.computed, r.tokens.size(), r.ttft_seconds * 1e3,
+                   FinishReasonName(r.reason));
     }
     const SchedulerMetrics m = (*sched)->metrics();
     std::fprintf(stderr, "%zu sessions in %.2f s: %.1f generated tok/s; cache hit rate %.1f%% (%ld of %ld prompt tokens), "
@@ -149,7 +150,21 @@ int Run(const RunOpts& o) {
 
   if (!o.prompt_file.empty()) {
     if (!tok) return Fail("--prompt-file needs a model with a tokenizer");
-    return RunMany(o, **model, *tok);
+    std::ifstream f(o.prompt_file);
+    if (!f) return Fail("cannot read --prompt-file " + o.prompt_file);
+    std::vector<std::string> prompts;
+    for (std::string line; std::getline(f, line);) {
+      if (!line.empty()) prompts.push_back(line);
+    }
+    if (prompts.empty()) return Fail("--prompt-file " + o.prompt_file + " has no prompts");
+    return RunMany(o, **model, *tok, std::move(prompts));
+  }
+  if (!o.store.store.empty()) {
+    // The store is reached through the scheduler, which runs text prompts.
+    if (!tok || !o.tokens.empty() || !o.dump_logits.empty() || !o.force_tokens.empty()) {
+      return Fail("--store runs -p or --prompt-file prompts (not --tokens, --dump-logits or --force-tokens)");
+    }
+    return RunMany(o, **model, *tok, {o.prompt});
   }
   std::vector<int32_t> prompt;
   if (!o.tokens.empty()) {
@@ -282,6 +297,7 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_flag("-q,--quiet", o->quiet, "no banner or speed line");
   app.add_option("--prompt-file", o->prompt_file,
                  "one prompt per line, all run concurrently over the shared prefix cache; prints cached tokens per session");
+  AddStoreFlags(app, &o->store);
   return [o] {
     const int sources = !o->prompt.empty() + !o->tokens.empty() + !o->prompt_file.empty();
     if (sources == 0) return Fail("give a prompt with -p, token ids with --tokens, or --prompt-file");

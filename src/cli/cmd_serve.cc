@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/store_flags.h"
 #include "engine/engine_loop.h"
 #include "engine/model.h"
 #include "model/tokenizer.h"
@@ -44,6 +45,7 @@ struct ServeOpts {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, write_timeout = 30;
   double shutdown_timeout = 10;
   std::string log_format = "text";
+  StoreFlags store;
 };
 
 std::string CheckOpts(const ServeOpts& o) {
@@ -122,8 +124,12 @@ int Serve(const ServeOpts& opts) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  // The store first: the engine borrows it, so it must outlive the engine.
+  auto store = ConnectStore(o.store);
+  if (!store.ok()) return Fail(store.status().ToString());
   ThreadPool pool(o.threads);
   SchedulerOptions so;
+  so.store = store->get();
   so.block_size = o.block_size;
   so.kv_memory_bytes = o.kv_memory;
   so.kv_blocks = o.kv_blocks;
@@ -164,6 +170,12 @@ int Serve(const ServeOpts& opts) {
                static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
                template_source.c_str(),
                o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str());
+  if (*store) {
+    const StoreBridgeStats bs = (*store)->stats();
+    std::fprintf(stderr, "trellis serve: prefix store %s (%zu members; get %.0f MiB/s, lookup %.2f ms, probed at start)\n",
+                 o.store.store.c_str(), (*store)->client().Members().size(), bs.get_bytes_per_second / (1 << 20),
+                 bs.lookup_seconds * 1e3);
+  }
 
   // The first signal starts a graceful shutdown (no new connections, streams end with an
   // error event and [DONE], queued requests get 503) bounded by --shutdown-timeout; a
@@ -236,6 +248,7 @@ Runner AddServeCommand(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds to finish streams after SIGTERM")
       ->capture_default_str();
+  AddStoreFlags(app, &o->store);
   app.add_option("--log-format", o->log_format, "access log on stderr: text or json")->capture_default_str();
   return [o] { return Serve(*o); };
 }

@@ -65,7 +65,14 @@ void EngineLoop::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!busy) cv_.wait(lock, [&] { return stop_ || !tasks_.empty() || !cancels_.empty(); });
+      auto woken = [&] { return stop_ || !tasks_.empty() || !cancels_.empty(); };
+      if (!busy && sched_->store_pending()) {
+        // Idle, but the store still has publishes (holding pinned blocks) or fetches out:
+        // step again soon to collect them.
+        cv_.wait_for(lock, std::chrono::milliseconds(5), woken);
+      } else if (!busy) {
+        cv_.wait(lock, woken);
+      }
       if (stop_) break;
       tasks.swap(tasks_);
       cancels.swap(cancels_);

@@ -155,6 +155,8 @@ class Scheduler {
   bool Step();
   void RunUntilIdle();
   bool Idle() const { return running_.empty() && waiting_.empty(); }
+  // Store operations whose completions Step has not collected yet.
+  bool store_pending() const { return fetching_ > 0 || !pins_.empty(); }
 
   SchedulerMetrics metrics() const;
   const SchedulerOptions& options() const { return opts_; }
