@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# server_store: two nodes on the prefix store, as real processes. Two `trellis store`
+# servers and two `trellis serve --store` engines on a tiny random model: node 1 computes
+# a long prompt and publishes it; node 2, with an empty cache of its own, reads the prefix
+# from the store (usage.cache.store > 0), computes only the rest, and answers the same
+# greedy text. Then node 2's store is killed with SIGKILL: requests still succeed,
+# computed locally, with the miss counted by reason, well inside the fetch timeout.
+# usage: serve_store.sh TRELLIS DATA_DIR
+set -euo pipefail
+TRELLIS=$1 DATA=$2
+source "$(dirname "$0")/lib.sh"
+export UCX_NET_DEVICES=lo
+
+# start_store NAME [store options...]: sets $store_addr and $store_pid.
+start_store() {
+  local name=$1; shift
+  "$TRELLIS" store --listen 127.0.0.1:0 --mem 64M --net-devices lo "$@" >"$tmp/$name.log" 2>&1 &
+  store_pid=$!
+  srv_pids+=("$store_pid")
+  local port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's|.*listening on 127\.0\.0\.1:\([0-9]*\),.*|\1|p' "$tmp/$name.log" | head -1 || true)
+    [[ -n $port ]] && break
+    kill -0 "$store_pid" 2>/dev/null || die "store $name exited at start-up: $(cat "$tmp/$name.log")"
+    sleep 0.1
+  done
+  [[ -n $port ]] || die "store $name printed no address: $(cat "$tmp/$name.log")"
+  store_addr=127.0.0.1:$port
+}
+
+say "two store servers; B knows A as its peer"
+start_store store_a
+a_addr=$store_addr
+start_store store_b --peers "$a_addr"
+b_addr=$store_addr b_pid=$store_pid
+ok "A $a_addr, B $b_addr"
+
+say "two engines: node 1 names both stores, node 2 only its own (it learns A from B)"
+start_server node1 --store "$a_addr" --store-peers "$b_addr" --store-net-devices lo
+base1=$base
+start_server node2 --store "$b_addr" --store-net-devices lo --store-timeout-ms 1500
+base2=$base
+grep -q "prefix store $b_addr (2 members" "$tmp/node2.log" || die "node 2 did not learn the membership: $(cat "$tmp/node2.log")"
+ok "$(grep 'prefix store' "$tmp/node2.log")"
+
+text=$(python3 -c 'print(" ".join(["the keeper of the lighthouse counted the ships that passed the northern cape"] * 12))')
+body="{\"prompt\":\"$text\",\"max_tokens\":6,\"temperature\":0}"
+
+say "node 1 computes the prompt and publishes it"
+base=$base1
+[[ $(post /v1/completions "$body" "$tmp/r1.json") == 200 ]] || die "node 1: $(cat "$tmp/r1.json")"
+[[ $(jget "$tmp/r1.json" "j['usage']['cache']['store']") == 0 ]] || die "node 1 read from an empty store: $(cat "$tmp/r1.json")"
+published=0
+for _ in $(seq 1 100); do
+  published=$(metric trellis_store_published_blocks_total)
+  [[ ${published%.*} -gt 0 ]] && break
+  sleep 0.1
+done
+[[ ${published%.*} -gt 0 ]] || die "node 1 published nothing"
+ok "node 1: $(jget "$tmp/r1.json" "j['usage']['cache']"); published $published blocks"
+
+say "node 2 reads the prefix from the store and answers the same text"
+base=$base2
+[[ $(post /v1/completions "$body" "$tmp/r2.json") == 200 ]] || die "node 2: $(cat "$tmp/r2.json")"
+prompt=$(jget "$tmp/r2.json" "j['usage']['prompt_tokens']")
+store=$(jget "$tmp/r2.json" "j['usage']['cache']['store']")
+[[ $store -gt 0 && $store -ge $((prompt - 32)) ]] || die "node 2 read $store of $prompt tokens from the store: $(cat "$tmp/r2.json")"
+[[ $(jget "$tmp/r2.json" "j['usage']['cache']['local']") == 0 ]] || die "node 2 had it locally?"
+[[ $(jget "$tmp/r2.json" "j['usage']['prompt_tokens_details']['cached_tokens']") == "$store" ]] || die "cached_tokens != store"
+[[ $(jget "$tmp/r2.json" "j['usage']['cache']['computed'] + j['usage']['cache']['store'] == j['usage']['prompt_tokens']") == True ]] \
+  || die "receipt does not add up: $(cat "$tmp/r2.json")"
+[[ $(jget "$tmp/r1.json" "j['choices'][0]['text']") == "$(jget "$tmp/r2.json" "j['choices'][0]['text']")" ]] \
+  || die "texts differ: $(jget "$tmp/r1.json" "j['choices'][0]['text']") vs $(jget "$tmp/r2.json" "j['choices'][0]['text']")"
+tokens=$(curl -s -m 5 "$base2/metrics" | awk '$1 ~ /^trellis_store_tokens_total/ {s += $2} END {print s}')
+[[ $tokens == "$store" ]] || die "metrics count $tokens store tokens, the receipt $store"
+ok "node 2: $(jget "$tmp/r2.json" "j['usage']['cache']")"
+
+say "node 2's store killed: requests are computed locally, the miss counted, no hang"
+kill -9 "$b_pid"
+text2=$(python3 -c 'print(" ".join(["a second passage about barges on the canal and the price of grain in winter"] * 12))')
+t0=$(date +%s%N)
+[[ $(post /v1/completions "{\"prompt\":\"$text2\",\"max_tokens\":4,\"temperature\":0}" "$tmp/r3.json") == 200 ]] \
+  || die "node 2 with its store dead: $(cat "$tmp/r3.json")"
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[[ $(jget "$tmp/r3.json" "j['usage']['cache']['store']") == 0 ]] || die "store tokens from a dead store"
+[[ $(jget "$tmp/r3.json" "sum(j['usage']['cache']['miss_reasons'].get(k, 0) for k in ('store_down', 'deadline', 'not_stored')) > 0") == True ]] \
+  || die "no miss reason: $(cat "$tmp/r3.json")"
+[[ $ms -lt 10000 ]] || die "the request took $ms ms"
+ok "node 2, store dead: $(jget "$tmp/r3.json" "j['usage']['cache']") in $ms ms"
+
+say "both engines stop cleanly"
+stop_server "${srv_pids[2]}"
+stop_server "${srv_pids[3]}"
+echo "server_store: ok"
