@@ -9,7 +9,8 @@
 # is gibberish.
 # Then: a short generation (text streamed, speed printed), the speed benchmark
 # (pp512 / tg64, 2 threads, median of 5) printed as a table, and `trellis serve` with two
-# chat requests sharing a system prompt (the second reports its cached tokens).
+# chat requests sharing a system prompt (the second reports its cached tokens), and two
+# nodes on the prefix store (the second reads what the first computed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -49,3 +50,42 @@ for question in "What is a radix tree?" "Why cache the prompt prefix?"; do
 done
 kill $SERVE_PID 2>/dev/null || true
 wait $SERVE_PID 2>/dev/null || true
+
+echo "== two nodes on the prefix store: node 2 reads the prefix node 1 computed" >&2
+# Two `trellis store` servers (one per node, B knowing A) and two engines, each naming its
+# own store; on one machine they talk UCX over loopback. Node 1 answers a long prompt
+# and publishes its KV blocks; node 2 has never seen the prompt, reads them from the
+# store, and computes only the tail (its usage.cache receipt says so).
+export UCX_NET_DEVICES=lo
+SA=${STORE_PORT_A:-19601} SB=${STORE_PORT_B:-19602} P1=$((PORT + 1)) P2=$((PORT + 2))
+build/trellis store --listen 127.0.0.1:$SA --mem 1G --net-devices lo >/tmp/trellis-store-a.log 2>&1 &
+STORE_A=$!
+build/trellis store --listen 127.0.0.1:$SB --mem 1G --net-devices lo --peers 127.0.0.1:$SA >/tmp/trellis-store-b.log 2>&1 &
+STORE_B=$!
+trap 'kill $SERVE_PID $STORE_A $STORE_B ${NODE1:-} ${NODE2:-} 2>/dev/null || true' EXIT
+sleep 0.5
+build/trellis serve -m "$MODEL" --port "$P1" --threads "$THREADS" --store 127.0.0.1:$SA --store-peers 127.0.0.1:$SB \
+  --store-net-devices lo >/tmp/trellis-node1.log 2>&1 &
+NODE1=$!
+build/trellis serve -m "$MODEL" --port "$P2" --threads "$THREADS" --store 127.0.0.1:$SB \
+  --store-net-devices lo >/tmp/trellis-node2.log 2>&1 &
+NODE2=$!
+for port in $P1 $P2; do
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+done
+DOC=$(python3 -c 'print(" ".join(["The harbour master kept a ledger of every ship, its cargo, its crew and the tide it sailed on."] * 16))')
+for port in $P1 $P2; do
+  body=$(printf '{"model":"%s","max_tokens":8,"temperature":0,"messages":[{"role":"system","content":"%s"},{"role":"user","content":"Summarise the ledger."}]}' "$MODEL_ID" "$DOC")
+  start=$(date +%s%N)
+  answer=$(curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  python3 -c 'import json,sys; r=json.loads(sys.argv[3]); u=r["usage"]; c=u["cache"]; print("  node %s: prompt_tokens=%d local=%d store=%d computed=%d, answered in %s ms" % (sys.argv[1], u["prompt_tokens"], c["local"], c["store"], c["computed"], sys.argv[2]))' \
+    "$([[ $port == "$P1" ]] && echo 1 || echo 2)" "$ms" "$answer"
+  # Let node 1's publish land before node 2 asks (publishing is asynchronous).
+  [[ $port == "$P1" ]] && sleep 1
+done
+kill $NODE1 $NODE2 $STORE_A $STORE_B 2>/dev/null || true
+wait $NODE1 $NODE2 $STORE_A $STORE_B 2>/dev/null || true
