@@ -298,11 +298,13 @@ void Scheduler::ApplyFetch(const StoreFetchDone& d) {
     c.store_replica = d.from_replica * B;
     c.store_ssd = d.from_ssd * B;
     c.store_remote = d.from_remote * B;
+    c.waited_for = d.waited * B;
     s.result.n_cached = s.n_computed;
     if (first_admission) {
       m_.cached_tokens += c.store - copied;
       m_.partial_tokens -= copied;
       m_.store_tokens += c.store;
+      m_.store_waited_tokens += c.waited_for;
       m_.store_tier_tokens[0] += c.store_memory;
       m_.store_tier_tokens[1] += c.store_replica;
       m_.store_tier_tokens[2] += c.store_ssd;

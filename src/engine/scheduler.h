@@ -86,7 +86,7 @@ struct CacheReceipt {
   int local = 0;     // this node's radix cache
   int store = 0;     // read from the prefix store, of which:
   int store_memory = 0, store_replica = 0, store_ssd = 0, store_remote = 0;
-  int waited_for = 0;  // computed once elsewhere while this request waited for it
+  int waited_for = 0;  // of `store`: computed elsewhere while this request waited for it
   int computed = 0;    // computed for this request
   // Prompt tokens the store could not give, by reason (StoreMiss; [0] unused).
   int misses[kStoreMissKinds] = {};
@@ -122,6 +122,7 @@ struct SchedulerMetrics {
   // The prefix store (zero without one).
   int64_t store_fetches = 0;        // fetches completed
   int64_t store_tokens = 0;         // prompt tokens read from the store
+  int64_t store_waited_tokens = 0;  // of which another node was computing when asked (single-flight)
   int64_t store_tier_tokens[4] = {};  // of which from: local memory, local replica, local SSD, other nodes
   int64_t store_miss_tokens[kStoreMissKinds] = {};  // tokens it could not give, by StoreMiss
   int64_t store_published_blocks = 0;

@@ -1,6 +1,7 @@
 #include "engine/store_bridge.h"
 
 #include <algorithm>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -82,7 +83,9 @@ Result<std::unique_ptr<StoreBridge>> StoreBridge::Connect(const StoreBridgeOptio
     }
     if (!put.ok()) TRELLIS_LOG_WARN("store: bandwidth probe not stored: {}", put.status().ToString());
   }
-  b->fetch_thread_ = std::thread([p = b.get()] { p->FetchLoop(); });
+  for (int i = 0; i < std::max(1, options.fetch_threads); ++i) {
+    b->fetch_threads_.emplace_back([p = b.get()] { p->FetchLoop(); });
+  }
   b->publish_thread_ = std::thread([p = b.get()] { p->PublishLoop(); });
   return b;
 }
@@ -93,7 +96,7 @@ StoreBridge::~StoreBridge() {
     stop_ = true;
   }
   work_cv_.notify_all();
-  if (fetch_thread_.joinable()) fetch_thread_.join();
+  for (std::thread& t : fetch_threads_) t.join();
   if (publish_thread_.joinable()) publish_thread_.join();
 }
 
@@ -172,6 +175,8 @@ void StoreBridge::Complete(StoreFetchDone d) {
     std::lock_guard<std::mutex> lock(mu_);
     ++st_.fetches;
     st_.fetched_blocks += static_cast<uint64_t>(d.blocks);
+    st_.waits += d.waited > 0;
+    st_.waited_blocks += static_cast<uint64_t>(d.waited);
     if (d.miss != StoreMiss::kNone) ++st_.misses[static_cast<int>(d.miss)];
     fetch_done_.push_back(std::move(d));
     --running_;
@@ -223,7 +228,14 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
   }
   const net::Deadline deadline = net::Clock::now() + budget;
   const store::Namespace ns = ToStoreNamespace(f.ns);
-  auto found = client_->Lookup(ns, f.tokens, deadline);
+  // Single-flight: claim what this engine is about to compute for as long as that should
+  // take (twice the estimate, and at least 5 s; a minute when nothing is measured yet).
+  uint32_t claim_ms = 0;
+  if (opt_.single_flight) {
+    const double est = f.compute_seconds_per_block * static_cast<double>(want);
+    claim_ms = static_cast<uint32_t>(std::clamp(est > 0 ? 2000.0 * est + 5000.0 : 60000.0, 1.0, 600000.0));
+  }
+  auto found = client_->Lookup(ns, f.tokens, deadline, claim_ms);
   const double t1 = NowSeconds();
   if (!found.ok()) {
     d.miss = MissOf(found.status());
@@ -235,23 +247,52 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
     st_.lookup_seconds = Smooth(st_.lookup_seconds, t1 - t0);
   }
   const size_t first = static_cast<size_t>(f.first_block);
+  const size_t stored_at_lookup = found->blocks > first ? found->blocks - first : 0;
+  StoreMiss wait_miss = StoreMiss::kNone;
+  net::Deadline read_deadline = deadline;
+  if (found->pending > 0 && stored_at_lookup < want) {
+    // Another engine is computing the next blocks: wait for its Put rather than compute
+    // them a second time, but no longer than computing them here would take (or, with no
+    // measurement yet, than its claim has left).
+    const size_t target = std::min<size_t>(found->blocks + found->pending, first + want);
+    const double own = f.compute_seconds_per_block * static_cast<double>(target - std::max<size_t>(found->blocks, first));
+    const double left = found->pending_ms / 1000.0 + 0.2;
+    const double bound_s = own > 0 ? std::min(own, left) : left;
+    const auto bound = net::Clock::now() + std::chrono::microseconds(static_cast<int64_t>(bound_s * 1e6));
+    auto poll = std::chrono::milliseconds(2);
+    bool got = false;
+    while (net::Clock::now() < bound) {
+      std::this_thread::sleep_for(poll);
+      poll = std::min(poll * 2, std::chrono::milliseconds(20));
+      auto again = client_->Lookup(ns, f.tokens, std::min(bound, net::After(std::chrono::milliseconds(500))));
+      if (!again.ok()) break;
+      if (again->blocks > found->blocks) found = std::move(again);
+      if (found->blocks >= target) {
+        got = true;
+        break;
+      }
+    }
+    if (!got) wait_miss = StoreMiss::kPendingTimeout;
+    read_deadline = net::Clock::now() + budget;
+  }
   const size_t stored = found->blocks > first ? found->blocks - first : 0;
   const size_t n = std::min(stored, want);
   if (n == 0) {
-    d.miss = StoreMiss::kNotStored;
-    d.seconds = t1 - t0;
+    d.miss = wait_miss != StoreMiss::kNone ? wait_miss : StoreMiss::kNotStored;
+    d.seconds = NowSeconds() - t0;
     return d;
   }
   const uint64_t bytes = n * f.block_bytes;
   const double est = EstimateFetchSeconds(bytes);
   if (f.compute_seconds_per_block > 0 && est > 0 && est > f.compute_seconds_per_block * static_cast<double>(n)) {
     d.miss = StoreMiss::kSlower;
-    d.seconds = t1 - t0;
+    d.seconds = NowSeconds() - t0;
     return d;
   }
   std::vector<void*> dst(f.dst.begin(), f.dst.begin() + static_cast<ptrdiff_t>(n));
   store::GetReceipt r;
-  const Status st = client_->GetRange(*found, first, n, dst, f.block_bytes, deadline, &r);
+  const double t_read = NowSeconds();
+  const Status st = client_->GetRange(*found, first, n, dst, f.block_bytes, read_deadline, &r);
   const double t2 = NowSeconds();
   d.seconds = t2 - t0;
   if (!st.ok()) {
@@ -259,13 +300,14 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
     TRELLIS_LOG_DEBUG("store: fetch of {} blocks failed: {}", n, st.ToString());
     return d;
   }
-  MeasureGet(bytes, t2 - t1);
+  MeasureGet(bytes, t2 - t_read);
   d.blocks = static_cast<int32_t>(n);
   d.from_memory = static_cast<int32_t>(r.memory);
   d.from_replica = static_cast<int32_t>(r.replica);
   d.from_ssd = static_cast<int32_t>(r.ssd);
   d.from_remote = static_cast<int32_t>(r.remote);
-  if (n < want) d.miss = StoreMiss::kNotStored;
+  d.waited = static_cast<int32_t>(n > stored_at_lookup ? n - stored_at_lookup : 0);
+  if (n < want) d.miss = wait_miss != StoreMiss::kNone ? wait_miss : StoreMiss::kNotStored;
   return d;
 }
 

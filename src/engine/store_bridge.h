@@ -35,10 +35,16 @@ struct StoreBridgeOptions {
   std::chrono::milliseconds publish_timeout{10000};
   std::chrono::milliseconds connect_timeout{3000};
   size_t max_queued_publishes = 64;  // past this, publishes are dropped (counted)
+  // Single-flight across nodes: a fetch claims the blocks its engine is about to compute
+  // (others wait for them), and waits for blocks another engine claimed, as long as
+  // computing them here would take (then computes them itself).
+  bool single_flight = true;
+  int fetch_threads = 4;  // fetches run (and wait) side by side
 };
 
 struct StoreBridgeStats {
   uint64_t fetches = 0, fetched_blocks = 0, publishes = 0, published_blocks = 0;
+  uint64_t waits = 0, waited_blocks = 0;  // single-flight: fetches that waited, blocks they got
   uint64_t publishes_failed = 0, publishes_dropped = 0;
   uint64_t misses[kStoreMissKinds] = {};
   double get_bytes_per_second = 0;  // current estimate (0: none yet)
@@ -89,7 +95,8 @@ class StoreBridge : public PrefixStore {
   size_t running_ = 0;                      // being worked on now; GUARDED_BY(mu_)
   bool stop_ = false;                       // GUARDED_BY(mu_)
   StoreBridgeStats st_;                     // GUARDED_BY(mu_)
-  std::thread fetch_thread_, publish_thread_;
+  std::vector<std::thread> fetch_threads_;
+  std::thread publish_thread_;
 };
 
 // The namespace an engine's blocks are stored under (docs/store.md, "Data model").

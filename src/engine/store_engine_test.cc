@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "engine/scheduler.h"
 #include "engine/store_bridge.h"
@@ -254,6 +255,90 @@ TEST(StoreEngine, OtherNamespacesReadNothing) {
   same.store = bb.get();
   auto b3 = Make(pool, same);
   EXPECT_EQ(RunAll(*b3, {Greedy(p, 2)})[0].result.cache.store, (90 - 1) / 16 * 16);
+}
+
+// Single-flight: node A starts computing a new prompt (its fetch claimed the blocks);
+// node B, asked for the same prompt meanwhile, waits for A's blocks instead of computing
+// them, reads them, and answers what A answers. The prefix is computed once.
+TEST(StoreEngine, TwoNodesNeedingANewPrefixComputeItOnce) {
+  auto s1 = StoreServer();
+  ThreadPool pool_a(1), pool_b(1);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  o.prefill_chunk = 16;  // A computes the prompt over many steps
+  o.max_batch_tokens = 16;
+  std::vector<int32_t> p(300);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(3 + (i * 37 + 11) % 1000);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  auto a = Make(pool_a, oa);
+  auto b = Make(pool_b, ob);
+  Outcome out_a;
+  ASSERT_TRUE(a->Submit(Greedy(p, 3),
+                        [&](RequestId, int32_t t, std::span<const float> l) {
+                          out_a.tokens.push_back(t);
+                          out_a.logits.emplace_back(l.begin(), l.end());
+                        },
+                        [&](RequestId, const RequestResult& r) { out_a.result = r; })
+                  .ok());
+  while (a->metrics().store_fetches == 0) a->Step();  // A's lookup claimed the blocks
+  std::vector<Outcome> out_b;
+  std::thread node_b([&] { out_b = RunAll(*b, {Greedy(p, 3)}); });
+  // Let B ask (and find A's claim) before A goes on.
+  for (int i = 0; i < 500 && s1->stats().claim_waits == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(s1->stats().claim_waits, 1u);
+  a->RunUntilIdle();
+  node_b.join();
+  ASSERT_EQ(out_b.size(), 1u);
+  const int whole = (300 - 1) / 16 * 16;
+  EXPECT_EQ(out_a.result.cache.computed, 300);
+  const CacheReceipt& c = out_b[0].result.cache;
+  EXPECT_EQ(c.store, whole);
+  EXPECT_EQ(c.waited_for, whole);
+  EXPECT_EQ(c.computed, 300 - whole);
+  EXPECT_EQ(b->metrics().store_waited_tokens, whole);
+  ExpectSameOutput(out_b[0], out_a, "node B");
+}
+
+// A node that claimed a prefix and never delivers holds nobody up for longer than
+// computing it would take: B waits about that long, then computes it itself.
+TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  std::vector<int32_t> p(200), warm(100);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(3 + (i * 53 + 7) % 1000);
+  for (size_t i = 0; i < warm.size(); ++i) warm[i] = static_cast<int32_t>(5 + (i * 17) % 1000);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  auto b = Make(pool, ob);
+  RunAll(*b, {Greedy(warm, 1)});  // B has measured its prefill rate
+  {
+    auto a = Make(pool, oa);
+    ASSERT_TRUE(a->Submit(Greedy(p, 2), nullptr, nullptr).ok());
+    while (a->metrics().store_fetches == 0) a->Step();  // claimed
+    a->CancelAll();  // and gone: the claim stays until it expires
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = RunAll(*b, {Greedy(p, 2)});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(got[0].result.cache.store, 0);
+  EXPECT_EQ(got[0].result.cache.computed, 200);
+  EXPECT_GT(got[0].result.cache.misses[static_cast<int>(StoreMiss::kPendingTimeout)], 0);
+  EXPECT_LT(s, 5.0);  // not the claim's minute
+  SchedulerOptions off = o;
+  off.prefix_cache = false;
+  auto cold = Make(pool, off);
+  ExpectSameOutput(got[0], RunAll(*cold, {Greedy(p, 2)})[0], "after the wait");
 }
 
 // Destroying an engine while a fetch is in flight waits for it (bounded) and frees

@@ -12,6 +12,7 @@ const char* StoreMissName(StoreMiss m) {
     case StoreMiss::kDeadline: return "deadline";
     case StoreMiss::kDown: return "store_down";
     case StoreMiss::kSlower: return "fetch_slower_than_compute";
+    case StoreMiss::kPendingTimeout: return "pending_elsewhere_timeout";
   }
   return "?";
 }

@@ -39,8 +39,9 @@ enum class StoreMiss : uint8_t {
   kDeadline,        // the store answered too late
   kDown,            // no store server reachable
   kSlower,          // fetching was estimated slower than computing
+  kPendingTimeout,  // another node was computing it, and not done within the wait bound
 };
-inline constexpr int kStoreMissKinds = 8;
+inline constexpr int kStoreMissKinds = 9;
 const char* StoreMissName(StoreMiss m);  // "not_stored", "evicted", ...
 
 struct StoreFetch {
@@ -61,6 +62,7 @@ struct StoreFetchDone {
   // Where they came from: the local store server's memory, its replicas, its SSD, or
   // other nodes.
   int32_t from_memory = 0, from_replica = 0, from_ssd = 0, from_remote = 0;
+  int32_t waited = 0;  // of `blocks`, those another node was computing when asked (single-flight)
   StoreMiss miss = StoreMiss::kNone;  // why not all of dst (kNone: all of it)
   double seconds = 0;                 // lookup + read
 };

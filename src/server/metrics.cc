@@ -100,6 +100,9 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
     out += fmt::format("trellis_store_miss_tokens_total{{reason=\"{}\"}} {}\n", StoreMissName(static_cast<StoreMiss>(k)),
                        m.store_miss_tokens[k]);
   }
+  Metric(out, "trellis_store_waited_tokens_total", "counter",
+         "prompt tokens read from the store after waiting for the node computing them (single-flight)",
+         m.store_waited_tokens);
   Metric(out, "trellis_store_fetches_total", "counter", "prefix store lookups (and reads) completed", m.store_fetches);
   Metric(out, "trellis_store_fetch_seconds_total", "counter", "time spent in prefix store lookups and reads",
          m.store_fetch_seconds);

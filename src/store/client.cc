@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <shared_mutex>
 #include <thread>
@@ -72,6 +73,7 @@ struct StoreClient::Impl {
   bool stopping = false;
   mutable std::mutex stats_mu;
   ClientStats st;
+  uint64_t client_id = 0;  // names this client's claims (random per client)
   std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes
 
   ~Impl() {
@@ -211,6 +213,8 @@ StoreClient::~StoreClient() = default;
 Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& options, Deadline deadline) {
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
+  impl->client_id = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+                    static_cast<uint64_t>(net::Clock::now().time_since_epoch().count());
   std::vector<std::string> servers = options.servers;
   if (!options.etcd.empty()) {
     TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(options.etcd));
@@ -288,19 +292,24 @@ std::string StoreClient::IndexServer(const Key& first_block) const {
   return impl_->AddressOf(impl_->OwnerOf(first_block));
 }
 
-Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline) {
+Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline,
+                                         uint32_t claim_ms) {
   LookupResult out;
   out.keys = ChainKeys(ns, tokens);
   if (out.keys.empty()) return out;
   if (out.keys.size() > kMaxKeys) out.keys.resize(kMaxKeys);
   WireWriter w;
+  if (claim_ms > 0) {
+    w.U32(claim_ms);
+    w.U64(impl_->client_id);
+  }
   w.U32(static_cast<uint32_t>(out.keys.size()));
   for (const Key& k : out.keys) WriteKey(w, k);
   {
     std::lock_guard<std::mutex> lock(impl_->stats_mu);
     ++impl_->st.lookups;
   }
-  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), kLookup, w.Take(), deadline);
+  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), claim_ms > 0 ? kLookupClaim : kLookup, w.Take(), deadline);
   if (!r.ok()) {
     impl_->CountMiss(r.status());
     return r.status();
@@ -318,6 +327,12 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
     if (x.count == 0) rd.Fail();
     sum += x.count;
     out.runs.push_back(x);
+  }
+  if (claim_ms > 0) {
+    out.pending = rd.U32();
+    out.pending_ms = rd.U32();
+    out.claimed = rd.U32();
+    if (static_cast<uint64_t>(matched) + out.pending + out.claimed > out.keys.size()) rd.Fail();
   }
   if (!rd.Done() || matched > out.keys.size() || sum != matched) return Corrupt("malformed lookup reply");
   out.blocks = matched;

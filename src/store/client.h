@@ -55,6 +55,10 @@ struct LookupResult {
   size_t blocks = 0;      // the longest stored prefix, in whole blocks
   std::vector<Run> runs;  // where those blocks are, in order
   std::vector<Key> keys;  // the sequence's chain keys (all whole blocks)
+  // With a claim (Lookup's claim_ms): after `blocks`, `pending` blocks another client is
+  // computing (its claims end within pending_ms), then `claimed` blocks this client now
+  // holds: others asking for them wait for its Put instead of computing them.
+  uint32_t pending = 0, pending_ms = 0, claimed = 0;
 };
 
 // Where the blocks of one Get came from.
@@ -77,7 +81,10 @@ class StoreClient {
   static Result<std::unique_ptr<StoreClient>> Connect(const ClientOptions& options, net::Deadline deadline);
   ~StoreClient();
 
-  Result<LookupResult> Lookup(const Namespace& ns, std::span<const int32_t> tokens, net::Deadline deadline);
+  // claim_ms > 0: also claim the blocks past the stored prefix that nobody else is
+  // computing, for claim_ms (single-flight; a Put of them ends the claim).
+  Result<LookupResult> Lookup(const Namespace& ns, std::span<const int32_t> tokens, net::Deadline deadline,
+                              uint32_t claim_ms = 0);
 
   // Reads the first `n_blocks` blocks of a lookup's prefix, block i into dst[i]
   // (block_bytes each). On error nothing in dst is to be trusted, and nothing lands in it

@@ -37,6 +37,12 @@ enum MsgType : uint16_t {
   // -> n u32, [address str] (this server's advertised address, then its peers': the
   //    membership as it knows it)
   kMembers = 9,
+  // ttl_ms u32, client u64, n u32, keys[n]
+  // -> as kLookup, then pending u32, pending_ms u32, claimed u32: after the `matched`
+  //    stored keys, `pending` keys another client claimed (it is computing them; the
+  //    latest of those claims expires in pending_ms), then `claimed` keys this client
+  //    now holds for ttl_ms (single-flight: others wait for it instead of computing).
+  kLookupClaim = 10,
 };
 
 inline constexpr uint32_t kProtocolVersion = 1;
@@ -44,6 +50,8 @@ inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M
 inline constexpr uint32_t kMaxSegments = 1 << 16;
 inline constexpr uint32_t kMaxLeaseMs = 60000;
 inline constexpr uint32_t kMaxRkeyBytes = 1 << 16;
+inline constexpr uint32_t kMaxClaimMs = 600000;    // a claim lives 10 minutes at most
+inline constexpr size_t kMaxClaims = 1 << 20;      // claimed keys a server tracks
 
 // A Hello reply: the server's node id and registered region. False if malformed.
 struct HelloReply {

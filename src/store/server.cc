@@ -100,6 +100,16 @@ struct StoreServer::Impl {
   uint64_t next_lease = 1;
 
   std::unordered_map<Key, IndexEntry, KeyHash> index;
+  // Single-flight: keys a client is computing now (kLookupClaim), until committed or
+  // expired.
+  struct Claim {
+    uint64_t client;
+    net::Clock::time_point until;
+  };
+  std::unordered_map<Key, Claim, KeyHash> claims;
+  void SweepClaims(net::Clock::time_point now) {
+    std::erase_if(claims, [now](const auto& kv) { return kv.second.until <= now; });
+  }
   std::map<std::pair<uint64_t, uint64_t>, std::vector<Key>> keys_of;  // (owner, tensor) -> its keys here
 
   mutable std::mutex stats_mu;
@@ -207,7 +217,7 @@ struct StoreServer::Impl {
   void ForgetLocal(uint64_t owner, uint64_t tensor);
 
   void OnHello(ConnId c, uint64_t rid);
-  void OnLookup(ConnId c, uint64_t rid, WireReader& r);
+  void OnLookup(ConnId c, uint64_t rid, WireReader& r, bool claim);
   void OnPutData(ConnId c, uint64_t rid, WireReader& r);
   void OnPutCommit(ConnId c, uint64_t rid, WireReader& r);
   void OnAcquire(ConnId c, uint64_t rid, WireReader& r);
@@ -391,7 +401,8 @@ void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::strin
   WireReader r(body);
   switch (type) {
     case kHello: return OnHello(c, rid);
-    case kLookup: return OnLookup(c, rid, r);
+    case kLookup: return OnLookup(c, rid, r, false);
+    case kLookupClaim: return OnLookup(c, rid, r, true);
     case kPutData: return OnPutData(c, rid, r);
     case kPutCommit: return OnPutCommit(c, rid, r);
     case kAcquire: return OnAcquire(c, rid, r);
@@ -438,8 +449,15 @@ void StoreServer::Impl::OnHello(ConnId c, uint64_t rid) {
   t->Reply(c, rid, w.Take());
 }
 
-void StoreServer::Impl::OnLookup(ConnId c, uint64_t rid, WireReader& r) {
+void StoreServer::Impl::OnLookup(ConnId c, uint64_t rid, WireReader& r, bool claim) {
+  uint32_t ttl_ms = 0;
+  uint64_t client = 0;
+  if (claim) {
+    ttl_ms = std::min(r.U32(), kMaxClaimMs);
+    client = r.U64();
+  }
   const uint32_t n = r.Count(kMaxKeys, 16);
+  std::vector<Key> rest;  // the keys past the stored prefix (claims)
   struct Run {
     uint64_t owner, tensor;
     uint32_t first, count;
@@ -449,10 +467,14 @@ void StoreServer::Impl::OnLookup(ConnId c, uint64_t rid, WireReader& r) {
   bool walking = true;
   for (uint32_t i = 0; i < n; ++i) {
     const Key k = ReadKey(r);
-    if (!walking) continue;
+    if (!walking) {
+      if (claim) rest.push_back(k);
+      continue;
+    }
     auto it = index.find(k);
     if (it == index.end()) {
       walking = false;
+      if (claim) rest.push_back(k);
       continue;
     }
     const IndexEntry& e = it->second;
@@ -473,6 +495,32 @@ void StoreServer::Impl::OnLookup(ConnId c, uint64_t rid, WireReader& r) {
     w.U64(x.tensor);
     w.U32(x.first);
     w.U32(x.count);
+  }
+  if (claim) {
+    // Single-flight: keys someone else is computing, then keys this client takes.
+    const auto now = net::Clock::now();
+    uint32_t pending = 0, claimed = 0;
+    int64_t pending_ms = 0;
+    size_t i = 0;
+    for (; i < rest.size(); ++i) {
+      auto it = claims.find(rest[i]);
+      if (it == claims.end() || it->second.until <= now || it->second.client == client) break;
+      pending_ms = std::max<int64_t>(pending_ms, std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now).count());
+      ++pending;
+    }
+    if (claims.size() + (rest.size() - i) > kMaxClaims) SweepClaims(now);
+    for (; i < rest.size() && ttl_ms > 0 && claims.size() < kMaxClaims; ++i) {
+      auto it = claims.find(rest[i]);
+      if (it != claims.end() && it->second.until > now && it->second.client != client) break;
+      claims[rest[i]] = Claim{client, now + std::chrono::milliseconds(ttl_ms)};
+      ++claimed;
+    }
+    w.U32(pending);
+    w.U32(static_cast<uint32_t>(pending_ms));
+    w.U32(claimed);
+    std::lock_guard<std::mutex> lock(stats_mu);
+    st.claims += claimed;
+    st.claim_waits += pending > 0;
   }
   {
     std::lock_guard<std::mutex> lock(stats_mu);
@@ -575,6 +623,7 @@ void StoreServer::Impl::OnPutCommit(ConnId c, uint64_t rid, WireReader& r) {
   uint32_t stored = 0;
   auto& mine = keys_of[{owner, tensor}];
   for (uint32_t i = 0; i < n; ++i) {
+    claims.erase(keys[i]);  // computed: nobody waits on a claim of it any more
     if (index.emplace(keys[i], IndexEntry{owner, tensor, i}).second) {  // first writer wins
       mine.push_back(keys[i]);
       ++stored;
@@ -982,6 +1031,8 @@ std::string StoreServer::MetricsText() const {
   m("put_failures_total", "counter", "Puts whose bytes could not be read from the client.", s.put_failures);
   m("lookups_total", "counter", "Longest-prefix lookups served.", s.lookups);
   m("lookup_blocks_matched_total", "counter", "Blocks matched by lookups.", s.lookup_blocks_matched);
+  m("claimed_keys_total", "counter", "Keys claimed by a computing client (single-flight).", s.claims);
+  m("claim_waits_total", "counter", "Lookups told another client is computing what they need.", s.claim_waits);
   m("acquire_hits_total", "counter", "Tensor ranges leased for reading.", s.acquire_hits);
   m("acquire_misses_total", "counter", "Tensor ranges asked for and not held.", s.acquire_misses);
   m("evictions_total", "counter", "Tensors evicted from memory.", s.evictions);

@@ -46,6 +46,7 @@ struct ServerStats {
   uint64_t tensors = 0, bytes_used = 0, bytes_capacity = 0, index_keys = 0;
   uint64_t puts = 0, put_bytes = 0, put_failures = 0, commits = 0;
   uint64_t lookups = 0, lookup_blocks_matched = 0;
+  uint64_t claims = 0, claim_waits = 0;  // keys claimed (single-flight); lookups told to wait
   uint64_t acquires = 0, acquire_hits = 0, acquire_misses = 0;
   uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
   uint64_t leases_active = 0, lease_expiries = 0;

@@ -183,6 +183,47 @@ TEST(Store, AClientGivenOneServerLearnsItsPeers) {
   EXPECT_GT(s2->stats().tensors, 0u);
 }
 
+// Single-flight claims: the first client to claim a missing prefix holds it; others are
+// told it is pending (and for how long) until its Put lands or the claim expires.
+TEST(Store, ClaimsMakeOthersWaitUntilThePutOrTheExpiry) {
+  auto s = Server();
+  auto c1 = Client({s.get()}), c2 = Client({s.get()});
+  const auto a = Tokens(40, 16);  // 10 blocks, the first 4 shared with b
+  const auto b = Tokens(40, 16, 1, 3);
+  Blocks ba(a);
+  ASSERT_EQ(*c1->Put(Ns(), std::vector<int32_t>(a.begin(), a.begin() + 8), ba.cptr, kBlockBytes, 1.0, net::After(5000ms)), 2u);
+  auto l1 = c1->Lookup(Ns(), a, net::After(5000ms), /*claim_ms=*/30000);
+  ASSERT_TRUE(l1.ok()) << l1.status().ToString();
+  EXPECT_EQ(l1->blocks, 2u);
+  EXPECT_EQ(l1->pending, 0u);
+  EXPECT_EQ(l1->claimed, 8u);
+  auto again = c1->Lookup(Ns(), a, net::After(5000ms), 30000);  // its own claim: still its own
+  EXPECT_EQ(again->pending, 0u);
+  EXPECT_EQ(again->claimed, 8u);
+  auto l2 = c2->Lookup(Ns(), a, net::After(5000ms), 30000);
+  EXPECT_EQ(l2->blocks, 2u);
+  EXPECT_EQ(l2->pending, 8u);
+  EXPECT_GT(l2->pending_ms, 20000u);
+  EXPECT_EQ(l2->claimed, 0u);
+  // b shares a's first 4 blocks: 2 stored, 2 pending, then 6 of its own to claim.
+  auto lb = c2->Lookup(Ns(), b, net::After(5000ms), 30000);
+  EXPECT_EQ(lb->blocks, 2u);
+  EXPECT_EQ(lb->pending, 2u);
+  EXPECT_EQ(lb->claimed, 6u);  // its own blocks past the pending ones: it will compute them after
+  ASSERT_EQ(*c1->Put(Ns(), a, ba.cptr, kBlockBytes, 1.0, net::After(5000ms)), 8u);
+  auto l3 = c2->Lookup(Ns(), a, net::After(5000ms), 30000);
+  EXPECT_EQ(l3->blocks, 10u);
+  EXPECT_EQ(l3->pending, 0u);
+  // An expired claim holds nothing.
+  const auto c = Tokens(24, 0, 1, 7);
+  EXPECT_EQ(c1->Lookup(Ns(), c, net::After(5000ms), 50)->claimed, 6u);
+  std::this_thread::sleep_for(100ms);
+  auto l4 = c2->Lookup(Ns(), c, net::After(5000ms), 30000);
+  EXPECT_EQ(l4->pending, 0u);
+  EXPECT_EQ(l4->claimed, 6u);
+  EXPECT_EQ(s->stats().claim_waits, 2u);
+}
+
 TEST(Store, SpreadsAcrossServersAndLooksUpInOneRoundTrip) {
   auto s1 = Server(), s2 = Server(), s3 = Server();
   auto c = Client({s1.get(), s2.get(), s3.get()});
