@@ -163,6 +163,7 @@ void Scheduler::Cancel(RequestId id) { cancel_.push_back(id); }
 
 void Scheduler::CancelAll() {
   if (opts_.store) {
+    opts_.store->AbandonQueued();
     opts_.store->Drain();
     PollStore(std::chrono::microseconds(0));
   }

@@ -147,6 +147,27 @@ void StoreBridge::Drain() {
   done_cv_.wait(lock, [&] { return fetches_.empty() && publishes_.empty() && running_ == 0; });
 }
 
+void StoreBridge::AbandonQueued() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const StoreFetch& f : fetches_) {
+      StoreFetchDone d;
+      d.id = f.id;
+      d.miss = StoreMiss::kDeadline;
+      fetch_done_.push_back(d);
+    }
+    for (const StorePublish& p : publishes_) {
+      StorePublishDone d;
+      d.id = p.id;
+      d.status = Cancelled("shutting down");
+      publish_done_.push_back(std::move(d));
+    }
+    fetches_.clear();
+    publishes_.clear();
+  }
+  done_cv_.notify_all();
+}
+
 size_t StoreBridge::in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_;

@@ -63,6 +63,7 @@ class StoreBridge : public PrefixStore {
   void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
             std::chrono::microseconds wait) override;
   void Drain() override;
+  void AbandonQueued() override;
   size_t in_flight() const override;
 
   StoreBridgeStats stats() const;

@@ -94,6 +94,9 @@ class PrefixStore {
   // completions are then ready for Poll. Nothing writes to a fetch's dst or reads a
   // publish's blocks after it returns.
   virtual void Drain() = 0;
+  // Completes every operation not started yet at once (fetches with nothing read,
+  // publishes as cancelled): shutting down waits only for what is in flight.
+  virtual void AbandonQueued() = 0;
   // How many started operations have not been returned by Poll yet.
   virtual size_t in_flight() const = 0;
 };
