@@ -37,6 +37,7 @@ struct ServeOpts {
   std::string api_key_file;
   std::string metrics_key;
   bool share_cache = false;
+  bool no_prefix_cache = false;
   // HTTP limits (docs/server.md, "Limits")
   int64_t max_body = 8 << 20;
   int64_t max_decoded_body = 0;  // 0: --max-body
@@ -130,6 +131,7 @@ int Serve(const ServeOpts& opts) {
   ThreadPool pool(o.threads);
   SchedulerOptions so;
   so.store = store->get();
+  so.prefix_cache = !o.no_prefix_cache;
   so.block_size = o.block_size;
   so.kv_memory_bytes = o.kv_memory;
   so.kv_blocks = o.kv_blocks;
@@ -229,6 +231,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--api-key", o->api_keys, "require 'Authorization: Bearer KEY' (repeat for several tenants)");
   app.add_option("--api-key-file", o->api_key_file, "file with one API key per line");
   app.add_flag("--share-cache", o->share_cache, "let different API keys share cached prefixes");
+  app.add_flag("--no-prefix-cache", o->no_prefix_cache, "compute every prompt whole (no local prefix cache; for comparisons)");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = max-running + 32)");
   app.add_option("--metrics-key", o->metrics_key, "key /metrics requires (default: any --api-key; open without keys)");
   app.add_option("--max-body", o->max_body, "request body limit as sent, K/M/G suffixes (413 beyond)")

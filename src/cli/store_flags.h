@@ -18,6 +18,7 @@ struct StoreFlags {
   int timeout_ms = 2000;    // longest a fetch may take
   std::string tls = "tcp";  // UCX transports
   std::string net_devices;  // UCX_NET_DEVICES
+  bool no_single_flight = false;
 };
 
 void AddStoreFlags(CLI::App& app, StoreFlags* f);
