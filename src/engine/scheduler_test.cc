@@ -85,36 +85,18 @@ std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
   return out;
 }
 
-// max |a - b| / std(b); +inf if the sizes differ, any value is NaN or Inf, or b is
-// constant, so a broken run can never pass a `< bound` check.
-double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (a.size() != b.size() || b.empty()) return kInf;
-  double mean = 0, var = 0, worst = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
-    mean += b[i];
-  }
-  mean /= static_cast<double>(b.size());
-  for (float v : b) var += (v - mean) * (v - mean);
-  const double sd = std::sqrt(var / static_cast<double>(b.size()));
-  if (!(sd > 0)) return kInf;
-  for (size_t i = 0; i < a.size(); ++i) worst = testing::Worse(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst / sd;
-}
-
 TEST(SchedulerTest, MaxRelDiffFailsOnNanAndInf) {
   std::vector<float> ref(64), ours;
   for (size_t i = 0; i < ref.size(); ++i) ref[i] = static_cast<float>(i % 7) - 3.f;
-  EXPECT_EQ(MaxRelDiff(ref, ref), 0.0);
+  EXPECT_EQ(testing::MaxRelDiff(ref, ref), 0.0);
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     ours = ref;
     ours[10] = bad;
-    EXPECT_FALSE(MaxRelDiff(ours, ref) < 1e-4) << bad;
-    EXPECT_FALSE(MaxRelDiff(ref, ours) < 1e-4) << bad;
+    EXPECT_FALSE(testing::MaxRelDiff(ours, ref) < 1e-4) << bad;
+    EXPECT_FALSE(testing::MaxRelDiff(ref, ours) < 1e-4) << bad;
   }
   ours.assign(ref.size(), std::numeric_limits<float>::quiet_NaN());
-  EXPECT_FALSE(MaxRelDiff(ours, ref) < 1e-4);
+  EXPECT_FALSE(testing::MaxRelDiff(ours, ref) < 1e-4);
 }
 
 std::unique_ptr<Scheduler> MakeScheduler(const Model& m, ThreadPool& pool, SchedulerOptions o) {
@@ -171,7 +153,7 @@ TEST(SchedulerTest, CacheOnEqualsCacheOffProperty) {
       ASSERT_EQ(together[i].tokens, solo[0].tokens) << "round " << round << " request " << i;
       ASSERT_EQ(together[i].logits.size(), solo[0].logits.size());
       for (size_t k = 0; k < solo[0].logits.size(); ++k) {
-        EXPECT_LT(MaxRelDiff(together[i].logits[k], solo[0].logits[k]), 1e-4)
+        EXPECT_LT(testing::MaxRelDiff(together[i].logits[k], solo[0].logits[k]), 1e-4)
             << "round " << round << " request " << i << " step " << k;
       }
       EXPECT_EQ(solo_s->pool().n_used(), 0);
@@ -341,7 +323,7 @@ TEST(SchedulerTest, ReuseToTheTokenEqualsCacheOff) {
     ASSERT_EQ(hot[0].tokens, cold[0].tokens) << what;
     ASSERT_EQ(hot[0].logits.size(), cold[0].logits.size()) << what;
     for (size_t k = 0; k < cold[0].logits.size(); ++k) {
-      EXPECT_LT(MaxRelDiff(hot[0].logits[k], cold[0].logits[k]), 1e-4) << what << " step " << k;
+      EXPECT_LT(testing::MaxRelDiff(hot[0].logits[k], cold[0].logits[k]), 1e-4) << what << " step " << k;
     }
     EXPECT_EQ(s.cache().CheckInvariants(), "") << what;
   };

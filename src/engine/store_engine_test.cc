@@ -91,23 +91,6 @@ std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
   return out;
 }
 
-// max |a - b| / std(b); +inf on any non-finite value or size mismatch.
-double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (a.size() != b.size() || b.empty()) return kInf;
-  double mean = 0, var = 0, worst = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
-    mean += b[i];
-  }
-  mean /= static_cast<double>(b.size());
-  for (float v : b) var += (v - mean) * (v - mean);
-  const double sd = std::sqrt(var / static_cast<double>(b.size()));
-  if (!(sd > 0)) return kInf;
-  for (size_t i = 0; i < a.size(); ++i) worst = testing::Worse(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst / sd;
-}
-
 std::unique_ptr<Scheduler> Make(ThreadPool& pool, SchedulerOptions o) {
   auto s = Scheduler::Create(TestModel(), o, pool);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -118,7 +101,7 @@ void ExpectSameOutput(const Outcome& got, const Outcome& want, const std::string
   ASSERT_EQ(got.tokens, want.tokens) << what;
   ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
   for (size_t k = 0; k < want.logits.size(); ++k) {
-    EXPECT_LT(MaxRelDiff(got.logits[k], want.logits[k]), 1e-4) << what << " step " << k;
+    EXPECT_LT(testing::MaxRelDiff(got.logits[k], want.logits[k]), 1e-4) << what << " step " << k;
   }
 }
 

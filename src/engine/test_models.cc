@@ -11,6 +11,22 @@
 
 namespace trellis::testing {
 
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (a.size() != b.size() || b.empty()) return kInf;
+  double mean = 0, var = 0, worst = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
+    mean += b[i];
+  }
+  mean /= static_cast<double>(b.size());
+  for (float v : b) var += (v - mean) * (v - mean);
+  const double sd = std::sqrt(var / static_cast<double>(b.size()));
+  if (!(sd > 0)) return kInf;
+  for (size_t i = 0; i < a.size(); ++i) worst = Worse(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst / sd;
+}
+
 double RmsOverStd(const float* ours, const float* ref, size_t n) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   if (n == 0) return kInf;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/random_model.h"
 #include "model/gguf_writer.h"
@@ -17,6 +18,11 @@ namespace trellis::testing {
 // when any value of either array is NaN or Inf, or ref is constant (std 0), so a
 // non-finite result can never pass a `< bound` check.
 double RmsOverStd(const float* ours, const float* ref, size_t n);
+
+// max |a - b| / std(b), the per-step logits bound of the cache and store tests; +inf if
+// the sizes differ, any value is NaN or Inf, or b is constant, so a broken run can never
+// pass a `< bound` check.
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b);
 
 // The worse of two error figures, NaN counting as worse than anything and staying once
 // there: the running worst over rows is `worst = Worse(worst, x)`. (std::max(worst, NaN)
