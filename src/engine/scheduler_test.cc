@@ -16,6 +16,7 @@
 #include <random>
 
 #include "engine/test_models.h"
+#include "engine/test_scheduler.h"
 
 // Counts heap allocations in this test binary (for the zero-allocation decode check).
 namespace {
@@ -39,11 +40,9 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 namespace trellis {
 namespace {
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;  // per generated token
-  RequestResult result;
-};
+using testing::Greedy;
+using testing::Outcome;
+using testing::RunAll;
 
 const Model& SmallModel(const std::string& type) {
   static std::map<std::string, std::unique_ptr<Model>> models;
@@ -54,35 +53,6 @@ const Model& SmallModel(const std::string& type) {
     m = std::move(r).value();
   }
   return *m;
-}
-
-Request Greedy(std::vector<int32_t> prompt, int max_tokens, bool logits = true) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.logits = logits;
-  return r;
-}
-
-// Submits all requests at once and runs to completion.
-std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
-  std::vector<Outcome> out(reqs.size());
-  std::map<RequestId, size_t> index;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto id = s.Submit(
-        reqs[i],
-        [&](RequestId id, int32_t tok, std::span<const float> l) {
-          Outcome& o = out[index.at(id)];
-          o.tokens.push_back(tok);
-          if (!l.empty()) o.logits.emplace_back(l.begin(), l.end());
-        },
-        [&](RequestId id, const RequestResult& r) { out[index.at(id)].result = r; });
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    index[*id] = i;
-  }
-  s.RunUntilIdle();
-  return out;
 }
 
 TEST(SchedulerTest, MaxRelDiffFailsOnNanAndInf) {

@@ -13,12 +13,16 @@
 #include "engine/scheduler.h"
 #include "engine/store_bridge.h"
 #include "engine/test_models.h"
+#include "engine/test_scheduler.h"
 #include "store/server.h"
 
 namespace trellis {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Greedy;
+using testing::Outcome;
+using testing::RunAll;
 
 const Model& TestModel() {
   static std::unique_ptr<Model> m = [] {
@@ -55,40 +59,6 @@ std::unique_ptr<StoreBridge> Bridge(const std::vector<const store::StoreServer*>
   auto b = StoreBridge::Connect(o);
   EXPECT_TRUE(b.ok()) << b.status().ToString();
   return b.ok() ? std::move(b).value() : nullptr;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  RequestResult result;
-};
-
-Request Greedy(std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.logits = true;
-  return r;
-}
-
-std::vector<Outcome> RunAll(Scheduler& s, const std::vector<Request>& reqs) {
-  std::vector<Outcome> out(reqs.size());
-  std::map<RequestId, size_t> index;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto id = s.Submit(
-        reqs[i],
-        [&](RequestId id, int32_t tok, std::span<const float> l) {
-          Outcome& o = out[index.at(id)];
-          o.tokens.push_back(tok);
-          o.logits.emplace_back(l.begin(), l.end());
-        },
-        [&](RequestId id, const RequestResult& r) { out[index.at(id)].result = r; });
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    index[*id] = i;
-  }
-  s.RunUntilIdle();
-  return out;
 }
 
 std::unique_ptr<Scheduler> Make(ThreadPool& pool, SchedulerOptions o) {
