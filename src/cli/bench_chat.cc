@@ -53,7 +53,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/bench_http.h"
+#include "bench/http.h"
 #include "cli/commands.h"
 #include "kernels/cpu_features.h"
 
@@ -62,6 +62,7 @@
 #endif
 
 namespace trellis::cli {
+using namespace trellis::bench;  // NOLINT: the HTTP client pieces (bench/http.h)
 namespace {
 
 using nlohmann::json;

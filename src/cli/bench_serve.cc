@@ -36,12 +36,13 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/bench_http.h"
+#include "bench/http.h"
 #include "cli/commands.h"
 #include "util/clock.h"
 #include "util/status.h"
 
 namespace trellis::cli {
+using namespace trellis::bench;  // NOLINT: the HTTP client pieces (bench/http.h)
 namespace {
 
 using nlohmann::json;

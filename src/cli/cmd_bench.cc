@@ -14,6 +14,7 @@
 #include "cli/bench_prefix.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
+#include "bench/store_eval.h"
 #include "cli/bench_store.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
@@ -190,26 +191,30 @@ int RunSpeed(const SpeedOpts& o) {
 
 }  // namespace
 
-// The default benchmark models, generated once into the cache directory.
-Result<std::string> DefaultModel(bool quick) {
+// A random-weight Q4_0 model of a named shape (engine/random_model.h), generated once into
+// the cache directory ($TRELLIS_CACHE, else ~/.cache/trellis).
+Result<std::string> BenchModel(const std::string& shape) {
   const char* env = std::getenv("TRELLIS_CACHE");
   const char* home = std::getenv("HOME");
   const std::string dir = env ? env : std::string(home ? home : "/tmp") + "/.cache/trellis";
-  const std::string path = dir + (quick ? "/tiny-q4_0.gguf" : "/tinyllama-shape-q4_0.gguf");
+  const std::string path = dir + "/" + (shape == "tiny" ? shape : shape + "-shape") + "-q4_0.gguf";
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
     std::fclose(f);
     return path;
   }
+  RandomModelOptions ro;
+  TRELLIS_ASSIGN_OR_RETURN(ro.shape, ModelShapeByName(shape));
   if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0) return IoError("cannot create " + dir);
   auto vocab = GgufFile::Open(DefaultVocabPath());
   if (!vocab.ok()) return vocab.status();
-  RandomModelOptions ro;
-  TRELLIS_ASSIGN_OR_RETURN(ro.shape, ModelShapeByName(quick ? "tiny" : "tinyllama"));
   ro.type = "q4_0";
   std::fprintf(stderr, "bench: generating %s\n", path.c_str());
   TRELLIS_RETURN_IF_ERROR(WriteRandomModel(ro, *vocab, path));
   return path;
 }
+
+// The default benchmark models: TinyLlama's shape, or the tiny one for quick runs.
+Result<std::string> DefaultModel(bool quick) { return BenchModel(quick ? "tiny" : "tinyllama"); }
 
 // `bench serve` (bench_serve.cc): its options; the runner checks parsed() on the app.
 std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App& app) {
@@ -272,8 +277,23 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
 Runner AddBenchCommand(CLI::App& app) {
   app.require_subcommand(1);
   auto sto = std::make_shared<StoreBenchOptions>();
-  CLI::App* st = app.add_subcommand("store", "prefix tensor store: bulk get against ucx_perftest, lookup latency");
-  st->add_flag("--micro", sto->micro, "the transport micro-benchmarks (the only kind yet)");
+  auto seo = std::make_shared<bench::StoreEvalOptions>();
+  CLI::App* st = app.add_subcommand("store", "the PTStore evaluation in miniature: nodes on emulated links, five cache "
+                                             "configurations, TTFT against context length and node count, "
+                                             "single-flight, miss-ratio curve (--micro: the transport alone)");
+  st->add_flag("--micro", sto->micro, "the transport micro-benchmarks instead: bulk get against ucx_perftest, lookup latency");
+  st->add_option("-m,--model", seo->model, "GGUF every node serves (default: the ptstore shape, generated once)");
+  st->add_option("--contexts", seo->contexts, "context lengths in tokens (passage + question)")->delimiter(',')->capture_default_str();
+  st->add_option("--nodes", seo->nodes, "node counts; the largest is the context sweep's")->delimiter(',')->capture_default_str();
+  st->add_option("--traces", seo->traces, "squad, wikiqa")->delimiter(',')->capture_default_str();
+  st->add_option("--rate", seo->rate, "tc tbf rate of every node's link")->capture_default_str();
+  st->add_flag("--loopback", seo->loopback, "no network namespaces: nodes on 127.0.x.i, links not shaped");
+  st->add_option("-t,--threads", seo->threads, "compute threads per node")->capture_default_str();
+  st->add_option("--kv-contexts", seo->kv_contexts, "full contexts each node's KV pool holds")->capture_default_str();
+  st->add_option("--single-flight-reps", seo->single_flight_reps, "new contexts sent to every node at once")->capture_default_str();
+  st->add_option("--phi-rounds", seo->phi_rounds, "alternating rounds of the phi 0.9 comparison")->capture_default_str();
+  st->add_flag("--quick", seo->quick, "the tiny model, short contexts, 2 nodes, small traces: about a minute (CI)");
+  st->add_flag("--no-plots", [seo](int64_t) { seo->plots = false; }, "skip the gnuplot PNGs");
   st->add_option("--blocks", sto->blocks, "blocks in the bulk get")->capture_default_str();
   st->add_option("--block-bytes", sto->block_bytes, "bytes per block (704 KiB: TinyLlama's 32-token block)")->capture_default_str();
   st->add_option("-r,--runs", sto->runs, "timed gets per round (median)")->capture_default_str();
@@ -282,7 +302,7 @@ Runner AddBenchCommand(CLI::App& app) {
   st->add_option("--prompt-tokens", sto->prompt_tokens, "tokens of the looked-up prompt")->capture_default_str();
   st->add_option("--lookups", sto->lookups, "timed lookups")->capture_default_str();
   st->add_flag("--no-perftest", sto->no_perftest, "skip ucx_perftest (ucx-utils)");
-  st->add_option("-o,--out", sto->out, "results folder (store_micro.csv)")->capture_default_str();
+  st->add_option("-o,--out", sto->out, "results folder (default: results/store for --micro, results/store-eval)");
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
   auto po = std::make_shared<PrefixBenchOptions>();
   prefix->add_option("-m,--model", po->model, "GGUF model (default: TinyLlama-shaped Q4_0, generated once)");
@@ -311,8 +331,27 @@ Runner AddBenchCommand(CLI::App& app) {
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
   auto chat = AddChatBench(app);
-  return [o, speed, prefix, po, serve, roofline, chat, st, sto] {
-    if (st->parsed()) return RunStoreBench(*sto);
+  return [o, speed, prefix, po, serve, roofline, chat, st, sto, seo] {
+    if (st->parsed() && sto->micro) return RunStoreBench(*sto);
+    if (st->parsed()) {
+      if (seo->quick) {
+        if (st->count("--contexts") == 0) seo->contexts = {256, 512};
+        if (st->count("--nodes") == 0) seo->nodes = {1, 2};
+        seo->single_flight_reps = std::min(seo->single_flight_reps, 2);
+        seo->phi_rounds = std::min(seo->phi_rounds, 1);
+      }
+      seo->out = st->count("--out") ? sto->out : "results/store-eval";
+      if (seo->model.empty()) {
+        auto m = BenchModel(seo->quick ? "tiny" : "ptstore");
+        if (!m.ok()) return Fail(m.status().ToString());
+        seo->model = *m;
+      }
+      char self[4096];
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      if (n <= 0) return Fail("bench store: cannot find this executable");
+      seo->trellis.assign(self, static_cast<size_t>(n));
+      return bench::RunStoreEval(*seo);
+    }
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
     if (chat.first->parsed()) {
       if (chat.second->model.empty() && (chat.second->url.empty() || !chat.second->llama_server.empty())) {

@@ -14,7 +14,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     int threads = 2;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions) or tiny (a few MB)")->capture_default_str();
+  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB) or ptstore (bench store's model)")->capture_default_str();
   app.add_option("--type", o->type, "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k")->capture_default_str();
   app.add_option("--vocab", o->vocab, "GGUF whose tokenizer.* metadata is copied (default: the shipped LLaMA SPM vocab)");
   app.add_option("-o,--output", o->out, "output GGUF path")->required();

@@ -82,7 +82,8 @@ Status FillRandom(std::span<uint8_t> dst, GgmlType type, int64_t rows, int64_t c
 Result<ModelShape> ModelShapeByName(const std::string& name) {
   if (name == "tinyllama") return ModelShape{"tinyllama", 22, 2048, 32, 4, 5632, 2048, 10000.0f, 1e-5f};
   if (name == "tiny") return ModelShape{"tiny", 4, 256, 4, 2, 768, 2048, 10000.0f, 1e-5f};
-  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny)", name));
+  if (name == "ptstore") return ModelShape{"ptstore", 4, 1024, 16, 16, 2816, 16384, 10000.0f, 1e-5f};
+  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny, ptstore)", name));
 }
 
 Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, const std::string& path) {

@@ -20,7 +20,10 @@ struct ModelShape {
 
 // "tinyllama": TinyLlama-1.1B's dimensions (22 layers, 2048 wide, 32 heads, 4 KV heads,
 // 5632 FFN). "tiny": the same family at a few MB (4 layers, 256 wide, 4 heads, 2 KV
-// heads, 768 FFN).
+// heads, 768 FFN). "ptstore": the distributed-store benchmark's model (4 layers, 1024
+// wide, 16 heads, all of them KV heads, 2816 FFN, 16k context): no grouped-query
+// attention, so its KV is large against its compute (16 KiB per token), as the PTStore
+// evaluation's Mistral-7B's is against an A100 (bench/store_eval.cc says why).
 Result<ModelShape> ModelShapeByName(const std::string& name);
 
 struct RandomModelOptions {

@@ -680,6 +680,7 @@ SchedulerMetrics Scheduler::metrics() const {
   m.pool_used = pool_->n_used();
   m.pool_total = pool_->n_blocks();
   m.tree = cache_->stats();
+  m.store_publishes_in_flight = static_cast<int32_t>(pins_.size());
   return m;
 }
 

@@ -127,6 +127,7 @@ struct SchedulerMetrics {
   int64_t store_miss_tokens[kStoreMissKinds] = {};  // tokens it could not give, by StoreMiss
   int64_t store_published_blocks = 0;
   int64_t store_publish_failures = 0;
+  int32_t store_publishes_in_flight = 0;  // publishes started and not completed (a gauge)
   double store_fetch_seconds = 0;   // summed over fetches
   int64_t preemptions = 0;
   int64_t steps = 0;

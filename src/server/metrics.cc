@@ -110,6 +110,8 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
          m.store_published_blocks);
   Metric(out, "trellis_store_publish_failures_total", "counter", "publishes to the prefix store that failed",
          m.store_publish_failures);
+  Metric(out, "trellis_store_publishes_in_flight", "gauge", "publishes to the prefix store started and not completed",
+         m.store_publishes_in_flight);
   ttft_.Render("trellis_time_to_first_token_seconds", "submit to first generated token", out);
   itl_.Render("trellis_inter_token_latency_seconds", "time between generated tokens of one request", out);
   return out;

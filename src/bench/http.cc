@@ -1,4 +1,4 @@
-#include "cli/bench_http.h"
+#include "bench/http.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,7 +11,7 @@
 
 #include "util/clock.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 using nlohmann::json;
 
@@ -186,4 +186,4 @@ void ChildProcess::Stop() {
   pid_ = -1;
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -19,7 +19,7 @@
 
 #include "util/status.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 // "http://host:port[/prefix][/v1]" -> client address "http://host:port" and path prefix
 // (without a trailing "/v1": the benchmarks append "/v1/..." themselves).
@@ -87,4 +87,4 @@ class ChildProcess {
   pid_t pid_ = -1;
 };
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

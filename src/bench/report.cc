@@ -1,0 +1,54 @@
+#include "bench/report.h"
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "kernels/cpu_features.h"
+
+namespace trellis::bench {
+namespace {
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  while (!s.empty() && s.front() == ' ') s.erase(0, 1);
+  return s;
+}
+
+}  // namespace
+
+std::string Capture(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  return out;
+}
+
+std::string RunHeader(const std::string& isa_note) {
+  std::ostringstream m;
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  m << "# date: " << date << "\n";
+  const std::string commit = Trim(Capture("git -C '" TRELLIS_SOURCE_DIR "' rev-parse --short HEAD 2>/dev/null"));
+  m << "# commit: " << (commit.empty() ? "unknown" : commit) << "\n";
+  const std::string cpu = Trim(Capture("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-"));
+  const std::string fam = Trim(Capture("grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2"));
+  const std::string mod = Trim(Capture("grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2"));
+  m << "# cpu: " << cpu << " (cpu family " << fam << ", model " << mod << ")\n";
+  m << "# isa: " << KernelIsaName(BestKernelIsa()) << (isa_note.empty() ? "" : " " + isa_note) << "\n";
+  m << "# cores: " << std::thread::hardware_concurrency() << "\n";
+  std::string cmd;
+  std::ifstream argv("/proc/self/cmdline", std::ios::binary);
+  for (std::string a; std::getline(argv, a, '\0');) cmd += (cmd.empty() ? "" : " ") + a;
+  m << "# command: " << cmd << "\n";
+  return m.str();
+}
+
+}  // namespace trellis::bench
