@@ -22,6 +22,7 @@ struct StoreOptions {
   uint32_t max_lease_ms = 10000;
   std::string tls = "tcp";
   std::string net_devices;
+  uint32_t spin_us = 0;
   std::string ssd_dir, ssd_size;
   double replica_share = 0.25;
   uint32_t replica_after_reads = 2;
@@ -122,6 +123,7 @@ int Run(const StoreOptions& o) {
   }
   so.transport.tls = o.tls;
   so.transport.net_devices = o.net_devices;
+  so.transport.spin_us = o.spin_us;
 
   // Signals are taken by sigwait below, so block them before any thread starts.
   sigset_t sigs;
@@ -195,6 +197,10 @@ Runner AddStoreCommand(CLI::App& app) {
   app.add_option("--max-lease-ms", o->max_lease_ms, "longest a reader may pin a tensor")->capture_default_str();
   app.add_option("--tls", o->tls, "UCX transports (UCX_TLS); tcp is needed to accept connections")->capture_default_str();
   app.add_option("--net-devices", o->net_devices, "UCX_NET_DEVICES (e.g. lo for a single-host test)");
+  app.add_option("--spin-us", o->spin_us,
+                 "microseconds the server keeps polling after work before it sleeps (0: sleep at once; polling "
+                 "takes CPU from the engine on the same node)")
+      ->capture_default_str();
   app.add_option("--metrics-listen", o->metrics_listen, "HOST:PORT for GET /metrics (Prometheus) and /health");
   return [o] { return Run(*o); };
 }

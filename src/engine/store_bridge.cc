@@ -1,5 +1,8 @@
 #include "engine/store_bridge.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -83,6 +86,10 @@ Result<std::unique_ptr<StoreBridge>> StoreBridge::Connect(const StoreBridgeOptio
     }
     if (!put.ok()) TRELLIS_LOG_WARN("store: bandwidth probe not stored: {}", put.status().ToString());
   }
+  store::ClientOptions publish_options = options.client;
+  publish_options.transport.nice = 19;  // publishing never delays a token: it gets what compute leaves
+  TRELLIS_ASSIGN_OR_RETURN(b->publish_client_,
+                           store::StoreClient::Connect(publish_options, net::After(options.connect_timeout)));
   for (int i = 0; i < std::max(1, options.fetch_threads); ++i) {
     b->fetch_threads_.emplace_back([p = b.get()] { p->FetchLoop(); });
   }
@@ -333,6 +340,8 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
 }
 
 void StoreBridge::PublishLoop() {
+  // The staging copy runs here: at nice 19, like the publish transport (best effort).
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   for (;;) {
     StorePublish p;
     {
@@ -346,7 +355,7 @@ void StoreBridge::PublishLoop() {
     StorePublishDone d;
     d.id = p.id;
     std::vector<const void*> blocks(p.blocks.begin(), p.blocks.end());
-    auto put = client_->Put(ToStoreNamespace(p.ns), p.tokens, blocks, p.block_bytes, p.cost_seconds,
+    auto put = publish_client_->Put(ToStoreNamespace(p.ns), p.tokens, blocks, p.block_bytes, p.cost_seconds,
                             net::After(opt_.publish_timeout));
     if (put.ok()) {
       d.stored = static_cast<int32_t>(*put);

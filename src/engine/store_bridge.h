@@ -84,6 +84,11 @@ class StoreBridge : public PrefixStore {
 
   StoreBridgeOptions opt_;
   std::unique_ptr<store::StoreClient> client_;
+  // Publishes go on their own connections, with their own progress thread at nice 19: a
+  // lookup must not wait behind the bulk transfer of a publish (over tcp the owner's RMA
+  // get is served by the progress thread, in order with the lookup's reply), and the
+  // transfer must not take the cores from the compute threads.
+  std::unique_ptr<store::StoreClient> publish_client_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // new work or stop

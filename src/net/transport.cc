@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -557,6 +558,8 @@ Result<std::unique_ptr<Transport>> Transport::Create(const TransportOptions& opt
   auto f = started.get_future();
   raw->thread = std::thread([raw, &started] {
     raw->loop_id = std::this_thread::get_id();
+    // Best effort: an unprivileged process may not be allowed to lower a nice value.
+    if (raw->opt.nice != 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), raw->opt.nice);
     started.set_value();
     raw->Loop();
   });

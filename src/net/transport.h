@@ -64,6 +64,9 @@ struct TransportOptions {
   // After doing work, the loop keeps polling this long before it sleeps in epoll (0:
   // sleep at once). Costs CPU while busy; saves a wake-up per message under load.
   uint32_t spin_us = 200;
+  // Linux nice value of the progress thread (0: the process's). A background transport,
+  // one that only publishes, runs at a low priority so compute threads keep the cores.
+  int nice = 0;
   // UCX's tcp segment sizes (pitfall 6: the defaults cap bulk throughput).
   std::string tcp_tx_seg_size = "256k";
   std::string tcp_rx_seg_size = "1m";

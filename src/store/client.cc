@@ -74,7 +74,14 @@ struct StoreClient::Impl {
   mutable std::mutex stats_mu;
   ClientStats st;
   uint64_t client_id = 0;  // names this client's claims (random per client)
-  std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes
+  // Put's staging buffer, registered once and kept (grown when a put needs more): a
+  // fresh buffer per put cost page faults, zeroing, a registration and an munmap whose
+  // TLB shootdown interrupts every core, each time. One put at a time uses it.
+  std::mutex put_mu;
+  std::unique_ptr<uint8_t[]> staging;
+  size_t staging_bytes = 0;
+  net::Registration staging_reg;
+  std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes (it unmaps what is registered)
 
   ~Impl() {
     {
@@ -613,13 +620,25 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
     return size_t{0};
   }
   const size_t inc = n - k;
-  // The increment's bytes, in one registered buffer the owner reads by RMA.
-  std::vector<uint8_t> staging(inc * block_bytes);
-  for (size_t i = 0; i < inc; ++i) std::memcpy(staging.data() + i * block_bytes, blocks[k + i], block_bytes);
   const size_t owner = I.OwnerOf(found.keys[k]);
   if (owner == SIZE_MAX) return Unavailable("no live store server");
-  auto reg = I.t->Sync([&] { return I.t->Register(staging.data(), staging.size()); });
-  if (!reg.ok()) return reg.status();
+  // The increment's bytes, in the registered staging buffer the owner reads by RMA.
+  std::lock_guard<std::mutex> put_lock(I.put_mu);
+  const size_t bytes = inc * block_bytes;
+  if (I.staging_bytes < bytes) {
+    if (I.staging) I.t->Sync([&] { I.t->Unregister(I.staging_reg.base); });
+    I.staging.reset();
+    I.staging_bytes = 0;
+    auto buf = std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[bytes]);
+    if (!buf) return ResourceExhausted("no memory to stage a put of " + std::to_string(bytes) + " bytes");
+    auto r = I.t->Sync([&] { return I.t->Register(buf.get(), bytes); });
+    if (!r.ok()) return r.status();
+    I.staging = std::move(buf);
+    I.staging_bytes = bytes;
+    I.staging_reg = *r;
+  }
+  for (size_t i = 0; i < inc; ++i) std::memcpy(I.staging.get() + i * block_bytes, blocks[k + i], block_bytes);
+  const net::Registration* reg = &I.staging_reg;
   WireWriter w;
   w.U32(static_cast<uint32_t>(inc));
   for (size_t i = k; i < n; ++i) WriteKey(w, found.keys[i]);
@@ -631,14 +650,13 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   w.Str(reg->rkey);
   w.U32(1);
   w.U64(reg->base);
-  w.U64(reg->length);
+  w.U64(bytes);
   auto put = I.CallSync(owner, kPutData, w.Take(), deadline);
   // The owner has read the bytes (or failed) once it answers. Without an answer it may
   // still be reading: force-close the connection first, so nothing reads the staging
   // buffer after this.
   I.t->Sync([&] {
     if (!put.ok()) I.t->Close(I.members[owner].conn);
-    I.t->Unregister(reg->base);
   });
   if (!put.ok()) return put.status();
   WireReader rd(*put);
