@@ -40,7 +40,7 @@ def load(path):
                 meta[k.strip()] = v.strip()
             elif line.strip():
                 lines.append(line)
-    for k in ("date", "commit", "cpu", "isa", "cores", "threads", "command"):
+    for k in ("date", "commit", "cpu", "isa", "cores", "command"):
         if k not in meta:
             raise RenderError(f"{path}: header lacks '# {k}: ...'")
     return meta, list(csv.DictReader(lines))
@@ -48,8 +48,9 @@ def load(path):
 
 def provenance(meta):
     extra = f", llama.cpp {meta['llamacpp_commit']}" if "llamacpp_commit" in meta else ""
+    threads = f", {meta['threads']} threads" if "threads" in meta else ""
     return (f"Measured {meta['date']} at commit {meta['commit']}{extra}; {meta['cpu']}, {meta['isa']} kernels, "
-            f"{meta['cores']} cores, {meta['threads']} threads. Command:\n\n```sh\n{meta['command']}\n```\n\n")
+            f"{meta['cores']} cores{threads}. Command:\n\n```sh\n{meta['command']}\n```\n\n")
 
 
 def table(header, rows):
@@ -198,7 +199,105 @@ def render_store_micro(meta, rows):
         "the per-round ratios.\n\n") + table(["what", "trellis store", "ucx_perftest", "ratio", "target"], out)
 
 
+STORE_CONFIGS = ["no-cache", "local", "store-no-replicas", "store", "store+single-flight"]
+
+
+def store_eval_setup(meta):
+    return (f"Model: {meta.get('model', '?')}. Cluster: {meta.get('cluster', '?')}. One request in flight at a time, "
+            "round-robin over the nodes; mean TTFT in ms over the trace's requests, with the share of prompt tokens "
+            "reused (local + store) in parentheses.\n\n")
+
+
+def store_eval_rows(rows):
+    return [r for r in rows if not r["trace"].startswith("#")]
+
+
+def render_store_eval_context(meta, rows):
+    """`trellis bench store`: mean TTFT against context length at the largest node count, per trace."""
+    rows = store_eval_rows(rows)
+    nodes = max(int(r["nodes"]) for r in rows)
+    out = provenance(meta) + store_eval_setup(meta)
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        v = {(int(r["context"]), r["config"]): r for r in rows if r["trace"] == trace and int(r["nodes"]) == nodes}
+        contexts = sorted({c for c, _ in v})
+        body = []
+        for c in contexts:
+            st = float(v[(c, "store")]["ttft_mean_ms"])
+            cells = [f"{float(v[(c, k)]['ttft_mean_ms']):.0f} ({100 * float(v[(c, k)]['reuse']):.0f}%)" for k in STORE_CONFIGS]
+            ratios = [f"{float(v[(c, k)]['ttft_mean_ms']) / st:.2f}" for k in ("local", "store-no-replicas", "no-cache")]
+            store_hits = [f"{float(v[(c, k)]['ttft_store_mean_ms']):.0f} ({v[(c, k)]['store_memory']} / "
+                          f"{v[(c, k)]['store_replica']} / {v[(c, k)]['store_remote']})"
+                          for k in ("store-no-replicas", "store")]
+            body.append([str(c)] + cells + ratios + store_hits)
+        out += f"**{trace}**, {nodes} nodes:\n\n" + table(
+            ["context"] + STORE_CONFIGS + ["local / store", "no-replicas / store", "no-cache / store",
+                                           "store reads, no-replicas: TTFT (tokens memory / replica / remote)",
+                                           "store reads, store: TTFT (memory / replica / remote)"], body) + "\n"
+    return out
+
+
+def render_store_eval_nodes(meta, rows):
+    """`trellis bench store`: mean TTFT against node count at the longest context."""
+    rows = store_eval_rows(rows)
+    ctx = max(int(r["context"]) for r in rows)
+    trace = next(r["trace"] for r in rows if int(r["context"]) == ctx and int(r["nodes"]) == 1)
+    v = {(int(r["nodes"]), r["config"]): r for r in rows if r["trace"] == trace and int(r["context"]) == ctx}
+    body = [[str(n)] + [f"{float(v[(n, k)]['ttft_mean_ms']):.0f} ({100 * float(v[(n, k)]['reuse']):.0f}%)"
+                        for k in STORE_CONFIGS] for n in sorted({n for n, _ in v})]
+    return provenance(meta) + store_eval_setup(meta) + f"**{trace}**, {ctx}-token contexts:\n\n" + table(
+        ["nodes"] + STORE_CONFIGS, body)
+
+
+def render_store_eval_checks(meta, rows):
+    """`trellis bench store`: single-flight and phi 0.9, from the summary's trailing `# ...` lines."""
+    lines = [",".join(v for v in r.values() if v) for r in rows if r["trace"].startswith("#")]
+    cold = flight_on = flight_off = None
+    on, off, on_c, off_c, phi = [], [], [], [], []
+    ctx = nodes = None
+    for line in lines:
+        m = re.match(r"# single-flight,(\d+) nodes,(\d+) tokens: cold ([\d.]+) ms", line)
+        if m:
+            nodes, ctx, cold = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        m = re.match(r"# single-flight rep \d+: slowest TTFT ([\d.]+) ms with \(computed (\d+)\), ([\d.]+) ms without "
+                     r"\(computed (\d+)\)", line)
+        if m:
+            on.append(float(m.group(1))), on_c.append(int(m.group(2))), off.append(float(m.group(3)))
+            off_c.append(int(m.group(4)))
+        m = re.match(r"# phi 0.9 round \d+: ([\d.]+) ms without the store, ([\d.]+) ms with", line)
+        if m:
+            phi.append((float(m.group(1)), float(m.group(2))))
+    if cold is None or not on or not phi:
+        raise ValueError("no single-flight or phi lines")
+    question = int(meta.get("question_tokens", 24))
+    per = (ctx - question) * len(on)
+    flight = table(["", "slowest TTFT, median (ms)", f"/ one node's cold TTFT ({cold:.0f} ms)",
+                    "contexts computed per new context"],
+                   [["store+single-flight", f"{statistics.median(on):.0f}", f"**{statistics.median(on) / cold:.2f}**",
+                     f"{sum(on_c) / per:.2f}"],
+                    ["store (no single-flight)", f"{statistics.median(off):.0f}", f"{statistics.median(off) / cold:.2f}",
+                     f"{sum(off_c) / per:.2f}"]])
+    ratios = [b / a for a, b in phi]
+    phis = table(["round", "mean TTFT without --store (ms)", "with --store (ms)", "with / without"],
+                 [[str(i + 1), f"{a:.1f}", f"{b:.1f}", f"{b / a:.3f}"] for i, (a, b) in enumerate(phi)] +
+                 [["median", "", "", f"**{statistics.median(ratios):.3f}**"]])
+    return (provenance(meta) + f"Single-flight: {nodes} nodes receive the same new {ctx}-token context at once "
+            f"({len(on)} times; each time a new context):\n\n" + flight +
+            "\nLocal hits pay nothing: one node, phi 0.9 (a shared 90% prefix), 8 requests after a warm-up, "
+            "alternating rounds:\n\n" + phis)
+
+
+def render_store_eval_mrc(meta, rows):
+    """`trellis bench store`: hit ratio against one store server's memory, per trace."""
+    body = [[r["trace"], f"{int(r['store_bytes']) / (1 << 20):.0f}",
+             f"{int(r['store_bytes']) / int(r['working_set_bytes']):.2f}", f"{float(r['hit_ratio']):.3f}"] for r in rows]
+    return provenance(meta) + table(["trace", "store memory (MiB)", "share of the working set", "hit ratio"], body)
+
+
 RENDERERS = {
+    "store_eval_context": render_store_eval_context,
+    "store_eval_nodes": render_store_eval_nodes,
+    "store_eval_checks": render_store_eval_checks,
+    "store_eval_mrc": render_store_eval_mrc,
     "store_micro": render_store_micro,
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
