@@ -404,7 +404,9 @@ class Eval {
       }
       for (auto& t : th) t.join();
       FlightRep r;
+      std::string ttfts;
       for (const Sample& s : got) {
+        ttfts += fmt::format("{}{:.0f}", ttfts.empty() ? "" : " ", s.ttft_ms);
         if (!s.error.empty()) {
           ++r.errors;
           std::fprintf(stderr, "bench store: %s: %s\n", tag.c_str(), s.error.c_str());
@@ -414,8 +416,8 @@ class Eval {
         r.computed += s.computed;
         r.waited += s.waited;
       }
-      std::fprintf(stderr, "bench store: %s rep %d: slowest TTFT %.1f ms, computed %d tokens, waited for %d\n",
-                   tag.c_str(), rep + 1, r.slowest_ms, r.computed, r.waited);
+      std::fprintf(stderr, "bench store: %s rep %d: slowest TTFT %.1f ms, computed %d tokens, waited for %d (TTFTs %s)\n",
+                   tag.c_str(), rep + 1, r.slowest_ms, r.computed, r.waited, ttfts.c_str());
       reps.push_back(r);
     }
     return reps;

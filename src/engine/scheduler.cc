@@ -633,7 +633,12 @@ bool Scheduler::Step() {
     s.n_computed += run_len_[i];
     m_.computed_tokens += run_len_[i];
     InsertFullBlocks(s);
-    if (!sample) continue;
+    if (!sample) {
+      // Mid-prefill: what this chunk completed goes to the store now, so another node
+      // waiting on this prefix (single-flight) reads it as it is made, not at the end.
+      Publish(s);
+      continue;
+    }
     if (s.result.tokens.empty()) {
       // The prompt is in: what was not reused was computed, and its new blocks are
       // offered to the store now, not only when the request ends.

@@ -276,66 +276,88 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
   }
   const size_t first = static_cast<size_t>(f.first_block);
   const size_t stored_at_lookup = found->blocks > first ? found->blocks - first : 0;
+  // Reads blocks [fetched, upto) of the request into dst; fetched advances on success.
+  size_t fetched = 0;
+  store::GetReceipt r;
+  Status read_status;
+  double read_seconds = 0;
+  const auto read_upto = [&](size_t upto, net::Deadline dl) {
+    if (upto <= fetched || !read_status.ok()) return;
+    std::vector<void*> dst(f.dst.begin() + static_cast<ptrdiff_t>(fetched), f.dst.begin() + static_cast<ptrdiff_t>(upto));
+    const double t = NowSeconds();
+    store::GetReceipt part;
+    read_status = client_->GetRange(*found, first + fetched, upto - fetched, dst, f.block_bytes, dl, &part);
+    if (!read_status.ok()) {
+      TRELLIS_LOG_DEBUG("store: fetch of {} blocks failed: {}", upto - fetched, read_status.ToString());
+      return;
+    }
+    read_seconds += NowSeconds() - t;
+    fetched = upto;
+    r.memory += part.memory, r.replica += part.replica, r.ssd += part.ssd, r.remote += part.remote;
+  };
+  const auto stored_now = [&] { return std::min(found->blocks > first ? found->blocks - first : 0, want); };
   StoreMiss wait_miss = StoreMiss::kNone;
-  net::Deadline read_deadline = deadline;
   if (found->pending > 0 && stored_at_lookup < want) {
-    // Another engine is computing the next blocks: wait for its Put rather than compute
-    // them a second time, but no longer than computing them here would take (or, with no
-    // measurement yet, than its claim has left).
+    // Another engine is computing the next blocks: wait for its Puts rather than compute
+    // them a second time. It publishes as it goes (every prefill chunk), so what it has
+    // stored is read while it computes the rest, and the bound is the compute still
+    // left here: it moves each time more of the prefix is stored, never past the claim.
     const size_t target = std::min<size_t>(found->blocks + found->pending, first + want);
-    const double own = f.compute_seconds_per_block * static_cast<double>(target - std::max<size_t>(found->blocks, first));
-    const double left = found->pending_ms / 1000.0 + 0.2;
-    const double bound_s = own > 0 ? std::min(own, left) : left;
-    const auto bound = net::Clock::now() + std::chrono::microseconds(static_cast<int64_t>(bound_s * 1e6));
+    const auto claim_end = net::Clock::now() + std::chrono::milliseconds(found->pending_ms + 200);
+    const auto bound_from = [&](size_t stored_blocks) {
+      const double own = f.compute_seconds_per_block * static_cast<double>(target - std::max<size_t>(stored_blocks, first));
+      if (own <= 0) return claim_end;
+      return std::min(claim_end, net::Clock::now() + std::chrono::microseconds(static_cast<int64_t>(own * 1e6)));
+    };
+    auto bound = bound_from(found->blocks);
     auto poll = std::chrono::milliseconds(2);
     bool got = false;
-    while (net::Clock::now() < bound) {
+    while (read_status.ok() && net::Clock::now() < bound) {
+      read_upto(stored_now(), net::Clock::now() + budget);
       std::this_thread::sleep_for(poll);
       poll = std::min(poll * 2, std::chrono::milliseconds(20));
       auto again = client_->Lookup(ns, f.tokens, std::min(bound, net::After(std::chrono::milliseconds(500))));
       if (!again.ok()) break;
-      if (again->blocks > found->blocks) found = std::move(again);
+      if (again->blocks > found->blocks) {
+        found = std::move(again);
+        bound = bound_from(found->blocks);
+      }
       if (found->blocks >= target) {
         got = true;
         break;
       }
     }
     if (!got) wait_miss = StoreMiss::kPendingTimeout;
-    read_deadline = net::Clock::now() + budget;
+  } else {
+    // Nothing to wait for: read only if that is estimated quicker than computing.
+    const size_t n = stored_now();
+    const double est = EstimateFetchSeconds(n * f.block_bytes);
+    if (n > 0 && f.compute_seconds_per_block > 0 && est > 0 && est > f.compute_seconds_per_block * static_cast<double>(n)) {
+      d.miss = StoreMiss::kSlower;
+      d.seconds = NowSeconds() - t0;
+      return d;
+    }
   }
-  const size_t stored = found->blocks > first ? found->blocks - first : 0;
-  const size_t n = std::min(stored, want);
-  if (n == 0) {
-    d.miss = wait_miss != StoreMiss::kNone ? wait_miss : StoreMiss::kNotStored;
-    d.seconds = NowSeconds() - t0;
+  read_upto(stored_now(), net::Clock::now() + budget);
+  d.seconds = NowSeconds() - t0;
+  if (fetched == 0) {
+    d.miss = !read_status.ok() ? MissOf(read_status)
+             : wait_miss != StoreMiss::kNone ? wait_miss
+                                             : StoreMiss::kNotStored;
     return d;
   }
-  const uint64_t bytes = n * f.block_bytes;
-  const double est = EstimateFetchSeconds(bytes);
-  if (f.compute_seconds_per_block > 0 && est > 0 && est > f.compute_seconds_per_block * static_cast<double>(n)) {
-    d.miss = StoreMiss::kSlower;
-    d.seconds = NowSeconds() - t0;
-    return d;
-  }
-  std::vector<void*> dst(f.dst.begin(), f.dst.begin() + static_cast<ptrdiff_t>(n));
-  store::GetReceipt r;
-  const double t_read = NowSeconds();
-  const Status st = client_->GetRange(*found, first, n, dst, f.block_bytes, read_deadline, &r);
-  const double t2 = NowSeconds();
-  d.seconds = t2 - t0;
-  if (!st.ok()) {
-    d.miss = MissOf(st);
-    TRELLIS_LOG_DEBUG("store: fetch of {} blocks failed: {}", n, st.ToString());
-    return d;
-  }
-  MeasureGet(bytes, t2 - t_read);
-  d.blocks = static_cast<int32_t>(n);
+  MeasureGet(fetched * f.block_bytes, read_seconds);
+  d.blocks = static_cast<int32_t>(fetched);
   d.from_memory = static_cast<int32_t>(r.memory);
   d.from_replica = static_cast<int32_t>(r.replica);
   d.from_ssd = static_cast<int32_t>(r.ssd);
   d.from_remote = static_cast<int32_t>(r.remote);
-  d.waited = static_cast<int32_t>(n > stored_at_lookup ? n - stored_at_lookup : 0);
-  if (n < want) d.miss = wait_miss != StoreMiss::kNone ? wait_miss : StoreMiss::kNotStored;
+  d.waited = static_cast<int32_t>(fetched > stored_at_lookup ? fetched - stored_at_lookup : 0);
+  if (fetched < want) {
+    d.miss = !read_status.ok() ? MissOf(read_status)
+             : wait_miss != StoreMiss::kNone ? wait_miss
+                                             : StoreMiss::kNotStored;
+  }
   return d;
 }
 

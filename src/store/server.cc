@@ -920,6 +920,10 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
   if (options.mem_bytes < 4096) return InvalidArgument("--mem must be at least 4K");
   void* p = mmap(nullptr, options.mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return ResourceExhausted(fmt::format("cannot map {} bytes for the store", options.mem_bytes));
+  // Huge pages where the kernel offers them on request (THP "madvise" mode): a 90 MB
+  // publish otherwise takes ~22k first-touch page faults on the loop thread. Advisory;
+  // failure changes nothing but speed.
+  madvise(p, options.mem_bytes, MADV_HUGEPAGE);
   impl->arena = static_cast<uint8_t*>(p);
   impl->free_list[0] = options.mem_bytes;
   // Tensor ids carry a random epoch: a restarted server never hands out an id that an
