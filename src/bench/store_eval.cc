@@ -46,11 +46,11 @@
 // = tokens read / prompt tokens.
 #include "bench/store_eval.h"
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -570,8 +570,11 @@ int RunStoreEval(const StoreEvalOptions& o) {
   }
   // f16 K and V of every layer (docs/kv_layout.md).
   const uint64_t kv_token_bytes = 2ull * 2 * static_cast<uint64_t>(cfg->n_layer) * static_cast<uint64_t>(cfg->kv_dim());
-  mkdir(o.out.c_str(), 0755);
-  mkdir((o.out + "/logs").c_str(), 0755);
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out + "/logs", ec);
+    if (ec) return fail(fmt::format("cannot create {}/logs: {}", o.out, ec.message()));
+  }
 
   Eval ev(o, cfg->n_vocab, kv_token_bytes);
   if (Status s = ev.Init(); !s.ok()) return fail(s.ToString());

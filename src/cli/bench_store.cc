@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -176,7 +177,11 @@ int RunStoreBench(const StoreBenchOptions& o) {
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
   setenv("UCX_TCP_RX_SEG_SIZE", "1m", 0);
-  mkdir(o.out.c_str(), 0755);
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out, ec);
+    if (ec) return Fail("bench store: cannot create " + o.out + ": " + ec.message());
+  }
   struct Row {
     std::string test, metric;
     double value;
