@@ -25,7 +25,7 @@ struct StoreOptions {
   uint32_t spin_us = 0;
   std::string ssd_dir, ssd_size;
   double replica_share = 0.25;
-  uint32_t replica_after_reads = 1;
+  uint32_t replica_after_reads = 2;
   std::vector<std::string> peers;
   std::string etcd, advertise;
   int etcd_ttl = 5;

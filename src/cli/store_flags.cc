@@ -14,6 +14,10 @@ void AddStoreFlags(CLI::App& app, StoreFlags* f) {
       ->capture_default_str();
   app.add_option("--store-tls", f->tls, "UCX transports for the store (UCX_TLS)")->capture_default_str();
   app.add_option("--store-net-devices", f->net_devices, "UCX_NET_DEVICES for the store (e.g. lo on one host)");
+  app.add_option("--store-spin-us", f->spin_us,
+                 "microseconds the store transport keeps polling after work before it sleeps (lower read latency "
+                 "for CPU the engine would compute with)")
+      ->capture_default_str();
   app.add_flag("--store-no-single-flight", f->no_single_flight,
                "compute a prefix another node is computing instead of waiting for it (for comparisons)");
 }
@@ -34,6 +38,7 @@ Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f) {
   o.client.etcd = f.etcd;
   o.client.transport.tls = f.tls;
   o.client.transport.net_devices = f.net_devices;
+  o.client.transport.spin_us = f.spin_us;
   o.fetch_timeout = std::chrono::milliseconds(f.timeout_ms);
   o.single_flight = !f.no_single_flight;
   auto b = StoreBridge::Connect(o);

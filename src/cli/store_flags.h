@@ -19,6 +19,10 @@ struct StoreFlags {
   std::string tls = "tcp";  // UCX transports
   std::string net_devices;  // UCX_NET_DEVICES
   bool no_single_flight = false;
+  // The store transport's poll after work before it sleeps. 0 on an engine: its cores
+  // compute, and a spinning progress thread during a bulk read took ~0.25 core-s per
+  // 64 MB from the compute (trellis bench store, single-flight, 4 nodes on 2 cores).
+  uint32_t spin_us = 0;
 };
 
 void AddStoreFlags(CLI::App& app, StoreFlags* f);

@@ -302,12 +302,18 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
     // them a second time. It publishes as it goes (every prefill chunk), so what it has
     // stored is read while it computes the rest, and the bound is the compute still
     // left here: it moves each time more of the prefix is stored, never past the claim.
+    // The estimate is this engine's mean prefill rate, which undercounts a chunk deep in
+    // a long prompt (attention grows with position); so once the other engine has shown
+    // its pace, the next chunk may also take up to twice its last one.
     const size_t target = std::min<size_t>(found->blocks + found->pending, first + want);
     const auto claim_end = net::Clock::now() + std::chrono::milliseconds(found->pending_ms + 200);
+    auto last_progress = net::Clock::now();
+    net::Clock::duration last_interval{0};
     const auto bound_from = [&](size_t stored_blocks) {
       const double own = f.compute_seconds_per_block * static_cast<double>(target - std::max<size_t>(stored_blocks, first));
       if (own <= 0) return claim_end;
-      return std::min(claim_end, net::Clock::now() + std::chrono::microseconds(static_cast<int64_t>(own * 1e6)));
+      const auto own_d = std::chrono::duration_cast<net::Clock::duration>(std::chrono::duration<double>(own));
+      return std::min(claim_end, net::Clock::now() + std::max(own_d, 2 * last_interval));
     };
     auto bound = bound_from(found->blocks);
     auto poll = std::chrono::milliseconds(2);
@@ -320,6 +326,9 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
       if (!again.ok()) break;
       if (again->blocks > found->blocks) {
         found = std::move(again);
+        const auto now = net::Clock::now();
+        last_interval = now - last_progress;
+        last_progress = now;
         bound = bound_from(found->blocks);
       }
       if (found->blocks >= target) {
