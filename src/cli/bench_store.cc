@@ -38,6 +38,7 @@
 
 #include <httplib.h>
 
+#include "bench/report.h"
 #include "cli/commands.h"
 #include "kernels/cpu_features.h"
 #include "store/client.h"
@@ -47,6 +48,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using bench::Capture;
 
 // A `trellis store` child: port and metrics port read from its start-up lines.
 struct Child {
@@ -106,17 +108,6 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
-std::string Capture(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    pclose(p);
-  }
-  return out;
-}
-
 // ucx_perftest ucp_get between two processes: `iters` gets of `bytes` with up to
 // `outstanding` in flight (0: UCX's default); MB/s (UCX's MB: 2^20) or -1.
 double PerftestGetMBs(uint64_t bytes, int iters, int outstanding, std::string* detail) {
@@ -138,36 +129,16 @@ double PerftestGetMBs(uint64_t bytes, int iters, int outstanding, std::string* d
   return bw_all;
 }
 
-std::string Meta(const StoreBenchOptions& o) {
-  std::ostringstream m;
-  const std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  m << "# date: " << date << "\n";
-  std::string commit = Capture("git -C '" TRELLIS_SOURCE_DIR "' rev-parse --short HEAD 2>/dev/null");
-  while (!commit.empty() && commit.back() == '\n') commit.pop_back();
-  m << "# commit: " << (commit.empty() ? "unknown" : commit) << "\n";
-  std::string cpu = Capture("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-");
-  while (!cpu.empty() && (cpu.back() == '\n' || cpu.front() == ' ')) cpu.back() == '\n' ? cpu.pop_back() : (void)cpu.erase(0, 1);
-  std::string fam = Capture("grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' \n'");
-  std::string mod = Capture("grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' \n'");
-  m << "# cpu: " << cpu << " (cpu family " << fam << ", model " << mod << ")\n# isa: " << KernelIsaName(BestKernelIsa())
-    << " (the store moves bytes; no kernel runs)\n# cores: " << std::thread::hardware_concurrency() << "\n";
-  m << "# transports: UCX_TLS=" << getenv("UCX_TLS") << " UCX_NET_DEVICES=" << getenv("UCX_NET_DEVICES")
-    << " UCX_TCP_TX_SEG_SIZE=" << getenv("UCX_TCP_TX_SEG_SIZE") << " UCX_TCP_RX_SEG_SIZE=" << getenv("UCX_TCP_RX_SEG_SIZE")
-    << "\n";
-  std::string cmd;
-  std::ifstream argv("/proc/self/cmdline", std::ios::binary);
-  for (std::string a; std::getline(argv, a, '\0');) cmd += (cmd.empty() ? "" : " ") + a;
-  m << "# command: " << cmd << "\n";
-  (void)o;
-  return m.str();
+std::string Meta() {
+  return bench::RunHeader("(the store moves bytes; no kernel runs)") + "# transports: UCX_TLS=" + getenv("UCX_TLS") +
+         " UCX_NET_DEVICES=" + getenv("UCX_NET_DEVICES") + " UCX_TCP_TX_SEG_SIZE=" + getenv("UCX_TCP_TX_SEG_SIZE") +
+         " UCX_TCP_RX_SEG_SIZE=" + getenv("UCX_TCP_RX_SEG_SIZE") + "\n";
 }
 
 }  // namespace
 
 int RunStoreBench(const StoreBenchOptions& o) {
-  if (!o.micro) return Fail("bench store: only --micro exists yet (the engine-level evaluation comes with engines on the store)");
+  if (!o.micro) return Fail("bench store: this is the --micro benchmark (the evaluation is RunStoreEval)");
   if (o.blocks < 1 || o.block_bytes < 64 || o.runs < 1 || o.servers < 1 || o.lookups < 1 || o.prompt_tokens < 32) {
     return Fail("bench store: sizes and counts must be positive");
   }
@@ -325,7 +296,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
     rows.push_back({"lookup", "latency_max", Percentile(lat, 1.0), "ms"});
   }
 
-  const std::string meta = Meta(o);
+  const std::string meta = Meta();
   std::ofstream csv(o.out + "/store_micro.csv");
   csv << meta << "test,metric,value,unit\n";
   for (const Row& r : rows) csv << r.test << "," << r.metric << "," << r.value << "," << r.unit << "\n";
