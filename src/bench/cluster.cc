@@ -120,8 +120,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Create(int nodes, const std::string& r
 
 std::unique_ptr<Cluster> Cluster::Loopback(int nodes) {
   std::unique_ptr<Cluster> c(new Cluster());
-  const int pid = static_cast<int>(getpid());
-  for (int i = 0; i < nodes; ++i) c->hosts_.push_back(fmt::format("127.0.{}.{}", pid % 250, i + 1));
+  for (int i = 0; i < nodes; ++i) c->hosts_.push_back("127.0.0.1");
   return c;
 }
 
@@ -147,7 +146,7 @@ Cluster::Command Cluster::On(int i, std::vector<std::string> argv) const {
 
 std::string Cluster::Describe() const {
   if (namespaces_.empty()) {
-    return fmt::format("{} nodes on loopback addresses (127.0.x.i), no network namespaces, links not shaped", size());
+    return fmt::format("{} nodes on 127.0.0.1 (ports apart), no network namespaces, links not shaped", size());
   }
   return fmt::format("{} network namespaces joined by veth pairs to one bridge, MTU {}, tc tbf {} each way on every link",
                      size(), kMtu, rate_);

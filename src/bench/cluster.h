@@ -32,7 +32,7 @@ class Cluster {
  public:
   // Namespaces joined by shaped veths. `rate` is a tc rate ("10gbit", "1gbit", ...).
   static Result<std::unique_ptr<Cluster>> Create(int nodes, const std::string& rate);
-  // Nodes on loopback addresses, in the host namespace, unshaped.
+  // Nodes on 127.0.0.1 (distinct ports), in the host namespace, unshaped.
   static std::unique_ptr<Cluster> Loopback(int nodes);
   ~Cluster();
   Cluster(const Cluster&) = delete;
@@ -44,6 +44,10 @@ class Cluster {
   const std::string& host(int i) const { return hosts_[static_cast<size_t>(i)]; }
   const std::string& device() const { return device_; }
   bool shaped() const { return !namespaces_.empty(); }
+  // Added to every port node i listens on: 0 in namespaces (each has its own ports);
+  // i on loopback, where every node is 127.0.0.1 (UCX over lo reaches no other
+  // 127.x address: "Endpoint is not connected").
+  int port_offset(int i) const { return shaped() ? 0 : i; }
 
   // The executable and argv that run `argv` (argv[0] the program's path) on node i.
   struct Command {

@@ -147,7 +147,7 @@ class Nodes {
     auto nodes = std::unique_ptr<Nodes>(new Nodes());
     const std::string logs = o.out + "/logs/";
     std::vector<std::string> stores;
-    for (int i = 0; i < n; ++i) stores.push_back(fmt::format("{}:{}", cl.host(i), kStorePort));
+    for (int i = 0; i < n; ++i) stores.push_back(fmt::format("{}:{}", cl.host(i), kStorePort + cl.port_offset(i)));
     if (c.store) {
       for (int i = 0; i < n; ++i) {
         std::vector<std::string> a = {o.trellis, "store", "--listen", stores[static_cast<size_t>(i)], "--mem",
@@ -167,7 +167,7 @@ class Nodes {
     }
     for (int i = 0; i < n; ++i) {
       std::vector<std::string> a = {o.trellis, "serve", "-m", o.model, "--host", cl.host(i), "--port",
-                                    std::to_string(kServePort), "-t", std::to_string(o.threads), "-c",
+                                    std::to_string(kServePort + cl.port_offset(i)), "-t", std::to_string(o.threads), "-c",
                                     std::to_string(s.ctx), "--kv-blocks", std::to_string(s.kv_blocks), "--max-running",
                                     "8"};
       if (!c.prefix_cache) a.push_back("--no-prefix-cache");

@@ -15,7 +15,7 @@ struct StoreEvalOptions {
   std::vector<int> nodes = {1, 2, 3, 4};                  // node counts of the scaling sweep
   std::vector<std::string> traces = {"squad", "wikiqa"};
   std::string rate = "10gbit";  // tc tbf rate of every node's link
-  bool loopback = false;        // no namespaces: nodes on 127.0.x.i, links not shaped
+  bool loopback = false;        // no namespaces: nodes on 127.0.0.1 (ports apart), links not shaped
   int threads = 2;              // compute threads per node
   int kv_contexts = 2;          // each node's KV pool holds this many full contexts
   int question_tokens = 24;

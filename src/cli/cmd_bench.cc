@@ -287,7 +287,7 @@ Runner AddBenchCommand(CLI::App& app) {
   st->add_option("--nodes", seo->nodes, "node counts; the largest is the context sweep's")->delimiter(',')->capture_default_str();
   st->add_option("--traces", seo->traces, "squad, wikiqa")->delimiter(',')->capture_default_str();
   st->add_option("--rate", seo->rate, "tc tbf rate of every node's link")->capture_default_str();
-  st->add_flag("--loopback", seo->loopback, "no network namespaces: nodes on 127.0.x.i, links not shaped");
+  st->add_flag("--loopback", seo->loopback, "no network namespaces: nodes on 127.0.0.1 (ports apart), links not shaped (no root needed)");
   st->add_option("-t,--threads", seo->threads, "compute threads per node")->capture_default_str();
   st->add_option("--kv-contexts", seo->kv_contexts, "full contexts each node's KV pool holds")->capture_default_str();
   st->add_option("--single-flight-reps", seo->single_flight_reps, "new contexts sent to every node at once")->capture_default_str();

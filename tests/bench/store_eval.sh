@@ -8,14 +8,14 @@
 # + computed = prompt); the miss-ratio curve does not fall as memory grows past the
 # working set; nothing of the emulated cluster is left behind. Speed is not judged here
 # (docs/BENCHMARKS.md has the figures).
-# usage: store_eval.sh TRELLIS
+# usage: store_eval.sh TRELLIS [--loopback]
 set -euo pipefail
 TRELLIS=$1
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export TRELLIS_CACHE=$out/cache
 before=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
-"$TRELLIS" bench store --quick --no-plots -o "$out" >"$out/log" 2>&1 || { cat "$out/log"; tail -n 20 "$out"/logs/*; exit 1; }
+"$TRELLIS" bench store --quick --no-plots "${@:2}" -o "$out" >"$out/log" 2>&1 || { cat "$out/log"; tail -n 20 "$out"/logs/*; exit 1; }
 after=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
 [[ $after -le $before ]] || { echo "network namespaces left behind:"; ip netns list; exit 1; }
 csv=$out/store_eval.csv
