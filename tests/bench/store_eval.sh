@@ -16,6 +16,7 @@ trap 'rm -rf "$out"' EXIT
 export TRELLIS_CACHE=$out/cache
 before=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
 "$TRELLIS" bench store --quick --no-plots "${@:2}" -o "$out" >"$out/log" 2>&1 || { cat "$out/log"; tail -n 20 "$out"/logs/*; exit 1; }
+# (The two variants hold one CTest resource lock, so no other run's namespaces are counted.)
 after=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
 [[ $after -le $before ]] || { echo "network namespaces left behind:"; ip netns list; exit 1; }
 csv=$out/store_eval.csv
