@@ -12,6 +12,12 @@ KvLayout KvLayoutFor(const ModelConfig& c, int block_size) {
   return KvLayout{c.n_layer, c.n_head_kv, c.head_dim, block_size};
 }
 
+KvLayout LocalKvLayoutFor(const Model& m, int block_size) {
+  KvLayout l = KvLayoutFor(m.config(), block_size);
+  l.n_layer = m.n_local_layers();
+  return l;
+}
+
 Engine::Engine(const Model& model, const EngineOptions& opts)
     : model_(model), opts_(opts), threads_(opts.n_threads) {}
 
@@ -24,6 +30,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Model& model, const EngineO
   }
   if (o.n_ctx <= 0) o.n_ctx = std::min(c.n_ctx_train, 4096);
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
+  if (!model.whole()) return InvalidArgument("the engine runs a whole model, not a part of one");
   const KvLayout layout = KvLayoutFor(c, o.block_size);
   const int64_t per_ctx = (o.n_ctx + o.block_size - 1) / o.block_size;
   int64_t blocks = o.kv_blocks;

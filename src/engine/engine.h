@@ -86,5 +86,8 @@ class Engine {
 
 // KV geometry of a model for a given block size.
 KvLayout KvLayoutFor(const ModelConfig& c, int block_size);
+// The layout of the pool a process holding model part m keeps: its layers only (none at
+// a grid head that runs no layers: the pool then only hands out block ids).
+KvLayout LocalKvLayoutFor(const Model& m, int block_size);
 
 }  // namespace trellis

@@ -36,8 +36,8 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   auto need = [&](const WeightMatrix& w, int64_t rows) {
     scratch = std::max(scratch, MatMulScratchBytes(w.type, w.cols, rows));
   };
-  need(model.output(), static_cast<int64_t>(L));
-  for (int i = 0; i < c.n_layer; ++i) {
+  if (model.part().head) need(model.output(), static_cast<int64_t>(L));
+  for (int i = model.part().first_layer; i < model.part().last_layer; ++i) {
     const LayerWeights& l = model.layer(i);
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) need(*w, max_tokens_);
   }
@@ -82,12 +82,35 @@ void Forward::AddInPlace(float* x, const float* y, int64_t n) {
 }
 
 Status Forward::Run(std::span<const SeqBatch> seqs) {
+  TRELLIS_CHECK(model_.whole());
+  TRELLIS_RETURN_IF_ERROR(Prepare(seqs));
+  RunLayers();
+  if (n_logit_rows_ == 0) return Status::Ok();
+  // Gather the rows that want logits, norm them, project to the vocabulary. attn_seqs_
+  // holds the non-empty sequences in batch order; tmp_ has room for n_logits <= n_rows.
+  const int64_t E = model_.config().n_embd;
+  int out_row = 0;
+  size_t si = 0;
+  for (const SeqBatch& sb : seqs) {
+    if (sb.tokens.empty()) continue;
+    const AttnSeq& a = attn_seqs_[si++];
+    for (int i = a.n_tokens - sb.n_logits; i < a.n_tokens; ++i) {
+      std::copy_n(x_.data() + static_cast<int64_t>(a.q_row0 + i) * E, E, tmp_.data() + static_cast<int64_t>(out_row++) * E);
+    }
+  }
+  ProjectLogits(n_logit_rows_);
+  return Status::Ok();
+}
+
+Status Forward::Prepare(std::span<const SeqBatch> seqs, const float* hidden_in) {
   const ModelConfig& c = model_.config();
   const int bs = kv_.layout.block_size;
 
   // Plan: validate everything before touching the KV cache.
   int n_rows = 0;
   int n_logits = 0;
+  n_rows_ = 0;
+  n_logit_rows_ = 0;
   attn_seqs_.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqBatch& sb = seqs[s];
@@ -102,8 +125,10 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
       return InvalidArgument(fmt::format("sequence {}: block table covers {} positions, {} needed", s,
                                          sb.block_table.size() * static_cast<size_t>(bs), end));
     }
-    for (int32_t t : sb.tokens) {
-      if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+    if (hidden_in == nullptr) {
+      for (int32_t t : sb.tokens) {
+        if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+      }
     }
     if (sb.n_logits < 0 || sb.n_logits > n) return InvalidArgument(fmt::format("sequence {}: n_logits {} of {} tokens", s, sb.n_logits, n));
     n_logits += sb.n_logits;
@@ -114,33 +139,44 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
     for (int i = 0; i < n; ++i) pos_[static_cast<size_t>(n_rows + i)] = sb.pos0 + i;
     n_rows += n;
   }
-  n_logit_rows_ = n_logits;
-  if (n_rows == 0) return Status::Ok();
-
   const int64_t E = c.n_embd;
-  const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim;
-  const int64_t KD = c.kv_dim();
-  const int64_t F = c.n_ff;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
-  // x = embd[token]
-  {
+  if (hidden_in != nullptr) {
+    std::copy_n(hidden_in, static_cast<int64_t>(n_rows) * E, x_.data());
+  } else if (n_rows > 0) {
+    if (!model_.part().embed) return Internal("this part of the model has no token embeddings");
+    // x = embd[token]
     int r = 0;
     for (const SeqBatch& sb : seqs) {
       for (int32_t t : sb.tokens) GetRow(model_.token_embd(), t, x_.data() + static_cast<int64_t>(r++) * E);
     }
   }
+  n_rows_ = n_rows;
+  n_logit_rows_ = n_logits;
+  return Status::Ok();
+}
 
-  for (int li = 0; li < c.n_layer; ++li) {
+void Forward::RunLayers() {
+  const ModelConfig& c = model_.config();
+  const int n_rows = n_rows_;
+  if (n_rows == 0) return;
+  const int64_t E = c.n_embd;
+  const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t KD = c.kv_dim();
+  const int64_t F = c.n_ff;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int first = model_.part().first_layer;
+
+  for (int li = first; li < model_.part().last_layer; ++li) {
     const LayerWeights& l = model_.layer(li);
+    const int kv_layer = li - first;  // the pool holds this part's layers only
     // Attention block.
     RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
     const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
     MatMulShared(qkv, xn_.data(), E, n_rows, pool_, scratch_);
     Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope_);
     Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope_);
-    KvWrite(kv_, li, attn_seqs_, k_.data(), KD, v_.data(), KD);
-    PagedAttention(kv_, li, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
+    KvWrite(kv_, kv_layer, attn_seqs_, k_.data(), KD, v_.data(), KD);
+    PagedAttention(kv_, kv_layer, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
                    attn_scratch_.data());
     MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
@@ -159,25 +195,32 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
     MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
   }
+}
 
-  if (n_logits == 0) return Status::Ok();
-  // Gather the rows that want logits, norm them, project to the vocabulary.
-  {
-    // attn_seqs_ holds the non-empty sequences in batch order; tmp_ has room for
-    // n_logits <= n_rows rows.
-    int out_row = 0;
-    size_t si = 0;
-    for (const SeqBatch& sb : seqs) {
-      if (sb.tokens.empty()) continue;
-      const AttnSeq& a = attn_seqs_[si++];
-      for (int i = a.n_tokens - sb.n_logits; i < a.n_tokens; ++i) {
-        std::copy_n(x_.data() + static_cast<int64_t>(a.q_row0 + i) * E, E, tmp_.data() + static_cast<int64_t>(out_row++) * E);
-      }
+Status Forward::ComputeLogits(std::span<const int32_t> n_tokens, std::span<const int32_t> n_logits, const float* hidden) {
+  if (!model_.part().head) return Internal("this part of the model has no output head");
+  if (n_tokens.size() != n_logits.size()) return InvalidArgument("n_tokens and n_logits differ in length");
+  const int64_t E = model_.config().n_embd;
+  int64_t row = 0;
+  int out_row = 0;
+  for (size_t s = 0; s < n_tokens.size(); ++s) {
+    const int32_t n = n_tokens[s], k = n_logits[s];
+    if (n < 0 || k < 0 || k > n) return InvalidArgument(fmt::format("sequence {}: n_logits {} of {} tokens", s, k, n));
+    if (row + n > max_tokens_ || out_row + k > max_logit_rows_) return InvalidArgument("batch larger than this pass was sized for");
+    for (int32_t i = n - k; i < n; ++i) {
+      std::copy_n(hidden + (row + i) * E, E, tmp_.data() + static_cast<int64_t>(out_row++) * E);
     }
+    row += n;
   }
-  RowsRmsNorm(tmp_.data(), model_.output_norm(), out_in_.data(), n_logits);
-  MatMul(model_.output(), out_in_.data(), E, n_logits, logits_.data(), static_cast<int64_t>(n_vocab_), pool_, scratch_);
+  n_logit_rows_ = out_row;
+  if (out_row > 0) ProjectLogits(out_row);
   return Status::Ok();
+}
+
+void Forward::ProjectLogits(int n_rows) {
+  const int64_t E = model_.config().n_embd;
+  RowsRmsNorm(tmp_.data(), model_.output_norm(), out_in_.data(), n_rows);
+  MatMul(model_.output(), out_in_.data(), E, n_rows, logits_.data(), static_cast<int64_t>(n_vocab_), pool_, scratch_);
 }
 
 }  // namespace trellis

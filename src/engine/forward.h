@@ -12,6 +12,11 @@
 //              x += Wdown . (silu(Wgate . norm(x)) * (Wup . norm(x)))
 //   logits = Wout . norm(x)   (only for the rows a sequence asks for)
 //
+// A model split across processes (the grid) runs the same pass in stages: Prepare
+// (embed, or take hidden states from the previous stage), RunLayers (this process's
+// layers, model.part()), ComputeLogits. The KV pool then holds only this process's
+// layers: layer i of the model is layer i - part.first_layer of the pool.
+//
 // Thread safety: not thread-safe; one engine thread calls Run. Kernels fan out on the
 // ThreadPool given at construction. The Model and KV memory are borrowed.
 #pragma once
@@ -47,7 +52,23 @@ class Forward {
   // Runs the batch. On success logits() holds, for each sequence in order, its
   // n_logits rows of n_vocab floats. Errors (bad token id, block table too short,
   // batch too large) are detected before any KV is written.
+  // REQUIRES: the model is whole (model().whole()).
   Status Run(std::span<const SeqBatch> seqs);
+
+  // --- stages ---
+  // Plans the batch (same checks as Run) and fills the hidden state: hidden_in == null
+  // embeds the tokens (the part must hold the embeddings), otherwise copies
+  // hidden_rows() x n_embd floats from hidden_in (token values are then ignored).
+  Status Prepare(std::span<const SeqBatch> seqs, const float* hidden_in = nullptr);
+  // Runs this part's layers over the prepared batch, in place.
+  void RunLayers();
+  // The prepared batch's hidden state: [hidden_rows()][n_embd].
+  float* hidden() { return x_.data(); }
+  int hidden_rows() const { return n_rows_; }
+  // Logits of a batch whose hidden state (after the last layer) is `hidden`:
+  // n_tokens[i] rows per sequence, the last n_logits[i] of which want logits. The part
+  // must hold the output head. `hidden` may be hidden(); the prepared batch stays.
+  Status ComputeLogits(std::span<const int32_t> n_tokens, std::span<const int32_t> n_logits, const float* hidden);
 
   // [sum of n_logits][n_vocab], valid until the next Run.
   std::span<const float> logits() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_) * n_vocab_}; }
@@ -59,6 +80,7 @@ class Forward {
  private:
   void RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows);
   void AddInPlace(float* x, const float* y, int64_t n);
+  void ProjectLogits(int n_rows);  // tmp_[0, n_rows) -> logits_
 
   const Model& model_;
   PagedKv kv_;
@@ -67,6 +89,7 @@ class Forward {
   const int max_logit_rows_;
   const size_t n_vocab_;
   int n_logit_rows_ = 0;
+  int n_rows_ = 0;
   RopeParams rope_{};
 
   // Activations, T = max_batch_tokens rows each.

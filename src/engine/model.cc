@@ -79,15 +79,15 @@ int64_t MemAvailableBytes() {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const ModelPart& part) {
   TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path));
-  auto m = FromGguf(std::move(g));
+  auto m = FromGguf(std::move(g), part);
   if (!m.ok()) return m.status().WithContext(path);
   return m;
 }
 
-Result<std::unique_ptr<Model>> Model::FromGguf(GgufFile gguf) {
-  std::unique_ptr<Model> m(new Model(std::move(gguf)));
+Result<std::unique_ptr<Model>> Model::FromGguf(GgufFile gguf, const ModelPart& part) {
+  std::unique_ptr<Model> m(new Model(std::move(gguf), part));
   TRELLIS_RETURN_IF_ERROR(m->Init());
   return m;
 }
@@ -95,6 +95,11 @@ Result<std::unique_ptr<Model>> Model::FromGguf(GgufFile gguf) {
 Status Model::Init() {
   TRELLIS_ASSIGN_OR_RETURN(config_, ModelConfig::FromGguf(gguf_));
   const ModelConfig& c = config_;
+  if (part_.last_layer < 0) part_.last_layer = c.n_layer;
+  if (part_.first_layer < 0 || part_.first_layer > part_.last_layer || part_.last_layer > c.n_layer) {
+    return InvalidArgument(fmt::format("layer range {}-{} is not within the model's {} layers", part_.first_layer,
+                                       part_.last_layer - 1, c.n_layer));
+  }
   TRELLIS_ASSIGN_OR_RETURN(token_embd_, GetMatrix(gguf_, "token_embd.weight", c.n_embd, c.n_vocab));
   TRELLIS_ASSIGN_OR_RETURN(output_norm_, GetVector(gguf_, "output_norm.weight", c.n_embd));
   if (gguf_.FindTensor("output.weight")) {
@@ -141,20 +146,53 @@ Status Model::Init() {
     h = Fnv1a(h, &sum, sizeof(sum));
   }
   fingerprint_ = h;
+  // A part keeps only its own layers (every tensor was checked above all the same).
+  for (int i = 0; i < c.n_layer; ++i) {
+    if (!has_layer(i)) layers_[static_cast<size_t>(i)] = LayerWeights{};
+  }
+  if (!part_.head) {
+    output_norm_.clear();
+    output_ = WeightMatrix{};
+  }
   Repack();
+  if (!whole()) DropForeignPages();
   return Status::Ok();
+}
+
+// The fingerprint read every byte of the file; a part gives back the pages of tensors it
+// does not use (clean file pages: nothing is lost, they would re-read if touched).
+void Model::DropForeignPages() {
+  const long page = sysconf(_SC_PAGESIZE);
+  for (const GgufTensorInfo& t : gguf_.tensors()) {
+    bool mine = false;
+    if (t.name.rfind("blk.", 0) == 0) {
+      mine = has_layer(std::atoi(t.name.c_str() + 4));
+    } else if (t.name == "token_embd.weight") {
+      mine = part_.embed || (part_.head && tied_output_);
+    } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
+      mine = part_.head;
+    } else {
+      mine = true;  // rope_freqs and the like: small, used by every layer
+    }
+    if (mine) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+    const uintptr_t end = begin + static_cast<uintptr_t>(t.size_bytes);
+    const uintptr_t a = (begin + page - 1) / page * page, e = end / page * page;
+    if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
+  }
 }
 
 void Model::Repack() {
   const char* env = std::getenv("TRELLIS_REPACK");
   if (env != nullptr && std::string(env) == "0") return;
   std::vector<WeightMatrix*> mats;
-  for (LayerWeights& l : layers_) {
+  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
+    LayerWeights& l = layers_[static_cast<size_t>(i)];
     for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
       if (PackingUseful(*w)) mats.push_back(w);
     }
   }
-  if (PackingUseful(output_)) mats.push_back(&output_);
+  if (part_.head && PackingUseful(output_)) mats.push_back(&output_);
   if (mats.empty()) return;
   std::vector<size_t> offset;
   size_t total = 0;
@@ -202,7 +240,8 @@ void Model::Repack() {
 
 std::string Model::TypeSummary() const {
   std::map<std::string, int64_t> bytes;
-  for (const LayerWeights& l : layers_) {
+  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
+    const LayerWeights& l = layers_[static_cast<size_t>(i)];
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
       bytes[std::string(GetGgmlTypeTraits(w->type).name)] += w->rows * w->row_bytes;
     }
@@ -217,14 +256,17 @@ std::string Model::TypeSummary() const {
   }
   std::string s = main;
   if (bytes.size() > 1) s += " mix";
-  const std::string out_type(GetGgmlTypeTraits(output_.type).name);
-  if (out_type != main) s += fmt::format(" ({} output)", out_type);
+  if (part_.head) {
+    const std::string out_type(GetGgmlTypeTraits(output_.type).name);
+    if (out_type != main) s += fmt::format(" ({} output)", out_type);
+  }
   return s;
 }
 
 int64_t Model::WeightBytes() const {
-  int64_t b = output_.rows * output_.row_bytes;
-  for (const LayerWeights& l : layers_) {
+  int64_t b = part_.head ? output_.rows * output_.row_bytes : 0;
+  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
+    const LayerWeights& l = layers_[static_cast<size_t>(i)];
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += w->rows * w->row_bytes;
   }
   return b;

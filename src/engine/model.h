@@ -36,11 +36,25 @@ struct LayerWeights {
   WeightMatrix w_down;           // (n_embd, n_ff)
 };
 
+// Which part of a model a process holds. A grid node holds a range of layers; the head
+// holds the embeddings and the output head, and optionally the first layers. The
+// default is the whole model.
+struct ModelPart {
+  int first_layer = 0;   // layers [first_layer, last_layer) are loaded
+  int last_layer = -1;   // -1: through the model's last layer
+  bool embed = true;     // token embeddings
+  bool head = true;      // output norm and output matrix
+};
+
 class Model {
  public:
-  static Result<std::unique_ptr<Model>> Load(const std::string& path);
+  // A part other than the whole model checks every tensor as usual and computes the
+  // same fingerprint (over all of the file), but keeps only its own tensors: the other
+  // layers' weights are empty, never repacked, and their file pages are dropped, so
+  // resident memory follows the part's share.
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, const ModelPart& part = {});
   // Builds from an already-open GGUF (tests); takes ownership.
-  static Result<std::unique_ptr<Model>> FromGguf(GgufFile gguf);
+  static Result<std::unique_ptr<Model>> FromGguf(GgufFile gguf, const ModelPart& part = {});
 
   const ModelConfig& config() const { return config_; }
   const GgufFile& gguf() const { return gguf_; }
@@ -49,13 +63,19 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }  // [n_embd]
   const WeightMatrix& output() const { return output_; }  // (n_vocab, n_embd); token_embd if tied
   bool tied_output() const { return tied_output_; }
+  // REQUIRES: has_layer(i) for its weights to be there.
   const LayerWeights& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
+  // The part this process holds; first_layer/last_layer resolved (last_layer <= n_layer).
+  const ModelPart& part() const { return part_; }
+  bool has_layer(int i) const { return i >= part_.first_layer && i < part_.last_layer; }
+  int n_local_layers() const { return part_.last_layer - part_.first_layer; }
+  bool whole() const { return part_.embed && part_.head && part_.first_layer == 0 && part_.last_layer == config_.n_layer; }
   // Llama 3.1 style rope frequency factors [head_dim / 2], or empty.
   const std::vector<float>& rope_freqs() const { return rope_freqs_; }
 
   // "q4_0 (q6_K output)": the dominant weight type, for banners and benchmarks.
   std::string TypeSummary() const;
-  // Bytes of weights a decode step streams (all matrices once).
+  // Bytes of weights a decode step streams (this part's matrices once).
   int64_t WeightBytes() const;
   // Identifies the weights for cache and store keys: hash of the config, the tensor
   // table and every weight byte (XXH3).
@@ -64,15 +84,17 @@ class Model {
   size_t packed_bytes() const { return packed_bytes_; }
 
  private:
-  explicit Model(GgufFile gguf) : gguf_(std::move(gguf)) {}
+  explicit Model(GgufFile gguf, const ModelPart& part) : gguf_(std::move(gguf)), part_(part) {}
   Status Init();
   void Repack();
+  void DropForeignPages();
 
   struct FreeDeleter {
     void operator()(uint8_t* p) const { std::free(p); }
   };
 
   GgufFile gguf_;
+  ModelPart part_;
   ModelConfig config_;
   WeightMatrix token_embd_{};
   std::vector<float> output_norm_;

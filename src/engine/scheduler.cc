@@ -18,6 +18,8 @@ struct Scheduler::Session {
   std::vector<int32_t> tokens;  // prompt, then generated tokens; reserved at submit
   std::vector<int32_t> table;   // KV block ids; this session holds one reference on each
   int32_t n_computed = 0;       // leading positions whose K/V is in `table`
+  int32_t n_launched = 0;       // of which, or beyond: positions in batches launched (>= n_computed)
+  int32_t in_flight = 0;        // launched batches holding this session, not collected
   int32_t n_tree_blocks = 0;    // leading blocks that are in the radix tree
   NodeId locked = kNoNode;      // deepest tree node this session holds a lock on
   uint64_t admit_order = 0;
@@ -35,6 +37,8 @@ struct Scheduler::Session {
 
   Session(const SamplerParams& p, int n_vocab) : sampler(p, n_vocab) {}
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  int32_t to_launch() const { return static_cast<int32_t>(tokens.size()) - n_launched; }
+  bool busy() const { return fetching || in_flight > 0; }  // its blocks are being written
 };
 
 const char* FinishReasonName(FinishReason r) {
@@ -52,6 +56,11 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPoo
     : model_(model), opts_(opts), threads_(pool) {}
 
 Scheduler::~Scheduler() {
+  // Batches on other processes write into blocks by id: collect them first.
+  while (n_flights_ > 0) {
+    (void)executor_->Collect();
+    PopFlight();
+  }
   // Nothing may write into or read from the pool once it is gone: wait for the store's
   // fetches and publishes (each bounded by its deadline) and take back their blocks.
   if (opts_.store) {
@@ -73,6 +82,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");
   if (o.max_running < 1) return InvalidArgument("max running sessions must be >= 1");
   if (o.eviction != "lru" && o.eviction != "lfu") return InvalidArgument(fmt::format("eviction policy '{}' (lru, lfu)", o.eviction));
+  // The pool is sized by the whole model's block (a grid's nodes keep a pool of the same
+  // ids holding their layers); this process's pool holds its own layers only.
   const KvLayout layout = KvLayoutFor(c, o.block_size);
   const int64_t per_ctx = (o.n_ctx + o.block_size - 1) / o.block_size;
   int64_t blocks = o.kv_blocks;
@@ -87,10 +98,24 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   o.kv_blocks = blocks;
 
   std::unique_ptr<Scheduler> s(new Scheduler(model, o, pool));
-  TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(layout, static_cast<int32_t>(blocks)));
+  if (!model.whole() && !o.executor) return InvalidArgument("a part of a model needs an executor for the rest (a grid)");
+  if (!model.whole() && o.store) return Unsupported("the prefix store is not supported with a grid yet");
+  TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(LocalKvLayoutFor(model, o.block_size), static_cast<int32_t>(blocks)));
   s->cache_ = std::make_unique<RadixCache>(s->pool_.get(), o.block_size, static_cast<int32_t>(blocks),
                                            o.eviction == "lfu" ? MakeLfuPolicy() : MakeLruPolicy());
-  s->forward_ = std::make_unique<Forward>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool);
+  if (o.executor) {
+    TRELLIS_ASSIGN_OR_RETURN(s->executor_, o.executor(s->pool_->view(), static_cast<int32_t>(blocks), o.max_batch_tokens,
+                                                      o.max_running, pool));
+  } else {
+    s->executor_ = std::make_unique<LocalExecutor>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool);
+  }
+  s->epoch_ = s->executor_->epoch();
+  s->flights_.resize(static_cast<size_t>(std::max(1, s->executor_->depth())));
+  for (InFlight& f : s->flights_) {
+    f.sessions.reserve(static_cast<size_t>(o.max_running));
+    f.run_len.reserve(static_cast<size_t>(o.max_running));
+    f.sample.reserve(static_cast<size_t>(o.max_running));
+  }
   s->batch_.reserve(static_cast<size_t>(o.max_running));
   s->scheduled_.reserve(static_cast<size_t>(o.max_running));
   s->run_len_.reserve(static_cast<size_t>(o.max_running));
@@ -162,6 +187,11 @@ Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishC
 void Scheduler::Cancel(RequestId id) { cancel_.push_back(id); }
 
 void Scheduler::CancelAll() {
+  while (n_flights_ > 0) {
+    (void)executor_->Collect();
+    for (Session* x : flights_[flight_head_].sessions) --x->in_flight;
+    PopFlight();
+  }
   if (opts_.store) {
     opts_.store->AbandonQueued();
     opts_.store->Drain();
@@ -223,13 +253,14 @@ bool Scheduler::Admit(Session& s) {
   }
   for (int32_t i = 0; i < need; ++i) s.table.push_back(pool_->Allocate());
   if (cow_src != BlockPool::kNoBlock) {
-    pool_->CopySlots(cow_src, s.table[static_cast<size_t>(k)], j);
+    executor_->CopySlots(*pool_, cow_src, s.table[static_cast<size_t>(k)], j);
     pool_->Release(cow_src);
     ++m_.partial_copies;
   }
   m_.blocks_allocated += need;
   m_.blocks_acquired += k;
   s.n_computed = k * B + j;
+  s.n_launched = s.n_computed;
   s.n_tree_blocks = k;
   s.admit_order = ++admit_counter_;
   s.result.n_cached = k * B + j;
@@ -292,6 +323,7 @@ void Scheduler::ApplyFetch(const StoreFetchDone& d) {
     const int32_t upto = (s.fetch_first + d.blocks) * B;
     const int32_t copied = s.n_computed - s.fetch_first * B;
     s.n_computed = std::max(s.n_computed, upto);
+    s.n_launched = s.n_computed;
     s.reused_blocks = s.fetch_first + d.blocks;
     c.local -= copied;
     c.store = d.blocks * B;
@@ -393,6 +425,7 @@ void Scheduler::ReleaseSession(Session& s) {
   for (int32_t b : s.table) pool_->Release(b);
   s.table.clear();
   s.n_computed = 0;
+  s.n_launched = 0;
   s.n_tree_blocks = 0;
 }
 
@@ -415,7 +448,7 @@ int32_t Scheduler::AllocateBlock(Session* requester, bool may_preempt) {
     // Preempt the most recently admitted other session (it has done the least work).
     Session* victim = nullptr;
     for (auto& r : running_) {
-      if (r.get() == requester || r->preempted || r->done || r->fetching) continue;
+      if (r.get() == requester || r->preempted || r->done || r->busy()) continue;
       if (requester && r->admit_order < requester->admit_order) continue;
       if (!victim || r->admit_order > victim->admit_order) victim = r.get();
     }
@@ -498,12 +531,14 @@ void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
 }
 
 bool Scheduler::Step() {
-  // Cancellations.
+  CheckEpoch();
+  // Cancellations. A session whose blocks are being written (a store fetch, a batch in
+  // flight) is finished once that completes.
   for (RequestId id : cancel_) {
     for (auto& s : running_) {
       if (s->id != id || s->done) continue;
-      if (s->fetching) {
-        s->cancel_pending = true;  // its blocks are being written: finished when the fetch completes
+      if (s->busy()) {
+        s->cancel_pending = true;
       } else {
         Finish(*s, FinishReason::kCancelled);
       }
@@ -548,18 +583,29 @@ bool Scheduler::Step() {
   if (running_.empty()) return !waiting_.empty();
 
   // Plan: decode tokens first, oldest session first (a decode may preempt younger
-  // sessions for a block), then prefill chunks in admission order.
+  // sessions for a block), then prefill chunks in admission order. A session takes part
+  // when it has tokens not launched yet: a decode once its last batch is collected, a
+  // prefill chunk also while its previous chunk is still in the pipeline. With several
+  // micro-batches in flight, the decodes ready now are shared among the free slots.
+  const int free_slots = std::max(1, executor_->depth() - static_cast<int>(n_flights_));
+  int ready_decodes = 0;
+  for (auto& sp : running_) {
+    ready_decodes += (!sp->preempted && !sp->fetching && sp->to_launch() == 1) ? 1 : 0;
+  }
+  int decode_cap = (ready_decodes + free_slots - 1) / free_slots;
   int budget = opts_.max_batch_tokens;
   scheduled_.clear();
   run_len_.clear();
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.fetching || s.pending() != 1 || budget == 0) continue;
-    Status st = EnsureBlocks(s, s.n_computed + 1, /*may_preempt=*/true);
+    if (s.preempted || s.fetching || s.to_launch() != 1 || budget == 0 || decode_cap == 0) continue;
+    Status st = EnsureBlocks(s, s.n_launched + 1, /*may_preempt=*/true);
     if (!st.ok()) {
       bool alone = true;
       for (auto& r : running_) alone &= (r.get() == &s || r->preempted || r->done);
-      if (alone) {
+      if (s.in_flight > 0) {
+        continue;  // its previous chunk is still being computed: try again next step
+      } else if (alone) {
         Finish(s, FinishReason::kContextFull);  // the whole pool cannot hold it
       } else {
         Preempt(s);  // the youngest yields to older sessions and resumes later
@@ -569,12 +615,13 @@ bool Scheduler::Step() {
     scheduled_.push_back(&s);
     run_len_.push_back(1);
     --budget;
+    --decode_cap;
   }
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.done || s.fetching || s.pending() <= 1 || budget == 0) continue;
-    const int32_t n = std::min({s.pending(), opts_.prefill_chunk, budget});
-    if (!EnsureBlocks(s, s.n_computed + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
+    if (s.preempted || s.done || s.fetching || s.to_launch() <= 1 || budget == 0) continue;
+    const int32_t n = std::min({s.to_launch(), opts_.prefill_chunk, budget});
+    if (!EnsureBlocks(s, s.n_launched + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
     scheduled_.push_back(&s);
     run_len_.push_back(n);
     budget -= n;
@@ -587,56 +634,118 @@ bool Scheduler::Step() {
     }
   }
   std::erase_if(running_, [](const auto& s) { return s == nullptr || s->done; });
-  if (scheduled_.empty()) {
-    // Only store fetches in flight: wait a little for one rather than spin.
-    if (fetching_ > 0) PollStore(std::chrono::microseconds(1000));
-    return !Idle();
-  }
 
-  // Apply: one forward pass over the whole batch.
+  const bool launched = !scheduled_.empty() && n_flights_ < flights_.size() && LaunchPlanned();
+  // Collect when the pipeline is full, or when nothing more could be launched.
+  if (n_flights_ > 0 && (n_flights_ >= flights_.size() || !launched)) {
+    CollectOldest();
+  } else if (!launched && fetching_ > 0) {
+    PollStore(std::chrono::microseconds(1000));  // only store fetches in flight: wait a little
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  return !Idle() || n_flights_ > 0;
+}
+
+Scheduler::InFlight& Scheduler::PushFlight() {
+  InFlight& f = flights_[(flight_head_ + n_flights_) % flights_.size()];
+  ++n_flights_;
+  f.sessions.clear();
+  f.run_len.clear();
+  f.sample.clear();
+  f.tokens = 0;
+  f.t_launch = NowSeconds();
+  return f;
+}
+
+bool Scheduler::LaunchPlanned() {
   batch_.clear();
+  InFlight& f = PushFlight();
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     Session& s = *scheduled_[i];
     const int32_t n = run_len_[i];
     SeqBatch sb;
-    sb.tokens = std::span<const int32_t>(s.tokens.data() + s.n_computed, static_cast<size_t>(n));
-    sb.pos0 = s.n_computed;
+    sb.tokens = std::span<const int32_t>(s.tokens.data() + s.n_launched, static_cast<size_t>(n));
+    sb.pos0 = s.n_launched;
     sb.block_table = s.table;
-    sb.n_logits = (s.n_computed + n == static_cast<int32_t>(s.tokens.size())) ? 1 : 0;
+    sb.n_logits = (s.n_launched + n == static_cast<int32_t>(s.tokens.size())) ? 1 : 0;
     batch_.push_back(sb);
+    f.sessions.push_back(&s);
+    f.run_len.push_back(n);
+    f.sample.push_back(static_cast<uint8_t>(sb.n_logits));
+    f.tokens += n;
   }
-  const double t_fwd = NowSeconds();
-  Status st = forward_->Run(batch_);
+  Status st = executor_->Launch(batch_);
   ++m_.steps;
-  {
-    // The prefill rate, for deciding whether reading a prefix from the store is quicker
-    // than computing it: from steps that are mostly prefill.
-    int64_t tokens = 0;
-    for (int32_t n : run_len_) tokens += n;
-    if (st.ok() && tokens >= 16 && tokens >= 4 * static_cast<int64_t>(run_len_.size())) {
-      const double x = (NowSeconds() - t_fwd) / static_cast<double>(tokens);
-      prefill_s_per_token_ = prefill_s_per_token_ <= 0 ? x : 0.75 * prefill_s_per_token_ + 0.25 * x;
-    }
+  if (!st.ok()) {
+    --n_flights_;  // the record just pushed: nothing of it is in flight
+    TRELLIS_LOG_ERROR("scheduler: forward failed: {}", st.ToString());
+    FailInFlight(st, scheduled_);
+    return false;
   }
+  for (size_t i = 0; i < f.sessions.size(); ++i) {
+    f.sessions[i]->n_launched += f.run_len[i];
+    ++f.sessions[i]->in_flight;
+  }
+  return true;
+}
+
+// Fails every session of every batch in flight (after collecting them: no write may land
+// in a block after it is released) and the sessions in `also`.
+void Scheduler::FailInFlight(const Status& error, std::span<Session* const> also) {
+  std::vector<Session*> failed(also.begin(), also.end());
+  while (n_flights_ > 0) {
+    (void)executor_->Collect();
+    for (Session* s : flights_[flight_head_].sessions) {
+      --s->in_flight;
+      failed.push_back(s);
+    }
+    PopFlight();
+  }
+  for (Session* s : failed) {
+    if (!s->done) Finish(*s, FinishReason::kError, error);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+}
+
+void Scheduler::CollectOldest() {
+  Status st = executor_->Collect();
+  InFlight& f = flights_[flight_head_];  // popped at the end: nothing is launched meanwhile
+  for (Session* s : f.sessions) --s->in_flight;
   if (!st.ok()) {
     TRELLIS_LOG_ERROR("scheduler: forward failed: {}", st.ToString());
-    for (Session* s : scheduled_) Finish(*s, FinishReason::kError, st);
-    std::erase_if(running_, [](const auto& s) { return s->done; });
-    return !Idle();
+    const std::vector<Session*> failed = f.sessions;
+    PopFlight();
+    FailInFlight(st, failed);
+    return;
+  }
+  {
+    // The prefill rate, for deciding whether reading a prefix from the store is quicker
+    // than computing it: from batches that are mostly prefill.
+    if (f.tokens >= 16 && f.tokens >= 4 * static_cast<int64_t>(f.run_len.size())) {
+      const double x = (NowSeconds() - f.t_launch) / static_cast<double>(f.tokens);
+      prefill_s_per_token_ = prefill_s_per_token_ <= 0 ? x : 0.75 * prefill_s_per_token_ + 0.25 * x;
+    }
   }
 
   const int n_vocab = model_.config().n_vocab;
   int logit_row = 0;
-  for (size_t i = 0; i < scheduled_.size(); ++i) {
-    Session& s = *scheduled_[i];
-    const bool sample = batch_[i].n_logits == 1;
-    s.n_computed += run_len_[i];
-    m_.computed_tokens += run_len_[i];
+  for (size_t i = 0; i < f.sessions.size(); ++i) {
+    Session& s = *f.sessions[i];
+    const bool sample = f.sample[i] != 0;
+    s.n_computed += f.run_len[i];
+    m_.computed_tokens += f.run_len[i];
+    if (s.done) continue;
     InsertFullBlocks(s);
     if (!sample) {
       // Mid-prefill: what this chunk completed goes to the store now, so another node
       // waiting on this prefix (single-flight) reads it as it is made, not at the end.
       Publish(s);
+      if (s.cancel_pending && s.in_flight == 0) Finish(s, FinishReason::kCancelled);
+      continue;
+    }
+    const float* row = executor_->logits_row(logit_row++);
+    if (s.cancel_pending) {
+      Finish(s, FinishReason::kCancelled);
       continue;
     }
     if (s.result.tokens.empty()) {
@@ -645,7 +754,7 @@ bool Scheduler::Step() {
       s.result.cache.computed = s.result.n_prompt - s.result.cache.local - s.result.cache.store;
       Publish(s);
     }
-    std::copy_n(forward_->logits_row(logit_row++), n_vocab, logits_buf_.data());
+    std::copy_n(row, n_vocab, logits_buf_.data());
     if (s.req.logits && s.on_token) {
       // Report the raw logits (before penalties) with the token sampled from them.
       raw_logits_.assign(logits_buf_.begin(), logits_buf_.end());
@@ -669,8 +778,22 @@ bool Scheduler::Step() {
       Finish(s, FinishReason::kContextFull);
     }
   }
-  std::erase_if(running_, [](const auto& s) { return s->done; });
-  return true;
+  PopFlight();
+}
+
+// K/V held by another process was lost (a grid node restarted): every running session's
+// blocks, and every cached prefix, are incomplete there. Fail the sessions with a clear
+// error and forget the cache rather than serve answers computed on lost K/V.
+void Scheduler::CheckEpoch() {
+  const uint64_t e = executor_->epoch();
+  if (e == epoch_) return;
+  epoch_ = e;
+  const Status lost = Unavailable("a grid node restarted and its K/V was lost; the request was stopped");
+  std::vector<Session*> all;
+  for (auto& s : running_) all.push_back(s.get());
+  FailInFlight(lost, all);
+  m_.evicted_blocks += cache_->Evict(pool_->n_blocks());
+  TRELLIS_LOG_WARN("scheduler: K/V lost on a grid node; {} running requests failed, the prefix cache was cleared", all.size());
 }
 
 void Scheduler::RunUntilIdle() {

@@ -37,6 +37,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/step_executor.h"
 #include "kv/block_pool.h"
 #include "kv/prefix_store.h"
 #include "kv/radix_cache.h"
@@ -63,6 +64,11 @@ struct SchedulerOptions {
   // them; the blocks a session computes are published to it after its prefill and when
   // it finishes. The engine thread never waits on it.
   PrefixStore* store = nullptr;
+  // Makes the executor that runs batches (a grid head's, say); null: the whole model in
+  // this process (LocalExecutor). An executor with depth() > 1 gets up to that many
+  // micro-batches in flight: the running sessions are split between them, and a prompt's
+  // prefill chunks follow each other through the pipeline.
+  ExecutorFactory executor = nullptr;
 };
 
 enum class FinishReason { kStop, kLength, kContextFull, kCancelled, kError };
@@ -168,6 +174,13 @@ class Scheduler {
 
  private:
   struct Session;
+  struct InFlight {  // a launched batch not yet collected
+    std::vector<Session*> sessions;
+    std::vector<int32_t> run_len;
+    std::vector<uint8_t> sample;  // 1: the run reaches the end of the sequence
+    int64_t tokens = 0;
+    double t_launch = 0;
+  };
   Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPool& pool);
 
   bool Admit(Session& s);                     // match, acquire, allocate; false if it must wait
@@ -179,6 +192,10 @@ class Scheduler {
   void CacheFinished(Session& s);  // its full blocks and its partly filled last block
   void ReleaseSession(Session& s);
   void Finish(Session& s, FinishReason reason, Status error = Status::Ok());
+  bool LaunchPlanned();               // launches scheduled_/run_len_; false on error
+  void CollectOldest();               // collects, samples, finishes
+  void FailInFlight(const Status& error, std::span<Session* const> also = {});
+  void CheckEpoch();                  // K/V lost outside this process: fail and forget
   void StartFetch(Session& s, int32_t first_block, int32_t n_blocks);
   void Publish(Session& s);                           // its computed full blocks, if any
   void PollStore(std::chrono::microseconds wait);     // applies the store's completions
@@ -191,7 +208,14 @@ class Scheduler {
   ThreadPool& threads_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<RadixCache> cache_;
-  std::unique_ptr<Forward> forward_;
+  std::unique_ptr<StepExecutor> executor_;
+  // Launched batches, oldest first: a ring of depth() records whose buffers are reused,
+  // so a step allocates nothing.
+  std::vector<InFlight> flights_;
+  size_t flight_head_ = 0, n_flights_ = 0;
+  InFlight& PushFlight();
+  void PopFlight() { flight_head_ = (flight_head_ + 1) % flights_.size(), --n_flights_; }
+  uint64_t epoch_ = 0;
   RequestId next_id_ = 1;
   uint64_t admit_counter_ = 0;
   std::deque<std::unique_ptr<Session>> waiting_;

@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,8 +11,9 @@ namespace trellis {
 Result<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout, int32_t n_blocks) {
   if (n_blocks <= 0) return InvalidArgument(fmt::format("KV pool needs at least one block (got {})", n_blocks));
   const size_t bb = layout.BlockBytes();
-  if (bb == 0 || bb % 64 != 0) return InvalidArgument(fmt::format("KV block size {} bytes is not a multiple of 64", bb));
-  const size_t total = bb * static_cast<size_t>(n_blocks);
+  if (bb % 64 != 0) return InvalidArgument(fmt::format("KV block size {} bytes is not a multiple of 64", bb));
+  // bb == 0: a pool of no layers (a grid head that runs none) only hands out ids.
+  const size_t total = std::max<size_t>(64, bb * static_cast<size_t>(n_blocks));
   void* p = std::aligned_alloc(64, total);
   if (!p) return ResourceExhausted(fmt::format("cannot allocate {} MiB for {} KV blocks", total >> 20, n_blocks));
   return std::unique_ptr<BlockPool>(new BlockPool(layout, n_blocks, static_cast<uint8_t*>(p)));

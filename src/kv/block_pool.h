@@ -7,6 +7,8 @@
 // Release drops one and returns the block to the free list at zero. All three are O(1)
 // and perform no heap allocation.
 //
+// A layout of zero layers (a grid head that runs no layers) makes a pool of ids only.
+//
 // Running out is not an error: Allocate returns kNoBlock and the caller evicts,
 // preempts or waits (see the scheduler).
 //
