@@ -1,0 +1,291 @@
+// The grid over the real transport (UCX on loopback), nodes in this process: a head and
+// nodes give the whole model's tokens and logits, with micro-batches in flight; a node
+// with another model or other layers is refused at connect; a node that dies fails the
+// requests in flight with Unavailable and marks the head unhealthy, and once restarted it
+// rejoins and the grid serves correct answers again. (tests/grid/grid_processes.sh runs
+// the same with real processes.)
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "engine/scheduler.h"
+#include "engine/test_models.h"
+#include "engine/test_scheduler.h"
+#include "grid/head.h"
+#include "grid/node.h"
+#include "grid/protocol.h"
+
+namespace trellis::grid {
+namespace {
+
+using trellis::testing::Greedy;
+using trellis::testing::RunAll;
+
+const std::string& ModelPath() {
+  static const std::string p = trellis::testing::WriteSmallModel("grid_q4_0.gguf", "q4_0");
+  return p;
+}
+const std::string& OtherModelPath() {  // same shape, other weights
+  static const std::string p = trellis::testing::WriteSmallModel("grid_other_f32.gguf", "f32");
+  return p;
+}
+
+std::unique_ptr<Model> Load(const std::string& path, ModelPart part) {
+  auto r = Model::Load(path, part);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+net::TransportOptions Lo() {
+  net::TransportOptions t;
+  t.net_devices = "lo";
+  t.spin_us = 0;
+  return t;
+}
+
+struct TestNode {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<GridNode> node;
+};
+
+TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0) {
+  TestNode n;
+  n.model = Load(path, ModelPart{.first_layer = first, .last_layer = last, .embed = false, .head = false});
+  NodeOptions o;
+  o.port = port;
+  o.transport = Lo();
+  auto r = GridNode::Start(*n.model, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (r.ok()) n.node = std::move(r).value();
+  return n;
+}
+
+std::vector<Request> Workload(int n, int seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> shared(45);
+  for (auto& t : shared) t = static_cast<int32_t>(rng() % 1000) + 3;
+  std::vector<Request> reqs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p(shared.begin(), shared.begin() + 12 + 7 * i);
+    for (int k = 0; k < 2 + i; ++k) p.push_back(static_cast<int32_t>(rng() % 1000) + 3);
+    reqs.push_back(Greedy(p, 10 + i));
+  }
+  return reqs;
+}
+
+void ExpectSameAsWhole(const std::vector<Request>& reqs, const std::vector<trellis::testing::Outcome>& got,
+                       const std::string& what) {
+  static std::unique_ptr<Model> whole = Load(ModelPath(), {});
+  ThreadPool threads(1);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.n_ctx = 256;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto s = Scheduler::Create(*whole, o, threads);
+    ASSERT_TRUE(s.ok());
+    auto ref = RunAll(**s, {reqs[i]});
+    ASSERT_EQ(got[i].result.reason, FinishReason::kLength) << what << ": " << got[i].result.error.ToString();
+    EXPECT_EQ(got[i].tokens, ref[0].tokens) << what << " request " << i;
+    ASSERT_EQ(got[i].logits.size(), ref[0].logits.size());
+    for (size_t k = 0; k < ref[0].logits.size(); ++k) {
+      EXPECT_LT(trellis::testing::MaxRelDiff(got[i].logits[k], ref[0].logits[k]), 1e-4) << what << " request " << i << " step " << k;
+    }
+  }
+}
+
+struct Grid {
+  std::unique_ptr<Model> head_model;
+  GridHead* head = nullptr;
+  std::unique_ptr<Scheduler> sched;
+};
+
+Result<Grid> StartHead(int head_layers, const std::vector<NodeAddress>& nodes, ThreadPool& threads, int depth,
+                       int prefill_chunk = 16) {
+  Grid g;
+  g.head_model = Load(ModelPath(), ModelPart{.first_layer = 0, .last_layer = head_layers, .embed = true, .head = true});
+  HeadOptions ho;
+  ho.nodes = nodes;
+  ho.transport = Lo();
+  ho.depth = depth;
+  ho.start_timeout = std::chrono::milliseconds(3000);
+  ho.step_timeout = std::chrono::milliseconds(5000);
+  ho.retry_interval = std::chrono::milliseconds(100);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.n_ctx = 256;
+  o.kv_blocks = 96;
+  o.prefill_chunk = prefill_chunk;
+  o.executor = MakeGridExecutor(*g.head_model, ho, &g.head);
+  TRELLIS_ASSIGN_OR_RETURN(g.sched, Scheduler::Create(*g.head_model, o, threads));
+  return g;
+}
+
+NodeAddress Addr(const TestNode& n, int first, int last) {
+  return NodeAddress{"127.0.0.1", n.node->port(), first, last};
+}
+
+struct GridCase {
+  int head_layers;
+  int depth;
+};
+class GridTest : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(GridTest, SameTokensAndLogitsAsTheWholeModel) {
+  const GridCase gc = GetParam();
+  std::vector<TestNode> nodes;
+  std::vector<NodeAddress> addrs;
+  for (int l = gc.head_layers; l < 2; ++l) {
+    nodes.push_back(StartNode(ModelPath(), l, l + 1));
+    ASSERT_TRUE(nodes.back().node);
+    addrs.push_back(Addr(nodes.back(), l, l + 1));
+  }
+  ThreadPool threads(1);
+  auto g = StartHead(gc.head_layers, addrs, threads, gc.depth);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  for (int wave = 0; wave < 2; ++wave) {  // the second wave reuses the first's cache
+    const auto reqs = Workload(4, 7 + wave);
+    auto got = RunAll(*g->sched, reqs);
+    ExpectSameAsWhole(reqs, got, "wave " + std::to_string(wave));
+  }
+  EXPECT_GT(g->sched->metrics().cached_tokens, 0);
+  const HeadStats hs = g->head->stats();
+  EXPECT_GT(hs.steps, 0u);
+  EXPECT_GT(hs.bytes_sent, 0u);
+  for (const TestNode& n : nodes) EXPECT_EQ(n.node->stats().refused_steps, 0u);
+  EXPECT_TRUE(g->head->health().ok);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, GridTest,
+                         ::testing::Values(GridCase{1, 1}, GridCase{1, 2}, GridCase{0, 2}, GridCase{0, 3}),
+                         [](const ::testing::TestParamInfo<GridCase>& i) {
+                           return std::to_string(2 - i.param.head_layers) + "nodes_depth" + std::to_string(i.param.depth);
+                         });
+
+TEST(GridHeadTest, ANodeWithAnotherModelOrOtherLayersIsRefused) {
+  ThreadPool threads(1);
+  {
+    TestNode other = StartNode(OtherModelPath(), 1, 2);
+    ASSERT_TRUE(other.node);
+    auto g = StartHead(1, {Addr(other, 1, 2)}, threads, 2);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("refused"), std::string::npos) << g.status().ToString();
+    EXPECT_NE(g.status().message().find("model"), std::string::npos) << g.status().ToString();
+    EXPECT_EQ(other.node->stats().refused_hellos, 1u);
+  }
+  {
+    // The node holds layers 0-1; the head expects it to hold layer 1 only.
+    TestNode wide = StartNode(ModelPath(), 0, 2);
+    ASSERT_TRUE(wide.node);
+    auto g = StartHead(1, {Addr(wide, 1, 2)}, threads, 2);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("layers"), std::string::npos) << g.status().ToString();
+  }
+  {
+    // Nobody listening: a clear error once the start timeout passes.
+    TestNode gone = StartNode(ModelPath(), 1, 2);
+    const uint16_t port = gone.node->port();
+    gone.node.reset();
+    auto g = StartHead(1, {NodeAddress{"127.0.0.1", port, 1, 2}}, threads, 2);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), StatusCode::kUnavailable) << g.status().ToString();
+  }
+}
+
+TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {
+  ThreadPool threads(1);
+  TestNode n1 = StartNode(ModelPath(), 0, 1);
+  TestNode n2 = StartNode(ModelPath(), 1, 2);
+  ASSERT_TRUE(n1.node && n2.node);
+  const uint16_t port2 = n2.node->port();
+  auto g = StartHead(0, {Addr(n1, 0, 1), Addr(n2, 1, 2)}, threads, 2);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto warm = RunAll(*g->sched, Workload(2, 3));
+  ExpectSameAsWhole(Workload(2, 3), warm, "before the failure");
+
+  // Node 2 dies while requests run.
+  std::vector<RequestResult> results(3);
+  for (int i = 0; i < 3; ++i) {
+    auto id = g->sched->Submit(Greedy(std::vector<int32_t>(40, 9 + i), 200, false), nullptr,
+                               [&results, i](RequestId, const RequestResult& r) { results[static_cast<size_t>(i)] = r; });
+    ASSERT_TRUE(id.ok());
+  }
+  for (int i = 0; i < 6; ++i) g->sched->Step();
+  n2.node.reset();
+  g->sched->RunUntilIdle();
+  for (const RequestResult& r : results) {
+    EXPECT_EQ(r.reason, FinishReason::kError);
+    EXPECT_EQ(r.error.code(), StatusCode::kUnavailable) << r.error.ToString();
+    EXPECT_NE(r.error.message().find("grid node"), std::string::npos) << r.error.ToString();
+  }
+  const HeadHealth h = g->head->health();
+  EXPECT_FALSE(h.ok);
+  EXPECT_NE(h.message.find(std::to_string(port2)), std::string::npos) << h.message;
+  // While it is down, a request fails at once with the same reason.
+  auto down = RunAll(*g->sched, {Greedy({5, 6, 7}, 4, false)});
+  EXPECT_EQ(down[0].result.reason, FinishReason::kError);
+  EXPECT_EQ(down[0].result.error.code(), StatusCode::kUnavailable);
+
+  // Restarted on the same port: the head reconnects by itself and serves again, with the
+  // cache it held before dropped (node 2's K/V is gone).
+  n2 = StartNode(ModelPath(), 1, 2, port2);
+  ASSERT_TRUE(n2.node);
+  for (int i = 0; i < 100 && !g->head->health().ok; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(g->head->health().ok) << g->head->health().message;
+  const auto reqs = Workload(2, 3);  // the same prompts as before: a stale cache would be wrong
+  auto after = RunAll(*g->sched, reqs);
+  ExpectSameAsWhole(reqs, after, "after the rejoin");
+  EXPECT_EQ(g->head->stats().rejoins, 1u);
+}
+
+TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {
+  HelloRequest g;
+  g.n_blocks = 10;
+  g.block_size = 8;
+  g.max_batch_tokens = 64;
+  g.max_seqs = 4;
+  g.n_ctx = 80;
+  const uint32_t E = 4;
+  auto body = [&](std::vector<std::array<int32_t, 3>> copies, std::vector<StepSeq> seqs, int extra_rows = 0,
+                  int extra_bytes = 0) {
+    std::string b = EncodeStepHeader(1, 1) + EncodeStepPrefix(copies, seqs);
+    uint32_t rows = 0;
+    for (auto& s : seqs) rows += static_cast<uint32_t>(s.n_tokens);
+    b += std::string((rows + static_cast<uint32_t>(extra_rows)) * E * 4 + static_cast<uint32_t>(extra_bytes), '\0');
+    return b;
+  };
+  StepRequest out;
+  EXPECT_TRUE(DecodeStep(body({}, {StepSeq{0, 8, {3}}}), g, E, out).ok());
+  EXPECT_EQ(out.n_rows, 8u);
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{0, 8, {10}}}), g, E, out).ok());        // block id past the pool
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{0, 8, {-1}}}), g, E, out).ok());        // negative id
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{4, 8, {1}}}), g, E, out).ok());         // table too short
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{-4, 2, {1}}}), g, E, out).ok());        // negative position
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{0, 0, {1}}}), g, E, out).ok());         // empty sequence
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{72, 16, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0}}}), g, E, out).ok());  // past n_ctx
+  EXPECT_FALSE(DecodeStep(body({{1, 1, 4}}, {StepSeq{0, 1, {1}}}), g, E, out).ok());  // copy onto itself
+  EXPECT_FALSE(DecodeStep(body({{1, 2, 9}}, {StepSeq{0, 1, {1}}}), g, E, out).ok());  // more slots than a block
+  EXPECT_FALSE(DecodeStep(body({{1, 12, 2}}, {StepSeq{0, 1, {1}}}), g, E, out).ok()); // copy past the pool
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{0, 8, {3}}}, 1), g, E, out).ok());        // hidden state too long
+  EXPECT_FALSE(DecodeStep(body({}, {StepSeq{0, 8, {3}}}, 0, -4), g, E, out).ok());    // too short
+  std::vector<StepSeq> many(5, StepSeq{0, 1, {1}});
+  EXPECT_FALSE(DecodeStep(body({}, many), g, E, out).ok());                           // more sequences than agreed
+  std::vector<StepSeq> big(3, StepSeq{0, 30, {0, 1, 2, 3}});
+  EXPECT_FALSE(DecodeStep(body({}, big), g, E, out).ok());                            // more tokens than agreed
+  // Every truncation of a good step is refused, never read past.
+  const std::string good = body({{1, 2, 3}}, {StepSeq{0, 8, {3}}, StepSeq{8, 1, {3, 4}}});
+  ASSERT_TRUE(DecodeStep(good, g, E, out).ok());
+  for (size_t n = 0; n < good.size(); ++n) EXPECT_FALSE(DecodeStep(good.substr(0, n), g, E, out).ok()) << n;
+  // A hello out of range is refused.
+  HelloRequest h = g;
+  h.n_layer = 2;
+  h.first_layer = 1;
+  h.last_layer = 3;
+  HelloRequest back;
+  EXPECT_FALSE(DecodeHello(EncodeHello(h), back).ok());
+  h.last_layer = 2;
+  EXPECT_TRUE(DecodeHello(EncodeHello(h), back).ok());
+}
+
+}  // namespace
+}  // namespace trellis::grid

@@ -1,0 +1,435 @@
+#include "grid/head.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "engine/forward.h"
+#include "grid/protocol.h"
+#include "util/log.h"
+
+namespace trellis::grid {
+
+std::string NodeAddress::Name() const {
+  if (last_layer - first_layer == 1) return fmt::format("{}:{} (layer {})", host, port, first_layer);
+  return fmt::format("{}:{} (layers {}-{})", host, port, first_layer, last_layer - 1);
+}
+
+Result<std::vector<NodeAddress>> ParseGridSpec(const std::string& spec) {
+  std::vector<NodeAddress> out;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const size_t colon = item.rfind(':', eq);
+    const size_t dash = eq == std::string::npos ? std::string::npos : item.find('-', eq);
+    auto bad = [&] { return InvalidArgument(fmt::format("--grid: '{}' is not HOST:PORT=FIRST-LAST", item)); };
+    if (eq == std::string::npos || colon == std::string::npos || dash == std::string::npos || colon == 0) return bad();
+    auto number = [](const std::string& s, long max, long& v) {
+      if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+      v = std::stol(s);
+      return v <= max;
+    };
+    long port = 0, a = 0, b = 0;
+    if (!number(item.substr(colon + 1, eq - colon - 1), 65535, port) || port == 0 ||
+        !number(item.substr(eq + 1, dash - eq - 1), 1 << 20, a) || !number(item.substr(dash + 1), 1 << 20, b) || b < a) {
+      return bad();
+    }
+    NodeAddress n;
+    n.host = item.substr(0, colon);
+    n.port = static_cast<uint16_t>(port);
+    n.first_layer = static_cast<int>(a);
+    n.last_layer = static_cast<int>(b) + 1;
+    out.push_back(std::move(n));
+    if (comma == spec.size()) break;
+  }
+  if (out.empty()) return InvalidArgument("--grid names no node");
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i].first_layer != out[i - 1].last_layer) {
+      return InvalidArgument(fmt::format("--grid: node {} starts at layer {}, but the node before it ends at layer {}: "
+                                         "list the nodes in layer order, each starting where the previous one ends",
+                                         out[i].Name(), out[i].first_layer, out[i - 1].last_layer - 1));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct Flight {
+  std::string prefix;          // the step after head id and seq, before the hidden state
+  std::vector<uint64_t> seq;   // per node
+  uint64_t epoch = 0;
+  std::vector<int32_t> n_tokens, n_logits;
+  std::string hidden;          // the next node's input; at the end, the last node's output
+  bool done = false;           // GUARDED_BY(Impl::mu)
+  Status status;               // GUARDED_BY(Impl::mu)
+};
+
+}  // namespace
+
+struct GridHead::Impl {
+  const Model& model;
+  HeadOptions opt;
+  Forward fwd;
+  std::unique_ptr<net::Transport> t;
+  uint64_t head_id = 0;
+  HelloRequest hello;  // geometry; layer range per node
+
+  struct Node {
+    NodeAddress addr;
+    net::ConnId conn = 0;  // loop thread
+    bool up = false;        // GUARDED_BY(mu)
+    uint64_t next_seq = 0;  // GUARDED_BY(mu): the last sequence number given out
+  };
+  std::vector<Node> nodes;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool healthy = false;     // GUARDED_BY(mu)
+  std::string down;         // GUARDED_BY(mu)
+  std::atomic<uint64_t> epoch{0};
+  HeadStats stats;          // GUARDED_BY(mu)
+
+  // Engine thread.
+  std::deque<std::shared_ptr<Flight>> flights;
+  std::vector<std::array<int32_t, 3>> copies;
+  std::vector<StepSeq> step_seqs;
+  std::vector<float> out_hidden;
+  mutable uint64_t seen_epoch = 0;  // what the scheduler last read from epoch()
+
+  Impl(const Model& m, const PagedKv& kv, int max_tokens, int max_logits, ThreadPool& threads, const HeadOptions& o)
+      : model(m), opt(o), fwd(m, kv, max_tokens, max_logits, threads) {}
+
+  HelloRequest HelloFor(size_t i) const {
+    HelloRequest h = hello;
+    h.first_layer = static_cast<uint32_t>(nodes[i].addr.first_layer);
+    h.last_layer = static_cast<uint32_t>(nodes[i].addr.last_layer);
+    return h;
+  }
+
+  // A node's hello reply must describe what the head expects (the node checks as well).
+  Status CheckReply(size_t i, const std::string& body) const {
+    HelloReply r;
+    TRELLIS_RETURN_IF_ERROR(DecodeHelloReply(body, r));
+    if (r.fingerprint != model.fingerprint() || static_cast<int>(r.first_layer) != nodes[i].addr.first_layer ||
+        static_cast<int>(r.last_layer) != nodes[i].addr.last_layer) {
+      return InvalidArgument(fmt::format("node holds layers {}-{} of model {:016x}; expected layers {}-{} of {:016x}",
+                                         r.first_layer, static_cast<int>(r.last_layer) - 1, r.fingerprint,
+                                         nodes[i].addr.first_layer, nodes[i].addr.last_layer - 1, model.fingerprint()));
+    }
+    return Status::Ok();
+  }
+
+  // Loop thread: connect to node i and say hello; done(status) on the loop thread.
+  void Hello(size_t i, std::function<void(Status)> done) {
+    auto c = t->Connect(nodes[i].addr.host, nodes[i].addr.port);
+    if (!c.ok()) {
+      done(c.status());
+      return;
+    }
+    const net::ConnId conn = *c;
+    t->Call(conn, kHello, EncodeHello(HelloFor(i)), net::After(std::chrono::milliseconds(10000)),
+            [this, i, conn, done = std::move(done)](Result<std::string> r) {
+              Status st = r.ok() ? CheckReply(i, *r) : r.status();
+              if (!st.ok()) {
+                t->Close(conn);
+                done(st);
+                return;
+              }
+              nodes[i].conn = conn;
+              {
+                std::lock_guard<std::mutex> lock(mu);
+                nodes[i].up = true;
+                nodes[i].next_seq = 0;
+              }
+              done(Status::Ok());
+            });
+  }
+
+  // Loop thread.
+  void NodeFailed(size_t i, net::ConnId conn, const Status& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!nodes[i].up || nodes[i].conn != conn) return;  // already handled
+      nodes[i].up = false;
+      healthy = false;
+      down = fmt::format("grid node {} failed: {}", nodes[i].addr.Name(), why.message());
+      ++stats.node_failures;
+    }
+    TRELLIS_LOG_ERROR("grid head: node {} failed ({}); in-flight requests fail, reconnecting every {} ms",
+                      nodes[i].addr.Name(), why.ToString(), opt.retry_interval.count());
+    t->Close(conn);
+    nodes[i].conn = 0;
+    ScheduleReconnect(i);
+  }
+
+  void ScheduleReconnect(size_t i) {
+    t->AddTimer(net::After(opt.retry_interval), [this, i] {
+      Hello(i, [this, i](Status st) {
+        if (!st.ok()) {
+          if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kDeadlineExceeded) {
+            std::lock_guard<std::mutex> lock(mu);
+            down = fmt::format("grid node {} refused the head: {}", nodes[i].addr.Name(), st.message());
+          }
+          ScheduleReconnect(i);
+          return;
+        }
+        bool all = true;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          for (const Node& n : nodes) all &= n.up;
+          if (all) {
+            // The node starts with an empty pool: what the scheduler cached is gone there.
+            epoch.fetch_add(1);
+            healthy = true;
+            down.clear();
+          }
+          ++stats.rejoins;
+        }
+        TRELLIS_LOG_INFO("grid head: node {} rejoined{}", nodes[i].addr.Name(), all ? "; the grid serves again" : "");
+      });
+    });
+  }
+
+  void Finish(const std::shared_ptr<Flight>& f, Status st) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      f->status = std::move(st);
+      f->done = true;
+    }
+    cv.notify_all();
+  }
+
+  // Loop thread: hands the flight to node i.
+  void Send(const std::shared_ptr<Flight>& f, size_t i) {
+    std::string body;
+    net::ConnId conn = nodes[i].conn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (f->epoch != epoch.load()) {
+        body = "a grid node rejoined while this batch was in flight";
+      } else if (!nodes[i].up) {
+        body = down.empty() ? fmt::format("grid node {} is down", nodes[i].addr.Name()) : down;
+      }
+    }
+    if (!body.empty()) {
+      Finish(f, Unavailable(body));
+      return;
+    }
+    body = EncodeStepHeader(head_id, f->seq[i]);
+    body += f->prefix;
+    body += f->hidden;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stats.bytes_sent += body.size();
+    }
+    t->Call(conn, kStep, std::move(body), net::After(opt.step_timeout), [this, f, i, conn](Result<std::string> r) {
+      if (r.ok() && r->size() != f->hidden.size()) {
+        r = Corrupt(fmt::format("answered {} bytes for a hidden state of {}", r->size(), f->hidden.size()));
+      }
+      if (!r.ok()) {
+        NodeFailed(i, conn, r.status());
+        Finish(f, Unavailable(fmt::format("grid node {} failed: {}", nodes[i].addr.Name(), r.status().message())));
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stats.bytes_received += r->size();
+      }
+      f->hidden = std::move(*r);
+      if (i + 1 < nodes.size()) {
+        Send(f, i + 1);
+      } else {
+        Finish(f, Status::Ok());
+      }
+    });
+  }
+};
+
+GridHead::GridHead(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GridHead::~GridHead() {
+  Impl& I = *impl_;
+  for (auto& f : I.flights) {
+    std::unique_lock<std::mutex> lock(I.mu);
+    I.cv.wait(lock, [&] { return f->done; });
+  }
+  I.t->Stop();
+}
+
+Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const PagedKv& kv, int32_t n_blocks,
+                                                   int max_batch_tokens, int max_logit_rows, ThreadPool& threads,
+                                                   const HeadOptions& options) {
+  if (options.nodes.empty()) return InvalidArgument("a grid needs at least one node");
+  if (!model.part().embed || !model.part().head) return InvalidArgument("the grid's head holds the embeddings and the output head");
+  const int n_layer = model.config().n_layer;
+  if (options.nodes.front().first_layer != model.part().last_layer) {
+    return InvalidArgument(fmt::format("the head runs layers up to {}, but the first node starts at layer {}",
+                                       model.part().last_layer - 1, options.nodes.front().first_layer));
+  }
+  for (size_t i = 0; i < options.nodes.size(); ++i) {
+    const NodeAddress& n = options.nodes[i];
+    if (n.first_layer >= n.last_layer || (i > 0 && n.first_layer != options.nodes[i - 1].last_layer)) {
+      return InvalidArgument(fmt::format("grid node {}: layers must follow the previous node's", n.Name()));
+    }
+  }
+  if (options.nodes.back().last_layer != n_layer) {
+    return InvalidArgument(fmt::format("the grid's nodes end at layer {}, the model has layers 0-{}",
+                                       options.nodes.back().last_layer - 1, n_layer - 1));
+  }
+  if (options.depth < 1 || options.depth > 16) return InvalidArgument("grid depth must be in 1..16");
+
+  auto impl = std::make_unique<Impl>(model, kv, max_batch_tokens, max_logit_rows, threads, options);
+  Impl& I = *impl;
+  std::random_device rd;
+  I.head_id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  I.hello.head_id = I.head_id;
+  I.hello.fingerprint = model.fingerprint();
+  I.hello.n_layer = static_cast<uint32_t>(n_layer);
+  I.hello.block_size = static_cast<uint32_t>(kv.layout.block_size);
+  I.hello.n_blocks = static_cast<uint32_t>(n_blocks);
+  I.hello.max_batch_tokens = static_cast<uint32_t>(max_batch_tokens);
+  I.hello.max_seqs = static_cast<uint32_t>(std::max(1, std::max(max_logit_rows, options.max_seqs)));
+  I.hello.n_ctx = static_cast<uint32_t>(std::min<int64_t>(int64_t{1} << 24, static_cast<int64_t>(n_blocks) * kv.layout.block_size));
+  for (const NodeAddress& a : options.nodes) I.nodes.push_back(Impl::Node{a});
+  TRELLIS_ASSIGN_OR_RETURN(I.t, net::Transport::Create(options.transport));
+  I.t->Sync([&] {
+    I.t->SetRequestHandler([&I](net::ConnId c, uint16_t, uint64_t rid, std::string_view) {
+      I.t->ReplyError(c, rid, InvalidArgument("a grid head takes no requests"));
+    });
+    I.t->SetDisconnectHandler([&I](net::ConnId c, const Status& why) {
+      for (size_t i = 0; i < I.nodes.size(); ++i) {
+        if (I.nodes[i].conn == c) I.NodeFailed(i, c, why);
+      }
+    });
+    return 0;
+  });
+
+  // Every node, before serving: a node that is not up yet is retried until start_timeout;
+  // a node that refuses (another model, other layers) fails start-up at once.
+  const auto deadline = std::chrono::steady_clock::now() + options.start_timeout;
+  for (size_t i = 0; i < I.nodes.size(); ++i) {
+    for (;;) {
+      std::promise<Status> p;
+      auto fut = p.get_future();
+      I.t->Post([&] { I.Hello(i, [&p](Status st) { p.set_value(std::move(st)); }); });
+      Status st = fut.get();
+      if (st.ok()) break;
+      const bool transient = st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded ||
+                             st.code() == StatusCode::kCancelled;
+      if (!transient) return st.WithContext(fmt::format("grid node {} refused the head", I.nodes[i].addr.Name()));
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Unavailable(fmt::format("grid node {} did not answer within {} s: {}", I.nodes[i].addr.Name(),
+                                       options.start_timeout.count() / 1000, st.message()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    I.healthy = true;
+  }
+  I.seen_epoch = I.epoch.load();
+  return std::unique_ptr<GridHead>(new GridHead(std::move(impl)));
+}
+
+int GridHead::depth() const { return impl_->opt.depth; }
+
+uint64_t GridHead::epoch() const {
+  impl_->seen_epoch = impl_->epoch.load();
+  return impl_->seen_epoch;
+}
+
+Status GridHead::Launch(std::span<const SeqBatch> seqs) {
+  Impl& I = *impl_;
+  if (I.epoch.load() != I.seen_epoch) {
+    return Unavailable("a grid node rejoined and the K/V it held is gone; the request was stopped");
+  }
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    if (!I.healthy) return Unavailable(I.down + "; the head is reconnecting");
+  }
+  TRELLIS_RETURN_IF_ERROR(I.fwd.Prepare(seqs));
+  I.fwd.RunLayers();
+  auto f = std::make_shared<Flight>();
+  I.step_seqs.clear();
+  for (const SeqBatch& s : seqs) {
+    f->n_tokens.push_back(static_cast<int32_t>(s.tokens.size()));
+    f->n_logits.push_back(s.n_logits);
+    if (s.tokens.empty()) continue;
+    StepSeq q;
+    q.pos0 = s.pos0;
+    q.n_tokens = static_cast<int32_t>(s.tokens.size());
+    q.table.assign(s.block_table.begin(), s.block_table.end());
+    I.step_seqs.push_back(std::move(q));
+  }
+  f->prefix = EncodeStepPrefix(I.copies, I.step_seqs);
+  I.copies.clear();
+  const size_t bytes = static_cast<size_t>(I.fwd.hidden_rows()) * static_cast<size_t>(I.model.config().n_embd) * sizeof(float);
+  f->hidden.assign(reinterpret_cast<const char*>(I.fwd.hidden()), bytes);
+  f->seq.resize(I.nodes.size());
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    f->epoch = I.epoch.load();
+    for (size_t i = 0; i < I.nodes.size(); ++i) f->seq[i] = ++I.nodes[i].next_seq;
+    ++I.stats.steps;
+    I.stats.tokens += static_cast<uint64_t>(I.fwd.hidden_rows());
+  }
+  I.flights.push_back(f);
+  I.t->Post([&I, f] { I.Send(f, 0); });
+  return Status::Ok();
+}
+
+Status GridHead::Collect() {
+  Impl& I = *impl_;
+  if (I.flights.empty()) return Internal("grid head: collect with nothing in flight");
+  std::shared_ptr<Flight> f = std::move(I.flights.front());
+  I.flights.pop_front();
+  {
+    std::unique_lock<std::mutex> lock(I.mu);
+    I.cv.wait(lock, [&] { return f->done; });
+    if (!f->status.ok()) return f->status;
+  }
+  I.out_hidden.resize(f->hidden.size() / sizeof(float));
+  std::memcpy(I.out_hidden.data(), f->hidden.data(), f->hidden.size());
+  return I.fwd.ComputeLogits(f->n_tokens, f->n_logits, I.out_hidden.data());
+}
+
+const float* GridHead::logits_row(int i) const { return impl_->fwd.logits_row(i); }
+
+void GridHead::CopySlots(BlockPool& pool, int32_t src, int32_t dst, int32_t n_slots) {
+  pool.CopySlots(src, dst, n_slots);  // the head's own layers, if any
+  impl_->copies.push_back({src, dst, n_slots});
+}
+
+HeadHealth GridHead::health() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return HeadHealth{impl_->healthy, impl_->down};
+}
+
+HeadStats GridHead::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out) {
+  return [&model, options, out](const PagedKv& kv, int32_t n_blocks, int max_batch_tokens, int max_logit_rows,
+                                ThreadPool& threads) -> Result<std::unique_ptr<StepExecutor>> {
+    auto h = GridHead::Create(model, kv, n_blocks, max_batch_tokens, max_logit_rows, threads, options);
+    if (!h.ok()) return h.status();
+    if (out) *out = h->get();
+    return std::unique_ptr<StepExecutor>(std::move(h).value());
+  };
+}
+
+}  // namespace trellis::grid

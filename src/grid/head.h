@@ -1,0 +1,102 @@
+// GridHead: the scheduler's executor when the model's layers are spread over nodes
+// (docs/grid.md). The head holds the embeddings, the output head and optionally the first
+// layers; the nodes hold the rest, in order. For each batch the head embeds and runs its
+// layers on the engine thread, then hands the hidden state to node 1, node 1's answer to
+// node 2, and so on, from the transport's loop thread; the last answer becomes logits
+// when the scheduler collects the batch. Launch returns as soon as the head's share is
+// done, so with depth() micro-batches in flight every node works on a different one.
+//
+// Block ids are the scheduler's: every node's pool has the same ids and holds its layers'
+// slice of each block. Copy-on-write copies travel with the next step and every node
+// applies them before computing. Steps carry a per-node sequence number and nodes run
+// them in that order.
+//
+// Faults: a node that fails a step, dies, or does not answer within step_timeout fails
+// every batch in flight with Unavailable naming the node; health() reports it and the
+// head stays unhealthy (Launch fails at once) while it reconnects in the background. When
+// every node is back, epoch() changes: the scheduler drops its cache, whose K/V the
+// restarted node no longer has. A node whose model fingerprint or layer range differs
+// from the head's is refused at Hello.
+//
+// Threading: Launch, Collect, CopySlots, epoch on the engine thread; health and stats
+// from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/step_executor.h"
+#include "net/transport.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace trellis::grid {
+
+struct NodeAddress {
+  std::string host;
+  uint16_t port = 0;
+  int first_layer = 0, last_layer = 0;  // [first, last)
+  std::string Name() const;             // "host:port (layers a-b)"
+};
+
+// "HOST:PORT=A-B,HOST:PORT=C-D" (layer ranges inclusive, as users write them).
+Result<std::vector<NodeAddress>> ParseGridSpec(const std::string& spec);
+
+struct HeadOptions {
+  std::vector<NodeAddress> nodes;  // in layer order; the head holds [0, nodes[0].first_layer)
+  net::TransportOptions transport;
+  int depth = 2;                   // micro-batches in flight
+  std::chrono::milliseconds step_timeout{60000};  // one node's answer to one step
+  std::chrono::milliseconds start_timeout{30000}; // Create waits this long for every node
+  std::chrono::milliseconds retry_interval{1000}; // reconnecting to a failed node
+  int n_ctx = 0;
+  int max_seqs = 0;
+};
+
+struct HeadHealth {
+  bool ok = true;
+  std::string message;  // which node failed and why, when !ok
+};
+
+struct HeadStats {
+  uint64_t steps = 0, tokens = 0;  // launched
+  uint64_t bytes_sent = 0;         // step bodies, to every node
+  uint64_t bytes_received = 0;
+  uint64_t node_failures = 0, rejoins = 0;
+};
+
+class GridHead final : public StepExecutor {
+ public:
+  // Connects to every node (retrying until start_timeout) and says Hello. `model` is the
+  // head's part; kv its pool (the head's layers); n_blocks the pool's size in blocks.
+  static Result<std::unique_ptr<GridHead>> Create(const Model& model, const PagedKv& kv, int32_t n_blocks,
+                                                  int max_batch_tokens, int max_logit_rows, ThreadPool& threads,
+                                                  const HeadOptions& options);
+  ~GridHead() override;
+
+  int depth() const override;
+  Status Launch(std::span<const SeqBatch> seqs) override;
+  Status Collect() override;
+  const float* logits_row(int i) const override;
+  void CopySlots(BlockPool& pool, int32_t src, int32_t dst, int32_t n_slots) override;
+  uint64_t epoch() const override;
+
+  HeadHealth health() const;
+  HeadStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit GridHead(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The scheduler's ExecutorFactory for a grid head. `out`, if given, receives the head
+// once made (borrowed: the scheduler owns it).
+ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out = nullptr);
+
+}  // namespace trellis::grid

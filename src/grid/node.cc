@@ -1,0 +1,260 @@
+#include "grid/node.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "engine/engine.h"
+#include "engine/forward.h"
+#include "grid/protocol.h"
+#include "kv/block_pool.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/thread_pool.h"
+
+namespace trellis::grid {
+
+struct GridNode::Impl {
+  const Model& model;
+  NodeOptions opt;
+  std::unique_ptr<net::Transport> t;
+  uint16_t port = 0;
+  ThreadPool threads;
+
+  struct Job {
+    uint16_t type = 0;
+    net::ConnId conn = 0;
+    uint64_t request_id = 0;
+    uint64_t seq = 0;  // steps: from the body, for ordering
+    std::string peer;  // hellos: who sent it, for the log
+    std::string body;
+  };
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job> jobs;  // GUARDED_BY(mu)
+  bool stopping = false;  // GUARDED_BY(mu)
+  NodeStats stats;        // GUARDED_BY(mu)
+  std::thread compute;
+
+  // Compute thread only.
+  HelloRequest geometry;
+  bool have_geometry = false;
+  uint64_t next_seq = 1;
+  std::unique_ptr<BlockPool> pool;
+  std::unique_ptr<Forward> forward;
+  std::vector<int32_t> zeros;     // token values a stage that does not embed ignores
+  std::vector<SeqBatch> batch;
+  std::vector<float> hidden_in;   // the message's hidden state, aligned
+
+  Impl(const Model& m, const NodeOptions& o) : model(m), opt(o), threads(std::max(1, o.threads)) {}
+
+  void Reply(net::ConnId c, uint64_t rid, std::string body) {
+    t->Post([this, c, rid, b = std::move(body)]() mutable { t->Reply(c, rid, std::move(b)); });
+  }
+  void ReplyError(net::ConnId c, uint64_t rid, Status st) {
+    t->Post([this, c, rid, st = std::move(st)] { t->ReplyError(c, rid, st); });
+  }
+
+  // Loop thread: queue the request for the compute thread (the body is valid only now).
+  void OnRequest(net::ConnId c, uint16_t type, uint64_t rid, std::string_view body) {
+    if (type != kHello && type != kStep) {
+      t->ReplyError(c, rid, InvalidArgument(fmt::format("message type {} is not a grid request", type)));
+      return;
+    }
+    Job j;
+    j.type = type;
+    j.conn = c;
+    j.request_id = rid;
+    if (type == kStep && body.size() >= 16) {
+      for (int i = 0; i < 8; ++i) j.seq |= static_cast<uint64_t>(static_cast<uint8_t>(body[8 + i])) << (8 * i);
+    }
+    if (type == kHello) j.peer = t->PeerName(c);
+    j.body.assign(body);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      jobs.push_back(std::move(j));
+    }
+    cv.notify_one();
+  }
+
+  // Compute thread: the next job to run, or false when stopping. A Hello runs at once; a
+  // step waits for its turn (steps may arrive out of order).
+  bool NextJob(Job& out) {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      if (stopping) return false;
+      for (auto it = jobs.begin(); it != jobs.end(); ++it) {
+        if (it->type == kHello || it->seq == next_seq || it->body.size() < 16 || !have_geometry ||
+            HeadOf(it->body) != geometry.head_id || it->seq < next_seq) {
+          out = std::move(*it);
+          jobs.erase(it);
+          return true;
+        }
+      }
+      cv.wait(lock);
+    }
+  }
+  static uint64_t HeadOf(const std::string& body) {
+    uint64_t h = 0;
+    for (int i = 0; i < 8; ++i) h |= static_cast<uint64_t>(static_cast<uint8_t>(body[static_cast<size_t>(i)])) << (8 * i);
+    return h;
+  }
+
+  void RunHello(const Job& j) {
+    HelloRequest h;
+    Status st = DecodeHello(j.body, h);
+    const ModelPart& part = model.part();
+    if (st.ok() && (h.fingerprint != model.fingerprint() || h.n_layer != static_cast<uint32_t>(model.config().n_layer))) {
+      st = InvalidArgument(fmt::format(
+          "refused: this node holds model {:016x} ({} layers), the head runs model {:016x} ({} layers); start the node "
+          "with the head's model file",
+          model.fingerprint(), model.config().n_layer, h.fingerprint, h.n_layer));
+    }
+    if (st.ok() && (h.first_layer != static_cast<uint32_t>(part.first_layer) ||
+                    h.last_layer != static_cast<uint32_t>(part.last_layer))) {
+      st = InvalidArgument(fmt::format("refused: this node holds layers {}-{}, the head expects layers {}-{} here",
+                                       part.first_layer, part.last_layer - 1, h.first_layer, h.last_layer - 1));
+    }
+    if (st.ok() && (h.block_size * static_cast<uint32_t>(model.config().head_dim)) % 32 != 0) {
+      st = InvalidArgument(fmt::format("refused: block size {} does not suit head_dim {}", h.block_size, model.config().head_dim));
+    }
+    if (st.ok()) {
+      // The pool: the head's ids, this node's layers of each block. Kept when the geometry
+      // is the same (its contents are forgotten all the same: the head starts over).
+      const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(h.block_size));
+      const bool same = pool && have_geometry && geometry.block_size == h.block_size && geometry.n_blocks == h.n_blocks &&
+                        geometry.max_batch_tokens == h.max_batch_tokens;
+      if (!same) {
+        forward.reset();
+        pool.reset();
+        auto p = BlockPool::Create(layout, static_cast<int32_t>(h.n_blocks));
+        if (!p.ok()) {
+          st = p.status().WithContext("refused: this node cannot hold the head's KV pool");
+        } else {
+          pool = std::move(p).value();
+          forward = std::make_unique<Forward>(model, pool->view(), static_cast<int>(h.max_batch_tokens), 1, threads);
+          zeros.assign(h.max_batch_tokens, 0);
+          hidden_in.resize(static_cast<size_t>(h.max_batch_tokens) * static_cast<size_t>(model.config().n_embd));
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!st.ok()) {
+      ++stats.refused_hellos;
+      TRELLIS_LOG_WARN("grid node: hello from {}: {}", j.peer, st.message());
+      ReplyError(j.conn, j.request_id, st);
+      return;
+    }
+    geometry = h;
+    have_geometry = true;
+    next_seq = 1;
+    // Steps of any earlier head (or of this one before its hello) are stale.
+    std::erase_if(jobs, [&](const Job& q) { return q.type == kStep && (q.body.size() < 16 || HeadOf(q.body) != h.head_id); });
+    ++stats.hellos;
+    stats.kv_pool_bytes = static_cast<uint64_t>(pool->n_blocks()) * pool->block_bytes();
+    HelloReply r;
+    r.fingerprint = model.fingerprint();
+    r.first_layer = static_cast<uint32_t>(part.first_layer);
+    r.last_layer = static_cast<uint32_t>(part.last_layer);
+    r.threads = static_cast<uint32_t>(threads.size());
+    r.weight_bytes = static_cast<uint64_t>(model.WeightBytes());
+    r.kv_pool_bytes = stats.kv_pool_bytes;
+    TRELLIS_LOG_INFO("grid node: head {:016x} connected: {} blocks of {} tokens, {} MiB of KV for layers {}-{}", h.head_id,
+                     h.n_blocks, h.block_size, stats.kv_pool_bytes >> 20, part.first_layer, part.last_layer - 1);
+    Reply(j.conn, j.request_id, EncodeHelloReply(r));
+  }
+
+  void RunStep(const Job& j) {
+    StepRequest s;
+    Status st = have_geometry ? DecodeStep(j.body, geometry, static_cast<uint32_t>(model.config().n_embd), s)
+                              : Unavailable("this node has no head: send hello first");
+    if (st.ok() && s.head_id != geometry.head_id) st = Unavailable("refused: a step from a head this node does not serve");
+    if (st.ok() && s.seq != next_seq) {
+      st = InvalidArgument(fmt::format("step {} out of order (expected {})", s.seq, next_seq));
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.refused_steps;
+      ReplyError(j.conn, j.request_id, st);
+      return;
+    }
+    ++next_seq;
+    const double t0 = NowSeconds();
+    for (const auto& c : s.copies) pool->CopySlots(c[0], c[1], c[2]);
+    batch.clear();
+    size_t row = 0;
+    for (const StepSeq& q : s.seqs) {
+      batch.push_back(SeqBatch{std::span<const int32_t>(zeros.data(), static_cast<size_t>(q.n_tokens)), q.pos0, q.table, 0});
+      row += static_cast<size_t>(q.n_tokens);
+    }
+    std::memcpy(hidden_in.data(), s.hidden.data(), s.hidden.size());
+    st = forward->Prepare(batch, hidden_in.data());
+    if (!st.ok()) {
+      ReplyError(j.conn, j.request_id, st);
+      return;
+    }
+    forward->RunLayers();
+    std::string out(reinterpret_cast<const char*>(forward->hidden()), s.hidden.size());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.steps;
+      stats.tokens += row;
+      stats.compute_seconds += NowSeconds() - t0;
+    }
+    Reply(j.conn, j.request_id, std::move(out));
+  }
+
+  void ComputeLoop() {
+    Job j;
+    while (NextJob(j)) {
+      if (j.type == kHello) {
+        RunHello(j);
+      } else {
+        RunStep(j);
+      }
+    }
+  }
+};
+
+GridNode::GridNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GridNode::~GridNode() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->compute.joinable()) impl_->compute.join();
+  impl_->t->Stop();
+}
+
+Result<std::unique_ptr<GridNode>> GridNode::Start(const Model& model, const NodeOptions& options) {
+  if (model.n_local_layers() < 1) return InvalidArgument("a grid node needs at least one layer");
+  auto impl = std::make_unique<Impl>(model, options);
+  net::TransportOptions to = options.transport;
+  TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(to));
+  Impl* raw = impl.get();
+  auto port = raw->t->Sync([&]() -> Result<uint16_t> {
+    raw->t->SetRequestHandler([raw](net::ConnId c, uint16_t type, uint64_t rid, std::string_view body) {
+      raw->OnRequest(c, type, rid, body);
+    });
+    return raw->t->Listen(raw->opt.host, raw->opt.port);
+  });
+  if (!port.ok()) return port.status();
+  raw->port = *port;
+  raw->compute = std::thread([raw] { raw->ComputeLoop(); });
+  return std::unique_ptr<GridNode>(new GridNode(std::move(impl)));
+}
+
+uint16_t GridNode::port() const { return impl_->port; }
+
+NodeStats GridNode::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace trellis::grid

@@ -1,0 +1,58 @@
+// GridNode: one process of a grid (docs/grid.md). It holds a range of the model's layers
+// (ModelPart) and, once a head says Hello, a KV pool of the head's geometry holding its
+// layers' slice of every block. Each Step carries the block copies to apply, the batch's
+// sequences (positions and block tables) and the hidden state entering the node's first
+// layer; the node runs its layers and answers with the hidden state after its last.
+//
+// A node serves one head at a time: a Hello (from a new head, or the same one after a
+// failure) resets it, and steps from any other head are refused. Steps run in the order
+// of their sequence numbers, whatever order they arrive in. A Hello whose model
+// fingerprint or layer range differs from the node's is refused, with both in the error.
+//
+// Threads: the transport's loop thread receives, checks and queues; one compute thread
+// (with its kernel thread pool) runs steps and posts the replies back to the loop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/model.h"
+#include "net/transport.h"
+#include "util/status.h"
+
+namespace trellis::grid {
+
+struct NodeOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: any
+  net::TransportOptions transport;
+  int threads = 1;    // kernel threads
+};
+
+struct NodeStats {
+  uint64_t hellos = 0, refused_hellos = 0;
+  uint64_t steps = 0, tokens = 0, refused_steps = 0;
+  double compute_seconds = 0;
+  uint64_t kv_pool_bytes = 0;
+};
+
+class GridNode {
+ public:
+  // Borrows the model part, which must outlive the node.
+  static Result<std::unique_ptr<GridNode>> Start(const Model& model, const NodeOptions& options);
+  ~GridNode();
+  GridNode(const GridNode&) = delete;
+  GridNode& operator=(const GridNode&) = delete;
+
+  uint16_t port() const;
+  NodeStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit GridNode(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trellis::grid
