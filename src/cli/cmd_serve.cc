@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/core.h>
+
 #include "cli/commands.h"
+#include "cli/grid_flags.h"
 #include "cli/store_flags.h"
 #include "engine/engine_loop.h"
 #include "engine/model.h"
@@ -47,6 +50,7 @@ struct ServeOpts {
   double shutdown_timeout = 10;
   std::string log_format = "text";
   StoreFlags store;
+  GridFlags grid;
 };
 
 std::string CheckOpts(const ServeOpts& o) {
@@ -108,7 +112,9 @@ int Serve(const ServeOpts& opts) {
     std::fclose(f);
     if (o.api_keys.empty()) return Fail("--api-key-file " + o.api_key_file + " holds no key");
   }
-  auto model = Model::Load(o.model);
+  auto part = HeadPart(o.grid);
+  if (!part.ok()) return Fail(part.status().message());
+  auto model = Model::Load(o.model, *part);
   if (!model.ok()) return Fail(model.status().ToString());
   auto tok = Tokenizer::FromGguf((*model)->gguf());
   if (!tok.ok()) return Fail(tok.status().ToString());
@@ -139,6 +145,8 @@ int Serve(const ServeOpts& opts) {
   so.max_running = o.max_running;
   so.max_batch_tokens = o.batch;
   so.prefill_chunk = o.batch;
+  grid::GridHead* grid_head = nullptr;
+  if (Status g = ConfigureGrid(o.grid, **model, so, &grid_head); !g.ok()) return Fail(g.message());
   auto engine = EngineLoop::Start(**model, so, pool, static_cast<size_t>(o.max_queue));
   if (!engine.ok()) return Fail(engine.status().ToString());
 
@@ -153,6 +161,12 @@ int Serve(const ServeOpts& opts) {
   sopt.max_queue = o.max_queue;
   sopt.max_prompt_bytes = static_cast<size_t>(o.max_prompt_bytes);
   sopt.log_format = o.log_format == "json" ? server::LogFormat::kJson : server::LogFormat::kText;
+  if (grid_head) {
+    sopt.health = [grid_head] {
+      const grid::HeadHealth h = grid_head->health();
+      return std::make_pair(h.ok, h.message);
+    };
+  }
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopt.http.max_body = static_cast<size_t>(o.max_body);
   sopt.http.max_decoded_body = static_cast<size_t>(o.max_decoded_body > 0 ? o.max_decoded_body : o.max_body);
@@ -172,6 +186,12 @@ int Serve(const ServeOpts& opts) {
                static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
                template_source.c_str(),
                o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str());
+  if (grid_head) {
+    const int here = (*model)->part().last_layer;
+    const std::string mine = here == 0 ? "no layers" : fmt::format("layers 0-{}", here - 1);
+    std::fprintf(stderr, "trellis serve: grid head with %s here; nodes %s | %d micro-batches in flight, prefill chunk %d\n",
+                 mine.c_str(), o.grid.grid.c_str(), o.grid.depth, eo.prefill_chunk);
+  }
   if (*store) {
     const StoreBridgeStats bs = (*store)->stats();
     std::fprintf(stderr, "trellis serve: prefix store %s (%zu members; get %.0f MiB/s, lookup %.2f ms, probed at start)\n",
@@ -252,6 +272,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds to finish streams after SIGTERM")
       ->capture_default_str();
   AddStoreFlags(app, &o->store);
+  AddGridFlags(app, &o->grid);
   app.add_option("--log-format", o->log_format, "access log on stderr: text or json")->capture_default_str();
   return [o] { return Serve(*o); };
 }

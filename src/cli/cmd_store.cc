@@ -94,14 +94,10 @@ Result<uint64_t> ParseSize(const std::string& s) {
 
 int Run(const StoreOptions& o) {
   store::ServerOptions so;
-  const size_t colon = o.listen.rfind(':');
-  if (colon == std::string::npos) return Fail("--listen takes HOST:PORT, got '" + o.listen + "'");
-  so.host = o.listen.substr(0, colon);
-  const std::string port = o.listen.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
-    return Fail("--listen: '" + port + "' is not a port");
-  }
-  so.port = static_cast<uint16_t>(std::stoi(port));
+  auto hp = ParseHostPort(o.listen, "--listen");
+  if (!hp.ok()) return Fail(hp.status().message());
+  so.host = hp->first;
+  so.port = hp->second;
   auto mem = ParseSize(o.mem);
   if (!mem.ok()) return Fail("--mem: " + mem.status().message());
   so.mem_bytes = *mem;

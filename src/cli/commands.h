@@ -5,6 +5,9 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+
+#include "util/status.h"
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +22,10 @@ Runner AddGenModelCommand(CLI::App& app);
 Runner AddBenchCommand(CLI::App& app);
 Runner AddServeCommand(CLI::App& app);
 Runner AddStoreCommand(CLI::App& app);
+Runner AddNodeCommand(CLI::App& app);
+
+// "HOST:PORT" -> (host, port); errors name the flag.
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s, const std::string& flag);
 
 // Prints "trellis: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -14,6 +14,16 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s, const std::string& flag) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return InvalidArgument(flag + " takes HOST:PORT, got '" + s + "'");
+  const std::string port = s.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+    return InvalidArgument(flag + ": '" + port + "' is not a port");
+  }
+  return std::make_pair(s.substr(0, colon), static_cast<uint16_t>(std::stoi(port)));
+}
+
 std::string DefaultVocabPath() {
   // Installed next to the binary's source tree; overridable with --vocab.
   return std::string(TRELLIS_SOURCE_DIR) + "/tests/data/vocab/ggml-vocab-llama-spm.gguf";

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
   add("serve", "OpenAI-compatible HTTP server", trellis::cli::AddServeCommand);
   add("store", "prefix tensor store server for this node", trellis::cli::AddStoreCommand);
+  add("node", "grid node: hold a range of a model's layers for a `serve --grid` head", trellis::cli::AddNodeCommand);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -327,7 +327,7 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
       if (st.ok()) break;
       const bool transient = st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded ||
                              st.code() == StatusCode::kCancelled;
-      if (!transient) return st.WithContext(fmt::format("grid node {} refused the head", I.nodes[i].addr.Name()));
+      if (!transient) return st.WithContext(fmt::format("grid node {}", I.nodes[i].addr.Name()));
       if (std::chrono::steady_clock::now() >= deadline) {
         return Unavailable(fmt::format("grid node {} did not answer within {} s: {}", I.nodes[i].addr.Name(),
                                        options.start_timeout.count() / 1000, st.message()));

@@ -142,9 +142,12 @@ void Generation::Finish(GenerationDelta& out) {
   if (result_.reason == FinishReason::kError) {
     failed_ = true;
     error_message_ = result_.error.message();
+    const StatusCode code = result_.error.code();
+    error_status_ = (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) ? 503 : 500;
   } else if (result_.reason == FinishReason::kCancelled && !stopped_by_string_ && !cancelled_) {
     failed_ = true;  // cancelled from outside (shutdown)
     error_message_ = "the request was cancelled (server shutting down)";
+    error_status_ = 503;
   }
   if (!result_.tokens.empty()) metrics_.ObserveTtft(result_.ttft_seconds);
 }

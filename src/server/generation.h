@@ -59,6 +59,9 @@ class Generation {
   // Valid once Next() reported done.
   bool failed() const { return failed_; }
   const std::string& error_message() const { return error_message_; }
+  // The HTTP status of a failure: 503 when a peer the engine needs is unavailable (a grid
+  // node down or too slow) or the server is shutting down, 500 otherwise.
+  int error_status() const { return error_status_; }
   std::string finish_reason() const;
   Usage usage() const;
 
@@ -90,6 +93,7 @@ class Generation {
   bool started_ = false, cancelled_ = false, done_ = false, stopped_by_string_ = false;
   bool failed_ = false;
   std::string error_message_;
+  int error_status_ = 500;
   StreamDecoder decoder_;
   StopMatcher stop_;
   int n_tokens_ = 0;  // tokens counted in usage (up to a matched stop string)

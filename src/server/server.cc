@@ -208,6 +208,14 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
     HttpResponse r;
     r.body = stopping_ ? R"({"status":"shutting down"})" : R"({"status":"ok"})";
     if (stopping_) r.status = 503;
+    if (!stopping_ && opts_.health) {
+      // Something the engine needs is down (a grid node): say which, and that it is 503.
+      const auto [ok, reason] = opts_.health();
+      if (!ok) {
+        r.status = 503;
+        r.body = nlohmann::json{{"status", "unhealthy"}, {"reason", reason}}.dump();
+      }
+    }
     return r;
   }
   if (route == Route::kMetrics) {
@@ -424,7 +432,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       return SendError(ex, MakeError(499, "the client closed the connection", "invalid_request_error",
                                      "client_closed_request"));
     }
-    if (g->failed()) return SendError(ex, MakeError(stopping_ ? 503 : 500, g->error_message(), "server_error"));
+    if (g->failed()) return SendError(ex, MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error"));
     out.finish_reason = g->finish_reason();
     out.usage = g->usage();
     account();
@@ -470,7 +478,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     }
     if (ok && d.done) {
       if (g->failed()) {
-        ok = send(ErrorJson(MakeError(stopping_ ? 503 : 500, g->error_message(), "server_error")));
+        ok = send(ErrorJson(MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error")));
       } else {
         c.finish_reason = g->finish_reason();
         ok = send(ChunkJson(c));

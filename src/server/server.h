@@ -24,10 +24,12 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine_loop.h"
@@ -55,6 +57,9 @@ struct ServerOptions {
   HttpLimits http;
   LogFormat log_format = LogFormat::kText;
   bool access_log = true;
+  // Extra health check for /health (a grid head's nodes): {ok, reason}. Called on the
+  // HTTP I/O thread: must be quick and thread-safe.
+  std::function<std::pair<bool, std::string>()> health = nullptr;
 };
 
 class Server : public HttpHandler {

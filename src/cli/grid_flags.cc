@@ -1,0 +1,48 @@
+#include "cli/grid_flags.h"
+
+#include <fmt/core.h>
+
+namespace trellis::cli {
+
+void AddGridFlags(CLI::App& app, GridFlags* f) {
+  app.add_option("--grid", f->grid,
+                 "run the model's layers on grid nodes: HOST:PORT=FIRST-LAST,... in layer order (started with "
+                 "`trellis node`); this process keeps the embeddings, the output head and the layers before the first node's");
+  app.add_option("--grid-depth", f->depth, "micro-batches in flight through the grid")->capture_default_str();
+  app.add_option("--grid-chunk", f->chunk, "prefill chunk with --grid (a prompt's chunks follow each other through the nodes)")
+      ->capture_default_str();
+  app.add_option("--grid-timeout", f->timeout, "seconds a node may take for one step before it is declared failed")
+      ->capture_default_str();
+  app.add_option("--grid-start-timeout", f->start_timeout, "seconds to wait for every node at start-up")
+      ->capture_default_str();
+  app.add_option("--grid-tls", f->tls, "UCX transports to the nodes (UCX_TLS)")->capture_default_str();
+  app.add_option("--grid-net-devices", f->net_devices, "UCX_NET_DEVICES to the nodes (e.g. lo on one host)");
+}
+
+Result<ModelPart> HeadPart(const GridFlags& f) {
+  if (f.grid.empty()) return ModelPart{};
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<grid::NodeAddress> nodes, grid::ParseGridSpec(f.grid));
+  return ModelPart{.first_layer = 0, .last_layer = nodes.front().first_layer, .embed = true, .head = true};
+}
+
+Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head) {
+  if (f.grid.empty()) return Status::Ok();
+  if (f.depth < 1 || f.depth > 16) return InvalidArgument("--grid-depth must be in 1..16");
+  if (f.chunk < 1) return InvalidArgument("--grid-chunk must be >= 1");
+  if (!(f.timeout > 0 && f.timeout <= 86400) || !(f.start_timeout >= 0 && f.start_timeout <= 86400)) {
+    return InvalidArgument("--grid-timeout and --grid-start-timeout must be in (0, 86400] seconds");
+  }
+  grid::HeadOptions ho;
+  TRELLIS_ASSIGN_OR_RETURN(ho.nodes, grid::ParseGridSpec(f.grid));
+  ho.depth = f.depth;
+  ho.step_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
+  ho.start_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.start_timeout * 1000));
+  ho.transport.tls = f.tls;
+  ho.transport.net_devices = f.net_devices;
+  ho.transport.spin_us = f.spin_us;
+  o.executor = grid::MakeGridExecutor(model, ho, head);
+  o.prefill_chunk = std::min(o.prefill_chunk, f.chunk);
+  return Status::Ok();
+}
+
+}  // namespace trellis::cli

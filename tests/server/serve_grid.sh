@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# server_grid: the grid as real processes (docs/grid.md). `trellis node` processes hold
+# layer ranges of a tiny random model (4 layers) and a `trellis serve --grid` head serves
+# the OpenAI API over them:
+#   - with 3 nodes (the head runs no layer) and with 2 (the head runs layer 0), greedy
+#     answers and their logprobs equal one process running the whole model, for single
+#     and concurrent requests, and a repeated prompt is served from the head's cache;
+#   - a node started with other layers, or another model file, is refused at start-up;
+#   - a node killed with SIGKILL fails requests with 503 (and an SSE error event), /health
+#     says 503 and names the node; restarted, it rejoins and answers are right again;
+#   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout.
+# usage: serve_grid.sh TRELLIS DATA_DIR
+set -euo pipefail
+TRELLIS=$1 DATA=$2
+source "$(dirname "$0")/lib.sh"
+export UCX_NET_DEVICES=lo
+
+# start_node NAME LAYERS [PORT [MODEL]]: sets $node_port and $node_pid.
+start_node() {
+  local name=$1 layers=$2 port=${3:-0} m=${4:-$model}
+  "$TRELLIS" node -m "$m" --layers "$layers" --listen 127.0.0.1:"$port" --net-devices lo >"$tmp/$name.log" 2>&1 &
+  node_pid=$!
+  srv_pids+=("$node_pid")
+  node_port=""
+  for _ in $(seq 1 100); do
+    node_port=$(sed -n 's|.*listening on 127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/$name.log" | head -1 || true)
+    [[ -n $node_port ]] && break
+    kill -0 "$node_pid" 2>/dev/null || die "node $name exited at start-up: $(cat "$tmp/$name.log")"
+    sleep 0.1
+  done
+  [[ -n $node_port ]] || die "node $name printed no address: $(cat "$tmp/$name.log")"
+}
+
+# ask NAME PROMPT [STATUS]: a greedy completion with logprobs into $tmp/NAME.json.
+ask() {
+  local want=${3:-200}
+  local body="{\"prompt\":\"$2\",\"max_tokens\":10,\"temperature\":0,\"logprobs\":3}"
+  local got
+  got=$(post /v1/completions "$body" "$tmp/$1.json")
+  [[ $got == "$want" ]] || die "$1: status $got, expected $want: $(cat "$tmp/$1.json")"
+}
+
+# same A B: the two answers have the same text and logprobs within 1e-3.
+same() {
+  python3 - "$tmp/$1.json" "$tmp/$2.json" <<'EOF' || die "$1 and $2 differ"
+import json, sys
+a, b = (json.load(open(p))["choices"][0] for p in sys.argv[1:3])
+assert a["text"] == b["text"], (a["text"], b["text"])
+la, lb = a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"]
+assert len(la) == len(lb) and all(abs(x - y) < 1e-3 for x, y in zip(la, lb)), (la, lb)
+EOF
+}
+
+prompts=("the keeper of the lighthouse counted the ships" "once upon a time in a quiet village by the sea there lived"
+         "one two three four five six seven eight nine ten eleven twelve")
+
+say "one process with the whole model: the reference"
+start_server whole
+whole_base=$base
+for i in "${!prompts[@]}"; do ask "ref$i" "${prompts[$i]}"; done
+stop_server
+
+for layout in 3 2; do
+  say "grid of $layout nodes"
+  if [[ $layout == 3 ]]; then
+    start_node n1 0-1; p1=$node_port
+    start_node n2 2-2; p2=$node_port
+    start_node n3 3-3; p3=$node_port; pid3=$node_pid
+    spec=127.0.0.1:$p1=0-1,127.0.0.1:$p2=2-2,127.0.0.1:$p3=3-3
+  else
+    start_node n1 1-2; p1=$node_port
+    start_node n3 3-3; p3=$node_port; pid3=$node_pid
+    spec=127.0.0.1:$p1=1-2,127.0.0.1:$p3=3-3
+  fi
+  start_server head$layout --grid "$spec" --grid-net-devices lo --grid-timeout 3
+  head_pid=$srv_pid
+  grep -q "grid head with" "$tmp/head$layout.log" || die "no grid banner: $(cat "$tmp/head$layout.log")"
+  for i in "${!prompts[@]}"; do ask "g$layout-$i" "${prompts[$i]}"; same "ref$i" "g$layout-$i"; done
+  ok "the same answers and logprobs as the whole model"
+  # Concurrent requests: micro-batches of different sessions in flight together.
+  for i in "${!prompts[@]}"; do ask "c$layout-$i" "${prompts[$i]}" & done
+  wait_all=0
+  for job in $(jobs -p); do
+    [[ " ${srv_pids[*]} " == *" $job "* ]] && continue
+    wait "$job" || wait_all=1
+  done
+  [[ $wait_all == 0 ]] || die "a concurrent request failed"
+  for i in "${!prompts[@]}"; do same "ref$i" "c$layout-$i"; done
+  cached=$(jget "$tmp/c$layout-0.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
+  [[ $cached -gt 0 ]] || die "a repeated prompt found nothing in the grid's cache: $(cat "$tmp/c$layout-0.json")"
+  ok "concurrent requests the same; a repeated prompt reused $cached cached tokens"
+
+  if [[ $layout == 3 ]]; then
+    say "node 3 killed: 503, /health names it; restarted: it rejoins"
+    kill -9 "$pid3"
+    sleep 0.3
+    ask dead "${prompts[0]}" 503
+    grep -q "127.0.0.1:$p3" "$tmp/dead.json" || die "the error does not name the node: $(cat "$tmp/dead.json")"
+    code=$(curl -s -o "$tmp/health.json" -w '%{http_code}' "$base/health")
+    [[ $code == 503 ]] && grep -q "127.0.0.1:$p3" "$tmp/health.json" || die "/health: $code $(cat "$tmp/health.json")"
+    curl -sN -m 30 -H 'Content-Type: application/json' \
+      -d "{\"prompt\":\"${prompts[1]}\",\"max_tokens\":4,\"stream\":true}" "$base/v1/completions" >"$tmp/sse.txt"
+    grep -q '^data: {"error"' "$tmp/sse.txt" && grep -q '^data: \[DONE\]' "$tmp/sse.txt" \
+      || die "streamed request: no error event: $(cat "$tmp/sse.txt")"
+    ok "503: $(jget "$tmp/dead.json" "j['error']['message']")"
+    start_node n3b 3-3 "$p3"; pid3=$node_pid
+    for _ in $(seq 1 100); do
+      [[ $(curl -s -o /dev/null -w '%{http_code}' "$base/health") == 200 ]] && break
+      sleep 0.1
+    done
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "$base/health") == 200 ]] || die "the head did not recover: $(tail -5 "$tmp/head3.log")"
+    for i in "${!prompts[@]}"; do ask "r$i" "${prompts[$i]}"; same "ref$i" "r$i"; done
+    ok "rejoined without restarting the head; answers right again"
+
+    say "node 3 stops answering (SIGSTOP): requests fail within --grid-timeout"
+    kill -STOP "$pid3"
+    t0=$(date +%s.%N)
+    ask stopped "${prompts[2]}" 503
+    t1=$(date +%s.%N)
+    kill -CONT "$pid3"
+    python3 -c "import sys; d = $t1 - $t0; sys.exit(0 if d < 10 else 1)" || die "a stopped node took $(python3 -c "print($t1 - $t0)") s to fail the request"
+    ok "503 after $(python3 -c "print(round($t1 - $t0, 1))") s: $(jget "$tmp/stopped.json" "j['error']['message']")"
+  fi
+  stop_server "$head_pid"
+  for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  srv_pids=()
+done
+
+say "a node with other layers, or another model file, is refused at start-up"
+start_node wrong 1-3; pw=$node_port
+if "$TRELLIS" serve -m "$model" --port 0 --grid 127.0.0.1:$pw=2-3 --grid-net-devices lo --grid-start-timeout 5 >"$tmp/refused.log" 2>&1; then
+  die "a head started on a node with other layers"
+fi
+grep -q "refused" "$tmp/refused.log" && grep -q "layers" "$tmp/refused.log" || die "unclear refusal: $(cat "$tmp/refused.log")"
+ok "$(grep -o 'refused.*' "$tmp/refused.log" | head -1)"
+other=$tmp/other.gguf
+"$TRELLIS" gen-model --shape tiny --type q4_0 --seed 7 -o "$other" >/dev/null 2>&1
+start_node othermodel 1-3 0 "$other"; po=$node_port
+if "$TRELLIS" serve -m "$model" --port 0 --grid 127.0.0.1:$po=1-3 --grid-net-devices lo --grid-start-timeout 5 >"$tmp/refused2.log" 2>&1; then
+  die "a head started on a node with another model"
+fi
+grep -q "refused" "$tmp/refused2.log" && grep -q "model" "$tmp/refused2.log" || die "unclear refusal: $(cat "$tmp/refused2.log")"
+ok "$(grep -o 'refused.*' "$tmp/refused2.log" | head -1)"
+say "grid: all checks passed"
