@@ -6,8 +6,13 @@
 // the same with real processes.)
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
@@ -237,6 +242,89 @@ TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {
   ExpectSameAsWhole(reqs, after, "after the rejoin");
   EXPECT_EQ(g->head->stats().rejoins, 1u);
 }
+
+// Against llama.cpp: the reference models (tests/data/reference) split over 2 and 3 nodes,
+// teacher-forced on llama.cpp's greedy tokens: every decode step's logits within the
+// model's rms/std bound of llama.cpp's (tests/data/README.md), the same bound the whole
+// model meets in reference_test.
+struct RefCase {
+  std::string model;  // file stem
+  int n_layer;
+  int head_layers;    // the nodes take one layer each after these
+};
+class GridReferenceTest : public ::testing::TestWithParam<RefCase> {};
+
+TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
+  const RefCase rc = GetParam();
+  const std::string dir = std::string(TRELLIS_TEST_DATA) + "/reference/";
+  const std::string path = dir + rc.model + ".gguf";
+  const nlohmann::json tol = nlohmann::json::parse(std::ifstream(dir + "tolerances.json"));
+  const double bound = tol[rc.model][0];
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(dir + rc.model + ".p67.json"));
+  const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = ref["greedy"].get<std::vector<int32_t>>();
+  std::ifstream lf(dir + rc.model + ".p67.decode_logits.f32", std::ios::binary);
+  std::vector<char> raw((std::istreambuf_iterator<char>(lf)), std::istreambuf_iterator<char>());
+  std::vector<float> want(raw.size() / 4);
+  std::memcpy(want.data(), raw.data(), want.size() * 4);
+
+  std::vector<TestNode> nodes;
+  std::vector<NodeAddress> addrs;
+  for (int l = rc.head_layers; l < rc.n_layer; ++l) {
+    nodes.push_back(StartNode(path, l, l + 1));
+    ASSERT_TRUE(nodes.back().node);
+    addrs.push_back(Addr(nodes.back(), l, l + 1));
+  }
+  auto head_model = Load(path, ModelPart{.first_layer = 0, .last_layer = rc.head_layers, .embed = true, .head = true});
+  ASSERT_TRUE(head_model);
+  HeadOptions ho;
+  ho.nodes = addrs;
+  ho.transport = Lo();
+  ho.depth = 2;
+  ThreadPool threads(2);
+  SchedulerOptions o;
+  o.block_size = 16;  // decode crosses block boundaries within the 32 steps
+  o.prefill_chunk = 24;
+  o.executor = MakeGridExecutor(*head_model, ho);
+  auto sched = Scheduler::Create(*head_model, o, threads);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  Request r = Greedy(prompt, static_cast<int>(greedy.size()));
+  r.force_tokens = greedy;
+  // Two more sessions share the batches (and the first's prefix): batch invariance.
+  Request other = Greedy(std::vector<int32_t>(prompt.begin(), prompt.begin() + 40), 20, false);
+  auto out = RunAll(**sched, {r, other, other});
+  ASSERT_EQ(out[0].logits.size(), greedy.size());
+  const size_t n_vocab = out[0].logits[0].size();
+  ASSERT_EQ(want.size(), greedy.size() * n_vocab);
+  // on_token's logits for generated token k + 1 are those after feeding greedy[k]:
+  // llama.cpp's decode row k.
+  double worst = 0;
+  for (size_t k = 0; k + 1 < greedy.size(); ++k) {
+    const float* a = out[0].logits[k + 1].data();
+    const float* b = want.data() + k * n_vocab;
+    double mean = 0, d2 = 0, var = 0;
+    for (size_t i = 0; i < n_vocab; ++i) mean += b[i];
+    mean /= static_cast<double>(n_vocab);
+    for (size_t i = 0; i < n_vocab; ++i) {
+      ASSERT_TRUE(std::isfinite(a[i])) << "step " << k;
+      d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      var += (b[i] - mean) * (b[i] - mean);
+    }
+    worst = std::max(worst, std::sqrt(d2 / var));
+  }
+  EXPECT_LT(worst, bound);
+  std::printf("[ref-grid] %s over %zu nodes (head runs %d layers): worst rms/std %.5f over %zu decode steps (bound %.3f)\n",
+              rc.model.c_str(), nodes.size(), rc.head_layers, worst, greedy.size() - 1, bound);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, GridReferenceTest,
+                         ::testing::Values(RefCase{"ref-a-q4_0", 2, 0}, RefCase{"ref-a-f16", 2, 1},
+                                           RefCase{"ref-b-q6_k", 3, 0}, RefCase{"ref-b-q6_k", 3, 1}),
+                         [](const ::testing::TestParamInfo<RefCase>& i) {
+                           std::string n = i.param.model + "_" + std::to_string(i.param.n_layer - i.param.head_layers) + "nodes";
+                           for (char& c : n) c = (c == '-') ? '_' : c;
+                           return n;
+                         });
 
 TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {
   HelloRequest g;

@@ -5,6 +5,7 @@
 #   - with 3 nodes (the head runs no layer) and with 2 (the head runs layer 0), greedy
 #     answers and their logprobs equal one process running the whole model, for single
 #     and concurrent requests, and a repeated prompt is served from the head's cache;
+#     the same for a llama.cpp reference model (tests/data/reference) over 3 nodes;
 #   - a node started with other layers, or another model file, is refused at start-up;
 #   - a node killed with SIGKILL fails requests with 503 (and an SSE error event), /health
 #     says 503 and names the node; restarted, it rejoins and answers are right again;
@@ -126,6 +127,24 @@ for layout in 3 2; do
   wait 2>/dev/null || true
   srv_pids=()
 done
+
+say "a llama.cpp reference model (ref-b-q6_k, 3 layers) over 3 nodes: the same as one process"
+tiny=$model
+model=$DATA/reference/ref-b-q6_k.gguf
+start_server refwhole
+for i in "${!prompts[@]}"; do ask "rw$i" "${prompts[$i]}"; done
+stop_server
+start_node r1 0-0; q1=$node_port
+start_node r2 1-1; q2=$node_port
+start_node r3 2-2; q3=$node_port
+start_server refgrid --grid 127.0.0.1:$q1=0-0,127.0.0.1:$q2=1-1,127.0.0.1:$q3=2-2 --grid-net-devices lo
+for i in "${!prompts[@]}"; do ask "rg$i" "${prompts[$i]}"; same "rw$i" "rg$i"; done
+ok "ref-b-q6_k: the same answers and logprobs over 3 nodes"
+stop_server
+for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+srv_pids=()
+model=$tiny
 
 say "a node with other layers, or another model file, is refused at start-up"
 start_node wrong 1-3; pw=$node_port
