@@ -82,6 +82,7 @@ class ChildProcess {
 
   // SIGTERM, then SIGKILL after 10 s; no-op when not running.
   void Stop();
+  pid_t pid() const { return pid_; }  // -1 when not running
 
  private:
   pid_t pid_ = -1;

@@ -1,7 +1,10 @@
 #include "bench/report.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <numeric>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -49,6 +52,36 @@ std::string RunHeader(const std::string& isa_note) {
   for (std::string a; std::getline(argv, a, '\0');) cmd += (cmd.empty() ? "" : " ") + a;
   m << "# command: " << cmd << "\n";
   return m.str();
+}
+
+double Mean(const std::vector<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void Plot(const std::string& who, const std::string& out, const std::string& name, const std::string& title,
+          const std::string& xlabel, const std::string& ylabel, const std::string& data,
+          const std::vector<std::string>& series, bool logscale) {
+  std::ofstream f(out + "/" + name + ".gp");
+  f << "set terminal pngcairo size 900,560\nset output '" << out << "/" << name << ".png'\n";
+  f << "set title '" << title << "'\nset xlabel '" << xlabel << "'\nset ylabel '" << ylabel << "'\nset grid\nset key left top\n";
+  if (logscale) f << "set logscale y\n";
+  f << "plot ";
+  for (size_t i = 0; i < series.size(); ++i) {
+    f << (i ? ", " : "") << "'" << data << "' index " << i << " using 1:2 with linespoints title '" << series[i] << "'";
+  }
+  f << "\n";
+  f.close();
+  const std::string cmd = "gnuplot '" + out + "/" + name + ".gp' 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "%s: gnuplot failed for %s (the .gp and data files are there)\n", who.c_str(), name.c_str());
+  }
 }
 
 }  // namespace trellis::bench

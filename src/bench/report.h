@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace trellis::bench {
 
@@ -14,5 +15,15 @@ std::string RunHeader(const std::string& isa_note = "");
 
 // Runs a shell command and returns what it printed on stdout ("" when it cannot run).
 std::string Capture(const std::string& cmd);
+
+double Mean(const std::vector<double>& v);    // 0 for none
+double Median(std::vector<double> v);         // 0 for none
+
+// A line plot by gnuplot: OUT/NAME.png from the data file `data` (one gnuplot data
+// block per series, "x y" lines), its script kept as OUT/NAME.gp. `who` names the
+// benchmark in the message printed when gnuplot fails.
+void Plot(const std::string& who, const std::string& out, const std::string& name, const std::string& title,
+          const std::string& xlabel, const std::string& ylabel, const std::string& data,
+          const std::vector<std::string>& series, bool logscale);
 
 }  // namespace trellis::bench

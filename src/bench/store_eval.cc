@@ -278,16 +278,6 @@ Sample Send(const std::string& url, const std::vector<int32_t>& tokens, int answ
 
 // ---- statistics ---------------------------------------------------------------------------
 
-double Mean(const std::vector<double>& v) {
-  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 struct Summary {
   std::string trace, config;
   int context = 0, nodes = 0, requests = 0, errors = 0;
@@ -523,23 +513,6 @@ std::string CsvRow(const Sample& s) {
   return fmt::format("{},{},{},{},{},{},{},{},{:.2f},{:.2f},{},{},{},{},{},{},{},{},{},{}\n", s.trace, s.config, s.context,
                      s.nodes, s.index, s.node, s.passage, s.question, s.ttft_ms, s.e2e_ms, s.prompt, s.cached, s.local,
                      s.store, s.memory, s.replica, s.remote, s.waited, s.computed, s.error.empty() ? "" : "error");
-}
-
-void Plot(const std::string& out, const std::string& name, const std::string& title, const std::string& xlabel,
-          const std::string& ylabel, const std::string& data, const std::vector<std::string>& series, bool logscale) {
-  std::ofstream f(out + "/" + name + ".gp");
-  f << "set terminal pngcairo size 900,560\nset output '" << out << "/" << name << ".png'\n";
-  f << "set title '" << title << "'\nset xlabel '" << xlabel << "'\nset ylabel '" << ylabel << "'\nset grid\nset key left top\n";
-  if (logscale) f << "set logscale y\n";
-  f << "plot ";
-  for (size_t i = 0; i < series.size(); ++i) {
-    f << (i ? ", " : "") << "'" << data << "' index " << i << " using 1:2 with linespoints title '" << series[i] << "'";
-  }
-  f << "\n";
-  f.close();
-  if (std::system(fmt::format("gnuplot '{}/{}.gp' 2>/dev/null", out, name).c_str()) != 0) {
-    std::fprintf(stderr, "bench store: gnuplot failed for %s (the .gp and data files are there)\n", name.c_str());
-  }
 }
 
 }  // namespace
@@ -796,7 +769,7 @@ int RunStoreEval(const StoreEvalOptions& o) {
       d.close();
       std::vector<std::string> names;
       for (const Config& c : kConfigs) names.push_back(c.name);
-      Plot(o.out, "ttft_vs_context_" + trace, fmt::format("{}: mean TTFT, {} nodes", trace, max_nodes),
+      Plot("bench store", o.out, "ttft_vs_context_" + trace, fmt::format("{}: mean TTFT, {} nodes", trace, max_nodes),
            "context (tokens)", "TTFT (ms)", o.out + "/ttft_vs_context_" + trace + ".dat", names, true);
     }
     {
@@ -811,7 +784,7 @@ int RunStoreEval(const StoreEvalOptions& o) {
       d.close();
       std::vector<std::string> names;
       for (const Config& c : kConfigs) names.push_back(c.name);
-      Plot(o.out, "ttft_vs_nodes", fmt::format("{}: mean TTFT, {}-token contexts", o.traces.front(), max_ctx), "nodes",
+      Plot("bench store", o.out, "ttft_vs_nodes", fmt::format("{}: mean TTFT, {}-token contexts", o.traces.front(), max_ctx), "nodes",
            "TTFT (ms)", o.out + "/ttft_vs_nodes.dat", names, true);
     }
     {
@@ -823,7 +796,7 @@ int RunStoreEval(const StoreEvalOptions& o) {
         d << "\n\n";
       }
       d.close();
-      Plot(o.out, "mrc", fmt::format("hit ratio against store memory, {}-token contexts", max_ctx),
+      Plot("bench store", o.out, "mrc", fmt::format("hit ratio against store memory, {}-token contexts", max_ctx),
            "store memory / working set", "hit ratio", o.out + "/mrc.dat", o.traces, false);
     }
     std::printf("\nplots: %s/{ttft_vs_context_*,ttft_vs_nodes,mrc}.png\n", o.out.c_str());

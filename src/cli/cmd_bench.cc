@@ -14,6 +14,7 @@
 #include "cli/bench_prefix.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
+#include "bench/grid_eval.h"
 #include "bench/store_eval.h"
 #include "cli/bench_store.h"
 #include "cli/commands.h"
@@ -303,6 +304,29 @@ Runner AddBenchCommand(CLI::App& app) {
   st->add_option("--lookups", sto->lookups, "timed lookups")->capture_default_str();
   st->add_flag("--no-perftest", sto->no_perftest, "skip ucx_perftest (ucx-utils)");
   st->add_option("-o,--out", sto->out, "results folder (default: results/store for --micro, results/store-eval)");
+  auto geo = std::make_shared<bench::GridEvalOptions>();
+  CLI::App* gr = app.add_subcommand("grid", "the grid against one process: 1-3 processes on loopback and emulated links, "
+                                            "decode tokens/s (1 and 8 sessions), TTFT, TTFT(phi), memory per process, "
+                                            "bytes per token, and the pipeline model's predictions");
+  gr->add_option("-m,--model", geo->model, "GGUF (default: TinyLlama-shaped Q4_0, generated once)");
+  gr->add_option("--nodes", geo->nodes, "grid sizes in processes (1: one process)")->delimiter(',')->capture_default_str();
+  gr->add_option("--rate", geo->rate, "tc tbf rate of every node's link (namespace runs)")->capture_default_str();
+  gr->add_flag("--no-netns", [geo](int64_t) { geo->netns = false; }, "skip the network-namespace runs");
+  gr->add_flag("--no-loopback", [geo](int64_t) { geo->loopback = false; }, "skip the loopback runs");
+  gr->add_option("-S,--sessions", geo->sessions, "sessions of the aggregate decode")->capture_default_str();
+  gr->add_option("-n,--decode-tokens", geo->decode_tokens, "tokens per decode run")->capture_default_str();
+  gr->add_option("-L,--prompt", geo->prompt, "prompt tokens of the TTFT runs")->capture_default_str();
+  gr->add_option("--phi", geo->phi, "shared-prefix share of the TTFT(phi) check")->capture_default_str();
+  gr->add_option("-r,--reps", geo->reps, "alternating repetitions (medians)")->capture_default_str();
+  gr->add_option("--node-threads", geo->node_threads, "threads of each grid process (and of the 1-node run)")->capture_default_str();
+  gr->add_option("--baseline-threads", geo->baseline_threads, "threads of the one-process baseline")->capture_default_str();
+  gr->add_option("--depth", geo->depth, "--grid-depth")->capture_default_str();
+  gr->add_option("--chunk", geo->chunk, "--grid-chunk")->capture_default_str();
+  gr->add_option("--predict-nodes", geo->predict_nodes, "processes of the extra prediction")->capture_default_str();
+  gr->add_option("--predict-gbit", geo->predict_gbit, "link of the extra prediction, Gbit/s")->capture_default_str();
+  gr->add_flag("--quick", geo->quick, "the tiny model, short runs, one repetition (CI)");
+  gr->add_flag("--no-plots", [geo](int64_t) { geo->plots = false; }, "skip the gnuplot PNGs");
+  gr->add_option("-o,--out", geo->out, "results folder")->capture_default_str();
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
   auto po = std::make_shared<PrefixBenchOptions>();
   prefix->add_option("-m,--model", po->model, "GGUF model (default: TinyLlama-shaped Q4_0, generated once)");
@@ -331,7 +355,25 @@ Runner AddBenchCommand(CLI::App& app) {
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
   auto chat = AddChatBench(app);
-  return [o, speed, prefix, po, serve, roofline, chat, st, sto, seo] {
+  return [o, speed, prefix, po, serve, roofline, chat, st, sto, seo, gr, geo] {
+    if (gr->parsed()) {
+      if (geo->quick) {
+        if (gr->count("--reps") == 0) geo->reps = 1;
+        if (gr->count("--decode-tokens") == 0) geo->decode_tokens = 16;
+        if (gr->count("--prompt") == 0) geo->prompt = 128;
+        if (gr->count("--chunk") == 0) geo->chunk = 32;
+      }
+      if (geo->model.empty()) {
+        auto m = DefaultModel(geo->quick);
+        if (!m.ok()) return Fail(m.status().ToString());
+        geo->model = *m;
+      }
+      char self[4096];
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      if (n <= 0) return Fail("bench grid: cannot find this executable");
+      geo->trellis.assign(self, static_cast<size_t>(n));
+      return bench::RunGridEval(*geo);
+    }
     if (st->parsed() && sto->micro) return RunStoreBench(*sto);
     if (st->parsed()) {
       if (seo->quick) {

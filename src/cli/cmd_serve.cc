@@ -166,6 +166,7 @@ int Serve(const ServeOpts& opts) {
       const grid::HeadHealth h = grid_head->health();
       return std::make_pair(h.ok, h.message);
     };
+    sopt.extra_metrics = [grid_head] { return GridMetricsText(*grid_head); };
   }
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopt.http.max_body = static_cast<size_t>(o.max_body);

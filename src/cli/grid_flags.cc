@@ -42,7 +42,40 @@ Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o
   ho.transport.spin_us = f.spin_us;
   o.executor = grid::MakeGridExecutor(model, ho, head);
   o.prefill_chunk = std::min(o.prefill_chunk, f.chunk);
+  // Steps stay small in a pipeline (a prompt's chunks follow each other through the
+  // nodes), and every node sizes its activations by this.
+  o.max_batch_tokens = std::min(o.max_batch_tokens, std::max(2 * f.chunk, o.max_running));
   return Status::Ok();
+}
+
+std::string GridMetricsText(const grid::GridHead& head) {
+  const grid::HeadStats s = head.stats();
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  metric("trellis_grid_healthy", "gauge", "1 when every grid node is up", head.health().ok ? 1 : 0);
+  metric("trellis_grid_steps_total", "counter", "micro-batches launched through the grid", static_cast<double>(s.steps));
+  metric("trellis_grid_tokens_total", "counter", "token rows launched through the grid", static_cast<double>(s.tokens));
+  metric("trellis_grid_bytes_sent_total", "counter", "step bytes sent to the nodes", static_cast<double>(s.bytes_sent));
+  metric("trellis_grid_bytes_received_total", "counter", "hidden-state bytes the nodes answered",
+         static_cast<double>(s.bytes_received));
+  metric("trellis_grid_node_failures_total", "counter", "nodes declared failed", static_cast<double>(s.node_failures));
+  metric("trellis_grid_rejoins_total", "counter", "failed nodes that came back", static_cast<double>(s.rejoins));
+  metric("trellis_grid_head_layers_seconds_total", "counter", "engine thread time in the head's own layers", s.layers_seconds);
+  metric("trellis_grid_head_wait_seconds_total", "counter", "engine thread time waiting for the nodes", s.wait_seconds);
+  metric("trellis_grid_head_logits_seconds_total", "counter", "engine thread time in the output head", s.logits_seconds);
+  out += "# HELP trellis_grid_node_rtt_seconds round trip of an empty message to each node, at connect\n"
+         "# TYPE trellis_grid_node_rtt_seconds gauge\n";
+  for (size_t i = 0; i < s.rtt_seconds.size(); ++i) {
+    out += fmt::format("trellis_grid_node_rtt_seconds{{node=\"{}\"}} {}\n", i, s.rtt_seconds[i]);
+  }
+  out += "# HELP trellis_grid_node_bandwidth_bytes_per_second each node's link, from 1 MiB round trips at connect\n"
+         "# TYPE trellis_grid_node_bandwidth_bytes_per_second gauge\n";
+  for (size_t i = 0; i < s.bandwidth.size(); ++i) {
+    out += fmt::format("trellis_grid_node_bandwidth_bytes_per_second{{node=\"{}\"}} {}\n", i, s.bandwidth[i]);
+  }
+  return out;
 }
 
 }  // namespace trellis::cli

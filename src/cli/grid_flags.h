@@ -34,4 +34,7 @@ Result<ModelPart> HeadPart(const GridFlags& f);
 // scheduler has made it. No-op without --grid.
 Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head);
 
+// The head's counters as Prometheus text (trellis_grid_*).
+std::string GridMetricsText(const grid::GridHead& head);
+
 }  // namespace trellis::cli

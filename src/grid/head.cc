@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <algorithm>
 #include <future>
 #include <mutex>
 #include <random>
@@ -335,6 +336,34 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
+  // The link to each node: round trips of an empty message and of 1 MiB each way.
+  auto ping = [&](size_t i, const std::string& body) {
+    std::promise<double> p;
+    auto fut = p.get_future();
+    const auto t0 = std::chrono::steady_clock::now();
+    I.t->Post([&] {
+      I.t->Call(I.nodes[i].conn, kPing, body, net::After(std::chrono::milliseconds(5000)), [&](Result<std::string> r) {
+        p.set_value(r.ok() ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : -1);
+      });
+    });
+    return fut.get();
+  };
+  const std::string mib(size_t{1} << 20, 'x');
+  for (size_t i = 0; i < I.nodes.size(); ++i) {
+    std::vector<double> small, large;
+    for (int k = 0; k < 16; ++k) {
+      if (const double s = ping(i, ""); s >= 0) small.push_back(s);
+    }
+    for (int k = 0; k < 8; ++k) {
+      if (const double s = ping(i, mib); s >= 0) large.push_back(s);
+    }
+    std::sort(small.begin(), small.end());
+    std::sort(large.begin(), large.end());
+    const double rtt = small.empty() ? -1 : small[small.size() / 2];
+    const double big = large.empty() ? -1 : large[large.size() / 2];
+    I.stats.rtt_seconds.push_back(rtt);
+    I.stats.bandwidth.push_back(rtt >= 0 && big > rtt ? 2.0 * static_cast<double>(mib.size()) / (big - rtt) : -1);
+  }
   {
     std::lock_guard<std::mutex> lock(I.mu);
     I.healthy = true;
@@ -359,8 +388,10 @@ Status GridHead::Launch(std::span<const SeqBatch> seqs) {
     std::lock_guard<std::mutex> lock(I.mu);
     if (!I.healthy) return Unavailable(I.down + "; the head is reconnecting");
   }
+  const auto t0 = std::chrono::steady_clock::now();
   TRELLIS_RETURN_IF_ERROR(I.fwd.Prepare(seqs));
   I.fwd.RunLayers();
+  const double layers_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto f = std::make_shared<Flight>();
   I.step_seqs.clear();
   for (const SeqBatch& s : seqs) {
@@ -384,6 +415,7 @@ Status GridHead::Launch(std::span<const SeqBatch> seqs) {
     for (size_t i = 0; i < I.nodes.size(); ++i) f->seq[i] = ++I.nodes[i].next_seq;
     ++I.stats.steps;
     I.stats.tokens += static_cast<uint64_t>(I.fwd.hidden_rows());
+    I.stats.layers_seconds += layers_s;
   }
   I.flights.push_back(f);
   I.t->Post([&I, f] { I.Send(f, 0); });
@@ -395,14 +427,20 @@ Status GridHead::Collect() {
   if (I.flights.empty()) return Internal("grid head: collect with nothing in flight");
   std::shared_ptr<Flight> f = std::move(I.flights.front());
   I.flights.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
   {
     std::unique_lock<std::mutex> lock(I.mu);
     I.cv.wait(lock, [&] { return f->done; });
+    I.stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!f->status.ok()) return f->status;
   }
+  const auto t1 = std::chrono::steady_clock::now();
   I.out_hidden.resize(f->hidden.size() / sizeof(float));
   std::memcpy(I.out_hidden.data(), f->hidden.data(), f->hidden.size());
-  return I.fwd.ComputeLogits(f->n_tokens, f->n_logits, I.out_hidden.data());
+  Status st = I.fwd.ComputeLogits(f->n_tokens, f->n_logits, I.out_hidden.data());
+  std::lock_guard<std::mutex> lock(I.mu);
+  I.stats.logits_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return st;
 }
 
 const float* GridHead::logits_row(int i) const { return impl_->fwd.logits_row(i); }

@@ -67,6 +67,12 @@ struct HeadStats {
   uint64_t bytes_sent = 0;         // step bodies, to every node
   uint64_t bytes_received = 0;
   uint64_t node_failures = 0, rejoins = 0;
+  // Where the engine thread's time goes: its own layers (in Launch), waiting for the
+  // nodes (in Collect), the output head (in Collect).
+  double layers_seconds = 0, wait_seconds = 0, logits_seconds = 0;
+  // Each node's link, measured at connect: round trip of an empty message (median of
+  // 16), and bytes per second from the round trip of 1 MiB each way (median of 8).
+  std::vector<double> rtt_seconds, bandwidth;
 };
 
 class GridHead final : public StepExecutor {

@@ -61,6 +61,14 @@ struct GridNode::Impl {
 
   // Loop thread: queue the request for the compute thread (the body is valid only now).
   void OnRequest(net::ConnId c, uint16_t type, uint64_t rid, std::string_view body) {
+    if (type == kPing) {
+      if (body.size() > (size_t{1} << 20)) {
+        t->ReplyError(c, rid, InvalidArgument("ping body over 1 MiB"));
+      } else {
+        t->Reply(c, rid, std::string(body));
+      }
+      return;
+    }
     if (type != kHello && type != kStep) {
       t->ReplyError(c, rid, InvalidArgument(fmt::format("message type {} is not a grid request", type)));
       return;

@@ -21,6 +21,9 @@ enum MsgType : uint16_t {
   kHello = 0x101,
   // StepRequest -> the hidden state after the node's last layer, rows x n_embd f32.
   kStep = 0x102,
+  // any body (at most 1 MiB) -> the same body, answered on the node's loop thread: the
+  // head measures the link with it.
+  kPing = 0x103,
 };
 
 inline constexpr uint32_t kProtocolVersion = 1;

@@ -16,6 +16,10 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout, int
   const size_t total = std::max<size_t>(64, bb * static_cast<size_t>(n_blocks));
   void* p = std::aligned_alloc(64, total);
   if (!p) return ResourceExhausted(fmt::format("cannot allocate {} MiB for {} KV blocks", total >> 20, n_blocks));
+  // Touch it all now: the pool is resident from the start (as llama.cpp's KV cache is), so
+  // memory use shows at start-up and not as a surprise under load, and no block ever holds
+  // another process's old bytes.
+  std::memset(p, 0, total);
   return std::unique_ptr<BlockPool>(new BlockPool(layout, n_blocks, static_cast<uint8_t*>(p)));
 }
 

@@ -240,6 +240,7 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
         "# HELP trellis_http_queued_requests requests waiting for an HTTP worker\n"
         "# TYPE trellis_http_queued_requests gauge\ntrellis_http_queued_requests {}\n",
         http_->open_connections(), http_->queued_requests());
+    if (opts_.extra_metrics) r.body += opts_.extra_metrics();
     return r;
   }
   uint64_t salt = 0;

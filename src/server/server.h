@@ -60,6 +60,8 @@ struct ServerOptions {
   // Extra health check for /health (a grid head's nodes): {ok, reason}. Called on the
   // HTTP I/O thread: must be quick and thread-safe.
   std::function<std::pair<bool, std::string>()> health = nullptr;
+  // More Prometheus text appended to /metrics (same thread rules as health).
+  std::function<std::string()> extra_metrics = nullptr;
 };
 
 class Server : public HttpHandler {

@@ -1,0 +1,766 @@
+// trellis bench grid: a model's layers on 1, 2 and 3 processes against one process.
+//
+// Configurations, each its own processes, started afresh for every repetition and
+// alternated so that the machine's drift falls on all of them alike:
+//   baseline   one `trellis serve` with the whole model and --baseline-threads (2);
+//   1 node     one `trellis serve`, whole model, --node-threads (1);
+//   N nodes    a `trellis serve --grid` head holding the embeddings, the output head and
+//              the first layers, and N-1 `trellis node` processes holding the rest, each
+//              with --node-threads. Layers are split so that every process streams about
+//              as many weight bytes per step (the head's output matrix counts).
+// Each runs on plain loopback and, as root, on network namespaces (bench/cluster.h:
+// veth pairs, a bridge, tc tbf --rate each way): the head on node 0, grid node i on
+// node i. All processes share this machine's cores.
+//
+// Measured against each, from a client in the host namespace, streamed, token ids as
+// prompts (random weights make the text moot; EOS is banned so every answer is full):
+//   decode 1      one session: tokens/s over its --decode-tokens;
+//   decode S      S sessions at once: tokens/s of all of them in the window where all
+//                 are decoding;
+//   TTFT L        a new L-token prompt, cold;
+//   TTFT phi      a prompt sharing its first phi x L tokens with one sent just before:
+//                 the check is TTFT(phi) <= (1 - hit) x TTFT(cold) + 5%;
+//   memory        every process's VmRSS after the runs, against its share of the weights
+//                 plus its KV pool;
+//   bytes/token   what the head sent to and received from the nodes per token row.
+//
+// The pipeline model predicts the same figures from this machine's parts, measured in
+// this process before anything else runs: one layer's time at r decode rows and per
+// prefill chunk, the output head's, each link's round trip and bandwidth (the head
+// measures them at connect: /metrics). For S sessions in G micro-batches of r = S/G:
+//   stage_i(r) = layers_i x layer(r)   (+ output(r) at the head)
+//   loop(r)    = sum_i stage_i(r) + sum over nodes (rtt + 2 r E 4 / bandwidth)
+//   period     = max(loop(r), G x max_i stage_i(r), G x sum_i stage_i(r) / cores)
+//   decode S   = S / period;  decode 1 = 1 / loop(1)
+//   TTFT L     = fill of the first chunk through every stage + (chunks - 1) x the
+//                slowest stage's chunk (or the cores' share of all of them)
+// and gives the same for --predict-nodes processes on a --predict-gbit link, each with
+// a core of its own.
+#include "bench/grid_eval.h"
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/cluster.h"
+#include "bench/http.h"
+#include "bench/report.h"
+#include "engine/engine.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "kv/block_pool.h"
+#include "model/gguf.h"
+#include "util/clock.h"
+#include "util/thread_pool.h"
+
+namespace trellis::bench {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kNodePort = 7300, kServePort = 8300, kBlock = 32;
+
+// ---- the model's geometry -------------------------------------------------------------------
+
+struct Geometry {
+  int n_layer = 0, n_embd = 0, n_vocab = 0, n_ctx = 0;
+  int eos = -1;
+  double layer_bytes = 0;   // one layer's weights
+  double output_bytes = 0;  // output matrix and norm
+  double embd_bytes = 0;
+  double kv_layer_block_bytes = 0;  // one layer's slice of one KV block
+};
+
+Result<Geometry> ReadGeometry(const std::string& path) {
+  TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path));
+  TRELLIS_ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::FromGguf(g));
+  Geometry geo;
+  geo.n_layer = c.n_layer;
+  geo.n_embd = c.n_embd;
+  geo.n_vocab = c.n_vocab;
+  geo.n_ctx = c.n_ctx_train;
+  auto eos = g.GetUint("tokenizer.ggml.eos_token_id");
+  geo.eos = eos.ok() ? static_cast<int>(*eos) : -1;
+  bool tied = true;
+  for (const GgufTensorInfo& t : g.tensors()) {
+    const double b = static_cast<double>(t.size_bytes);
+    if (t.name.rfind("blk.", 0) == 0) {
+      geo.layer_bytes += b / c.n_layer;
+    } else if (t.name == "output.weight") {
+      geo.output_bytes += b;
+      tied = false;
+    } else if (t.name == "output_norm.weight") {
+      geo.output_bytes += b;
+    } else if (t.name == "token_embd.weight") {
+      geo.embd_bytes += b;
+    }
+  }
+  if (tied) geo.output_bytes += geo.embd_bytes;
+  geo.kv_layer_block_bytes = 2.0 * 2 * c.n_head_kv * kBlock * c.head_dim;
+  return geo;
+}
+
+// Layers per process: [0] is the head's (or the whole model's, for one process).
+std::vector<int> Split(const Geometry& g, int n) {
+  if (n == 1) return {g.n_layer};
+  std::vector<int> best;
+  double best_max = 1e300;
+  for (int h = 0; h < g.n_layer - (n - 1) + 1; ++h) {
+    const int rest = g.n_layer - h;
+    if (rest < n - 1) continue;
+    std::vector<int> s = {h};
+    for (int i = 0; i < n - 1; ++i) s.push_back(rest / (n - 1) + (i < rest % (n - 1) ? 1 : 0));
+    double worst = h * g.layer_bytes + g.output_bytes;
+    for (int i = 1; i < n; ++i) worst = std::max(worst, s[static_cast<size_t>(i)] * g.layer_bytes);
+    if (worst < best_max) best_max = worst, best = s;
+  }
+  return best;
+}
+
+// ---- the parts' times, measured here ----------------------------------------------------------
+
+struct Parts {
+  std::map<int, double> layer;     // decode rows -> seconds per layer
+  std::map<int, double> output;    // rows -> seconds of the output head
+  double prefill_layer_chunk = 0;  // one chunk of --chunk tokens, averaged over the prompt's positions
+  double prefill_layer_whole = 0;  // the whole L-token prompt in one step
+};
+
+Result<Parts> MeasureParts(const GridEvalOptions& o, const Geometry& g, const std::vector<int>& rows) {
+  const int n_layers = std::min(2, g.n_layer);
+  TRELLIS_ASSIGN_OR_RETURN(auto model, Model::Load(o.model, ModelPart{.first_layer = 0, .last_layer = n_layers, .embed = true, .head = true}));
+  ThreadPool threads(o.node_threads);
+  const int max_rows = std::max(o.prompt, *std::max_element(rows.begin(), rows.end()));
+  const int per_seq_blocks = (o.prompt + o.decode_tokens + 64) / kBlock + 2;
+  const int max_seqs = *std::max_element(rows.begin(), rows.end());
+  TRELLIS_ASSIGN_OR_RETURN(auto pool, BlockPool::Create(LocalKvLayoutFor(*model, kBlock), per_seq_blocks * max_seqs));
+  Forward fwd(*model, pool->view(), max_rows, max_seqs, threads);
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(max_seqs));
+  for (int s = 0; s < max_seqs; ++s) {
+    for (int b = 0; b < per_seq_blocks; ++b) tables[static_cast<size_t>(s)].push_back(s * per_seq_blocks + b);
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(max_rows), 100);
+  auto time_batch = [&](int n_seqs, int n_tokens, int pos0) {
+    std::vector<SeqBatch> b;
+    for (int s = 0; s < n_seqs; ++s) {
+      b.push_back(SeqBatch{std::span<const int32_t>(tokens.data(), static_cast<size_t>(n_tokens)), pos0,
+                           tables[static_cast<size_t>(s)], 0});
+    }
+    (void)fwd.Prepare(b);
+    const double t0 = NowSeconds();
+    fwd.RunLayers();
+    return (NowSeconds() - t0) / n_layers;
+  };
+  Parts p;
+  const int ctx = 16 + o.decode_tokens / 2;  // the mean context of a decode run
+  for (int r : rows) {
+    std::vector<double> v, out;
+    for (int k = 0; k < 15; ++k) v.push_back(time_batch(r, 1, ctx + k));
+    p.layer[r] = Median(v);
+    std::vector<int32_t> nt(static_cast<size_t>(r), 1), nl(static_cast<size_t>(r), 1);
+    std::vector<float> hidden(static_cast<size_t>(r) * g.n_embd, 0.01f);
+    for (int k = 0; k < 9; ++k) {
+      const double t0 = NowSeconds();
+      (void)fwd.ComputeLogits(nt, nl, hidden.data());
+      out.push_back(NowSeconds() - t0);
+    }
+    p.output[r] = Median(out);
+  }
+  std::vector<double> chunks;
+  for (int pos = 0; pos + o.chunk <= o.prompt; pos += o.chunk) chunks.push_back(time_batch(1, o.chunk, pos));
+  p.prefill_layer_chunk = Mean(chunks);
+  std::vector<double> whole;
+  for (int k = 0; k < 3; ++k) whole.push_back(time_batch(1, o.prompt, 0));
+  p.prefill_layer_whole = Median(whole);
+  return p;
+}
+
+struct Prediction {
+  double decode1 = 0, decode_s = 0, ttft = 0;
+};
+
+// See the file comment. layers[0] is the head's; cores bounds how many stages run at once.
+Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& p, const std::vector<int>& layers,
+                   double rtt, double bw, double cores) {
+  Prediction pr;
+  const size_t n = layers.size();
+  auto interp = [](const std::map<int, double>& m, int r) {
+    auto it = m.lower_bound(r);
+    if (it == m.end()) return std::prev(it)->second;
+    if (it->first == r || it == m.begin()) return it->second;
+    auto lo = std::prev(it);
+    return lo->second + (it->second - lo->second) * (r - lo->first) / (it->first - lo->first);
+  };
+  auto hops = [&](double rows) { return static_cast<double>(n - 1) * (rtt + 2 * rows * g.n_embd * 4 / bw); };
+  auto stages = [&](int r) {
+    std::vector<double> s;
+    for (size_t i = 0; i < n; ++i) s.push_back(layers[i] * interp(p.layer, r) + (i == 0 ? interp(p.output, r) : 0));
+    return s;
+  };
+  auto sum = [](const std::vector<double>& v) { double t = 0; for (double x : v) t += x; return t; };
+  auto max = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const int G = n == 1 ? 1 : o.depth;
+  {
+    const auto s = stages(1);
+    pr.decode1 = 1.0 / (sum(s) + hops(1));
+  }
+  {
+    const int r = (o.sessions + G - 1) / G;
+    const auto s = stages(r);
+    const double loop = sum(s) + hops(r);
+    const double period = std::max({loop, G * max(s), G * sum(s) / cores});
+    pr.decode_s = o.sessions / period;
+  }
+  const double out1 = interp(p.output, 1);
+  if (n == 1) {
+    pr.ttft = g.n_layer * p.prefill_layer_whole + out1;
+  } else {
+    const int chunks = (o.prompt + o.chunk - 1) / o.chunk;
+    std::vector<double> s;
+    for (size_t i = 0; i < n; ++i) s.push_back(layers[i] * p.prefill_layer_chunk);
+    const double fill = sum(s) + hops(o.chunk);
+    pr.ttft = fill + (chunks - 1) * std::max(max(s), sum(s) / cores) + out1;
+  }
+  return pr;
+}
+
+// ---- processes ----------------------------------------------------------------------------------
+
+struct Config {
+  std::string name;
+  int nodes = 1;    // processes
+  int threads = 1;  // each
+  std::vector<int> layers;  // per process, [0] the head's
+};
+
+double RssMiB(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return -1;
+}
+
+class Procs {
+ public:
+  static Result<std::unique_ptr<Procs>> Start(const Cluster& cl, const Config& c, const GridEvalOptions& o,
+                                               int kv_blocks, const std::string& tag) {
+    auto p = std::unique_ptr<Procs>(new Procs());
+    const std::string logs = o.out + "/logs/";
+    std::string spec;
+    int first = c.layers[0];
+    for (int i = 1; i < c.nodes; ++i) {
+      const int last = first + c.layers[static_cast<size_t>(i)] - 1;
+      const std::string addr = fmt::format("{}:{}", cl.host(i), kNodePort + cl.port_offset(i));
+      spec += fmt::format("{}{}={}-{}", spec.empty() ? "" : ",", addr, first, last);
+      auto cmd = cl.On(i, {o.trellis, "node", "-m", o.model, "--layers", fmt::format("{}-{}", first, last), "-t",
+                           std::to_string(c.threads), "--listen", addr, "--net-devices", cl.device()});
+      p->procs_.push_back(std::make_unique<ChildProcess>());
+      const std::string log = logs + fmt::format("{}-node{}.log", tag, i);
+      p->node_logs_.push_back(log);
+      auto a = p->procs_.back()->Start(cmd.exe, cmd.argv, log, fmt::format("node {}", i), 120);
+      if (!a.ok()) return a.status();
+      first = last + 1;
+    }
+    std::vector<std::string> a = {o.trellis, "serve", "-m", o.model, "--host", cl.host(0), "--port",
+                                  std::to_string(kServePort + cl.port_offset(0)), "-t", std::to_string(c.threads),
+                                  "--kv-blocks", std::to_string(kv_blocks), "--max-running", "16", "-c",
+                                  std::to_string(std::min(o.prompt + o.decode_tokens + 4 * kBlock, 4096))};
+    if (c.nodes > 1) {
+      a.insert(a.end(), {"--grid", spec, "--grid-net-devices", cl.device(), "--grid-depth", std::to_string(o.depth),
+                         "--grid-chunk", std::to_string(o.chunk)});
+    }
+    auto cmd = cl.On(0, a);
+    p->procs_.push_back(std::make_unique<ChildProcess>());
+    auto url = p->procs_.back()->Start(cmd.exe, cmd.argv, logs + tag + "-head.log", "head", 180);
+    if (!url.ok()) return url.status();
+    p->url_ = *url;
+    return p;
+  }
+  ~Procs() { Stop(); }
+  void Stop() {
+    // The head first (it holds the nodes' connections), then the nodes.
+    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->Stop();
+  }
+  const std::string& url() const { return url_; }
+  // VmRSS of every process in MiB: [0] the head's, then the nodes'.
+  std::vector<double> Rss() const {
+    std::vector<double> r = {RssMiB(procs_.back()->pid())};
+    for (size_t i = 0; i + 1 < procs_.size(); ++i) r.push_back(RssMiB(procs_[i]->pid()));
+    return r;
+  }
+  // The nodes' compute seconds, from the line each prints when it stops. Call after Stop.
+  std::vector<double> NodeComputeSeconds() const {
+    std::vector<double> out;
+    for (const auto& log : node_logs_) {
+      std::ifstream f(log);
+      std::string line, last;
+      while (std::getline(f, line)) {
+        if (line.find(" s computing") != std::string::npos) last = line;
+      }
+      const size_t at = last.find(" s computing");
+      size_t b = at;
+      while (b > 0 && last[b - 1] != ' ') --b;
+      out.push_back(at == std::string::npos ? -1 : std::atof(last.substr(b, at - b).c_str()));
+    }
+    return out;
+  }
+
+ private:
+  Procs() = default;
+  std::vector<std::unique_ptr<ChildProcess>> procs_;  // nodes, then the head
+  std::vector<std::string> node_logs_;
+  std::string url_;
+};
+
+// ---- requests ----------------------------------------------------------------------------------
+
+struct Stream {
+  std::vector<double> t;  // seconds since sending, per token
+  int prompt = 0, cached = 0;
+  std::string error;
+};
+
+Stream Send(const std::string& url, const std::vector<int32_t>& prompt, int max_tokens, int eos) {
+  Stream s;
+  const Endpoint ep = ParseUrl(url);
+  auto cli = MakeHttpClient(ep, 600);
+  json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
+               {"logprobs", 1},    {"stream_options", {{"include_usage", true}}}};
+  if (eos >= 0) body["logit_bias"] = {{std::to_string(eos), -100}};
+  const SseOutcome out = PostSse(*cli, ep.prefix + "/v1/completions", body.dump(), [&](const json& ev, double t) {
+    if (ev.contains("error")) {
+      s.error = ev["error"].dump().substr(0, 300);
+      return false;
+    }
+    if (ev.contains("choices") && ev["choices"].is_array() && !ev["choices"].empty()) s.t.push_back(t);
+    if (ev.contains("usage") && ev["usage"].is_object()) {
+      const json& u = ev["usage"];
+      s.prompt = u.value("prompt_tokens", 0);
+      if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+        s.cached = u["prompt_tokens_details"].value("cached_tokens", 0);
+      }
+    }
+    return true;
+  });
+  if (s.error.empty() && !out.error.empty()) s.error = out.error;
+  if (s.error.empty() && s.t.empty()) s.error = "no token came back";
+  return s;
+}
+
+// Metrics from the head's /metrics (0 when absent).
+std::map<std::string, double> Metrics(const std::string& url) {
+  std::map<std::string, double> m;
+  const Endpoint ep = ParseUrl(url);
+  auto cli = MakeHttpClient(ep, 10);
+  auto r = cli->Get(ep.prefix + "/metrics");
+  if (!r || r->status != 200) return m;
+  std::istringstream in(r->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    m[line.substr(0, sp)] = std::atof(line.c_str() + sp + 1);
+  }
+  return m;
+}
+
+struct Sample {
+  std::string link, config;
+  int nodes = 0, rep = 0;
+  double decode1 = 0, decode_s = 0, ttft_cold_ms = 0, ttft_phi_ms = 0, hit = 0;
+  double bytes_per_token = 0, rtt_us = 0, bandwidth = 0;
+  double head_layers_s = 0, head_wait_s = 0, head_logits_s = 0;
+  std::vector<double> rss, expected, node_compute;
+  std::string error;
+};
+
+class Eval {
+ public:
+  Eval(const GridEvalOptions& o, const Geometry& g) : o_(o), g_(g), rng_(12345) {}
+
+  std::vector<int32_t> Tokens(int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(rng_() % static_cast<uint32_t>(g_.n_vocab - 300)) + 300;
+    return t;
+  }
+
+  int KvBlocks() const {
+    const int per = (o_.prompt + o_.decode_tokens + 2 * kBlock) / kBlock + 1;
+    return per * (o_.sessions + 4);
+  }
+
+  double Expected(const Config& c, size_t i) const {
+    const double kv = static_cast<double>(KvBlocks()) * g_.kv_layer_block_bytes * c.layers[i];
+    double w = c.layers[i] * g_.layer_bytes;
+    if (i == 0) w += g_.output_bytes + g_.embd_bytes;
+    return (w + kv) / (1 << 20);
+  }
+
+  Result<Sample> Run(const Cluster& cl, const std::string& link, const Config& c, int rep) {
+    Sample s;
+    s.link = link, s.config = c.name, s.nodes = c.nodes, s.rep = rep;
+    const std::string tag = fmt::format("{}-{}-r{}", link, c.name, rep);
+    TRELLIS_ASSIGN_OR_RETURN(auto procs, Procs::Start(cl, c, o_, KvBlocks(), tag));
+    const std::string& url = procs->url();
+    const auto m0 = Metrics(url);
+    // Warm-up: one short request (first touches, connections).
+    (void)Send(url, Tokens(16), 4, g_.eos);
+
+    // decode 1
+    {
+      Stream st = Send(url, Tokens(16), o_.decode_tokens, g_.eos);
+      if (!st.error.empty()) return Internal(fmt::format("{}: decode 1: {}", tag, st.error));
+      if (st.t.size() >= 2) s.decode1 = static_cast<double>(st.t.size() - 1) / (st.t.back() - st.t.front());
+    }
+    // decode S: all at once; the window where every session decodes.
+    {
+      std::vector<Stream> out(static_cast<size_t>(o_.sessions));
+      std::vector<std::vector<int32_t>> prompts;
+      for (int i = 0; i < o_.sessions; ++i) prompts.push_back(Tokens(16));
+      const double t0 = NowSeconds();
+      std::vector<double> start(static_cast<size_t>(o_.sessions));
+      std::vector<std::thread> th;
+      for (int i = 0; i < o_.sessions; ++i) {
+        th.emplace_back([&, i] {
+          start[static_cast<size_t>(i)] = NowSeconds() - t0;
+          out[static_cast<size_t>(i)] = Send(url, prompts[static_cast<size_t>(i)], o_.decode_tokens, g_.eos);
+        });
+      }
+      for (auto& t : th) t.join();
+      double begin = 0, end = 1e300;
+      for (int i = 0; i < o_.sessions; ++i) {
+        const Stream& st = out[static_cast<size_t>(i)];
+        if (!st.error.empty()) return Internal(fmt::format("{}: decode {}: {}", tag, o_.sessions, st.error));
+        begin = std::max(begin, start[static_cast<size_t>(i)] + st.t.front());
+        end = std::min(end, start[static_cast<size_t>(i)] + st.t.back());
+      }
+      int64_t n = 0;
+      for (int i = 0; i < o_.sessions; ++i) {
+        for (double t : out[static_cast<size_t>(i)].t) {
+          const double at = start[static_cast<size_t>(i)] + t;
+          n += (at > begin && at <= end) ? 1 : 0;
+        }
+      }
+      s.decode_s = end > begin ? static_cast<double>(n) / (end - begin) : 0;
+    }
+    // TTFT cold, then TTFT(phi) after its prefix was sent.
+    {
+      Stream cold = Send(url, Tokens(o_.prompt), 1, g_.eos);
+      if (!cold.error.empty()) return Internal(fmt::format("{}: TTFT: {}", tag, cold.error));
+      s.ttft_cold_ms = cold.t.front() * 1e3;
+      const int shared = static_cast<int>(o_.phi * o_.prompt);
+      std::vector<int32_t> prefix = Tokens(shared);
+      Stream warm = Send(url, prefix, 1, g_.eos);
+      if (!warm.error.empty()) return Internal(fmt::format("{}: TTFT(phi) warm-up: {}", tag, warm.error));
+      std::vector<int32_t> p = prefix;
+      const auto rest = Tokens(o_.prompt - shared);
+      p.insert(p.end(), rest.begin(), rest.end());
+      Stream hot = Send(url, p, 1, g_.eos);
+      if (!hot.error.empty()) return Internal(fmt::format("{}: TTFT(phi): {}", tag, hot.error));
+      s.ttft_phi_ms = hot.t.front() * 1e3;
+      s.hit = hot.prompt > 0 ? static_cast<double>(hot.cached) / hot.prompt : 0;
+    }
+    const auto m1 = Metrics(url);
+    auto d = [&](const std::string& k) {
+      auto a = m1.find(k);
+      auto b = m0.find(k);
+      return (a == m1.end() ? 0 : a->second) - (b == m0.end() ? 0 : b->second);
+    };
+    const double rows = d("trellis_grid_tokens_total");
+    if (rows > 0) s.bytes_per_token = (d("trellis_grid_bytes_sent_total") + d("trellis_grid_bytes_received_total")) / rows;
+    s.head_layers_s = d("trellis_grid_head_layers_seconds_total");
+    s.head_wait_s = d("trellis_grid_head_wait_seconds_total");
+    s.head_logits_s = d("trellis_grid_head_logits_seconds_total");
+    std::vector<double> rtts, bws;
+    for (int i = 0; i + 1 < c.nodes; ++i) {
+      auto r = m1.find(fmt::format("trellis_grid_node_rtt_seconds{{node=\"{}\"}}", i));
+      auto b = m1.find(fmt::format("trellis_grid_node_bandwidth_bytes_per_second{{node=\"{}\"}}", i));
+      if (r != m1.end()) rtts.push_back(r->second);
+      if (b != m1.end() && b->second > 0) bws.push_back(b->second);
+    }
+    s.rtt_us = Median(rtts) * 1e6;
+    s.bandwidth = Median(bws);
+    s.rss = procs->Rss();
+    for (size_t i = 0; i < c.layers.size(); ++i) s.expected.push_back(Expected(c, i));
+    procs->Stop();
+    s.node_compute = procs->NodeComputeSeconds();
+    return s;
+  }
+
+ private:
+  const GridEvalOptions& o_;
+  const Geometry& g_;
+  std::mt19937 rng_;
+};
+
+std::string Join(const std::vector<double>& v, const char* fmt_one) {
+  std::string s;
+  for (double x : v) s += (s.empty() ? "" : " ") + fmt::format(fmt::runtime(fmt_one), x);
+  return s;
+}
+
+}  // namespace
+
+int RunGridEval(const GridEvalOptions& o) {
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "bench grid: %s\n", m.c_str());
+    return 1;
+  };
+  if (o.nodes.empty() || o.reps < 1 || o.sessions < 1 || o.decode_tokens < 4 || o.prompt < 2 * kBlock) {
+    return fail("nodes, reps, sessions >= 1, decode tokens >= 4, prompt >= 64");
+  }
+  if (!(o.phi > 0 && o.phi < 1)) return fail("phi must be in (0, 1)");
+  auto geo = ReadGeometry(o.model);
+  if (!geo.ok()) return fail(geo.status().ToString());
+  const Geometry& g = *geo;
+  for (int n : o.nodes) {
+    if (n < 1 || n > g.n_layer + 1 || n > 16) return fail(fmt::format("node counts are 1 to {}", std::min(16, g.n_layer + 1)));
+  }
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out + "/logs", ec);
+    if (ec) return fail(fmt::format("cannot create {}/logs: {}", o.out, ec.message()));
+  }
+
+  // The parts, measured first, alone on the machine.
+  const int r_micro = (o.sessions + o.depth - 1) / o.depth;
+  std::vector<int> rows = {1, r_micro, o.sessions};
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::fprintf(stderr, "bench grid: measuring one layer and the output head in this process (%d thread%s)\n",
+               o.node_threads, o.node_threads == 1 ? "" : "s");
+  auto parts = MeasureParts(o, g, rows);
+  if (!parts.ok()) return fail(parts.status().ToString());
+
+  std::vector<Config> configs;
+  configs.push_back(Config{fmt::format("baseline-{}t", o.baseline_threads), 1, o.baseline_threads, {g.n_layer}});
+  for (int n : o.nodes) configs.push_back(Config{fmt::format("{}-node{}", n, n == 1 ? "" : "s"), n, o.node_threads, Split(g, n)});
+  const int max_nodes = *std::max_element(o.nodes.begin(), o.nodes.end());
+
+  struct Link {
+    std::string name;
+    std::unique_ptr<Cluster> cluster;
+  };
+  std::vector<Link> links;
+  if (o.loopback) links.push_back(Link{"loopback", Cluster::Loopback(max_nodes)});
+  if (o.netns) {
+    auto c = Cluster::Create(max_nodes, o.rate);
+    if (c.ok()) {
+      links.push_back(Link{"netns-" + o.rate, std::move(*c)});
+    } else {
+      std::fprintf(stderr, "bench grid: no namespace runs: %s\n", c.status().message().c_str());
+    }
+  }
+  if (links.empty()) return fail("no link to run on (--no-loopback without namespaces)");
+
+  Eval ev(o, g);
+  std::vector<Sample> samples;
+  std::ofstream csv(o.out + "/grid_eval.csv");
+  std::string header = RunHeader() +
+                       fmt::format("# model: {} ({} layers, {} wide; {:.1f} MiB per layer, output {:.1f} MiB, embeddings {:.1f} MiB)\n",
+                                   o.model, g.n_layer, g.n_embd, g.layer_bytes / (1 << 20), g.output_bytes / (1 << 20),
+                                   g.embd_bytes / (1 << 20));
+  for (const Link& l : links) header += fmt::format("# link {}: {}\n", l.name, l.cluster->Describe());
+  header += fmt::format("# grid: --grid-depth {} --grid-chunk {}; {} thread(s) per grid process\n", o.depth, o.chunk, o.node_threads);
+  csv << header
+      << "link,config,nodes,rep,decode1_tok_s,decode" << o.sessions
+      << "_tok_s,ttft_cold_ms,ttft_phi_ms,hit,bytes_per_token,rtt_us,bandwidth_bytes_s,head_layers_s,head_wait_s,"
+         "head_logits_s,rss_mib,expected_mib,node_compute_s\n";
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (const Link& l : links) {
+      for (const Config& c : configs) {
+        std::fprintf(stderr, "bench grid: rep %d/%d, %s, %s (layers %s)\n", rep + 1, o.reps, l.name.c_str(), c.name.c_str(),
+                     Join(std::vector<double>(c.layers.begin(), c.layers.end()), "{:.0f}").c_str());
+        auto s = ev.Run(*l.cluster, l.name, c, rep);
+        if (!s.ok()) return fail(s.status().ToString());
+        csv << fmt::format("{},{},{},{},{:.3f},{:.3f},{:.2f},{:.2f},{:.4f},{:.0f},{:.1f},{:.0f},{:.3f},{:.3f},{:.3f},{},{},{}\n",
+                           s->link, s->config, s->nodes, s->rep, s->decode1, s->decode_s, s->ttft_cold_ms, s->ttft_phi_ms,
+                           s->hit, s->bytes_per_token, s->rtt_us, s->bandwidth, s->head_layers_s, s->head_wait_s,
+                           s->head_logits_s, Join(s->rss, "{:.1f}"), Join(s->expected, "{:.1f}"),
+                           Join(s->node_compute, "{:.2f}"));
+        csv.flush();
+        samples.push_back(std::move(*s));
+      }
+    }
+  }
+
+  // ---- summary ------------------------------------------------------------------------------
+  struct Row {
+    std::string link, config;
+    int nodes = 0;
+    std::vector<int> layers;
+    double decode1 = 0, decode_s = 0, ttft = 0, ttft_phi = 0, hit = 0, bpt = 0, rtt_us = 0, bw = 0;
+    std::vector<double> rss, expected;
+    Prediction pred;
+  };
+  std::vector<Row> rows_out;
+  for (const Link& l : links) {
+    for (const Config& c : configs) {
+      Row r;
+      r.link = l.name, r.config = c.name, r.nodes = c.nodes, r.layers = c.layers;
+      std::vector<double> a, b, t, tp, h, bp, rt, bw;
+      std::vector<std::vector<double>> rss(c.layers.size());
+      for (const Sample& s : samples) {
+        if (s.link != l.name || s.config != c.name) continue;
+        a.push_back(s.decode1), b.push_back(s.decode_s), t.push_back(s.ttft_cold_ms), tp.push_back(s.ttft_phi_ms);
+        h.push_back(s.hit), bp.push_back(s.bytes_per_token), rt.push_back(s.rtt_us), bw.push_back(s.bandwidth);
+        for (size_t i = 0; i < rss.size() && i < s.rss.size(); ++i) rss[i].push_back(s.rss[i]);
+        r.expected = s.expected;
+      }
+      r.decode1 = Median(a), r.decode_s = Median(b), r.ttft = Median(t), r.ttft_phi = Median(tp), r.hit = Median(h);
+      r.bpt = Median(bp), r.rtt_us = Median(rt), r.bw = Median(bw);
+      for (auto& v : rss) r.rss.push_back(Median(v));
+      const double cores = static_cast<double>(std::thread::hardware_concurrency());
+      const double bw_used = r.bw > 0 ? r.bw : 1e12;
+      if (c.name.rfind("baseline", 0) != 0) r.pred = Predict(o, g, *parts, c.layers, r.rtt_us * 1e-6, bw_used, cores);
+      rows_out.push_back(std::move(r));
+    }
+  }
+  // The prediction for --predict-nodes processes with a core each on a --predict-gbit link,
+  // with the round trip measured on the namespace link (else loopback).
+  double rtt_link = 0;
+  for (const Row& r : rows_out) {
+    if (r.nodes > 1 && r.rtt_us > 0 && (rtt_link == 0 || r.link.rfind("netns", 0) == 0)) rtt_link = r.rtt_us * 1e-6;
+  }
+  const std::vector<int> big_split = Split(g, std::min(o.predict_nodes, g.n_layer + 1));
+  const Prediction big = Predict(o, g, *parts, big_split, rtt_link, o.predict_gbit * 1e9 / 8, static_cast<double>(big_split.size()));
+
+  {
+    std::ofstream f(o.out + "/grid_eval_summary.csv");
+    f << header << "link,config,nodes,layers,decode1_tok_s,decode" << o.sessions
+      << "_tok_s,ttft_cold_ms,ttft_phi_ms,hit,bytes_per_token,rtt_us,bandwidth_bytes_s,pred_decode1,pred_decode"
+      << o.sessions << ",pred_ttft_ms,rss_mib,expected_mib\n";
+    for (const Row& r : rows_out) {
+      f << fmt::format("{},{},{},{},{:.2f},{:.2f},{:.1f},{:.1f},{:.4f},{:.0f},{:.1f},{:.0f},{:.2f},{:.2f},{:.1f},{},{}\n", r.link,
+                       r.config, r.nodes, Join(std::vector<double>(r.layers.begin(), r.layers.end()), "{:.0f}"), r.decode1,
+                       r.decode_s, r.ttft, r.ttft_phi, r.hit, r.bpt, r.rtt_us, r.bw, r.pred.decode1, r.pred.decode_s,
+                       r.pred.ttft * 1e3, Join(r.rss, "{:.1f}"), Join(r.expected, "{:.1f}"));
+    }
+    f << fmt::format("prediction,{}-nodes-{}gbit,{},{},0,0,0,0,0,0,{:.1f},0,{:.2f},{:.2f},{:.1f},,\n", big_split.size(),
+                     o.predict_gbit, big_split.size(), Join(std::vector<double>(big_split.begin(), big_split.end()), "{:.0f}"),
+                     rtt_link * 1e6, big.decode1, big.decode_s, big.ttft * 1e3);
+    f << "# parts (seconds, " << o.node_threads << " thread(s)): layer at rows";
+    for (const auto& [r, t] : parts->layer) f << fmt::format(" {}:{:.6f}", r, t);
+    f << "; output at rows";
+    for (const auto& [r, t] : parts->output) f << fmt::format(" {}:{:.6f}", r, t);
+    f << fmt::format("; prefill layer per {}-token chunk {:.6f}, whole {}-token prompt {:.6f}\n", o.chunk,
+                     parts->prefill_layer_chunk, o.prompt, parts->prefill_layer_whole);
+  }
+
+  std::printf("%s\n", header.c_str());
+  std::printf("Medians of %d alternating repetitions. decode in tokens/s, TTFT in ms; predicted by the pipeline model from "
+              "this machine's measured parts (grid_eval.cc).\n",
+              o.reps);
+  for (const Link& l : links) {
+    std::printf("\n### %s\n\n| config | layers | decode 1 | pred | decode %d | pred | TTFT %d | pred | TTFT phi %.1f (hit) | "
+                "bytes/token | RSS MiB (expected) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                l.name.c_str(), o.sessions, o.prompt, o.phi);
+    for (const Row& r : rows_out) {
+      if (r.link != l.name) continue;
+      const bool base = r.config.rfind("baseline", 0) == 0;
+      std::string mem;
+      for (size_t i = 0; i < r.rss.size(); ++i) {
+        mem += fmt::format("{}{:.0f} ({:.0f})", i ? ", " : "", r.rss[i], i < r.expected.size() ? r.expected[i] : 0);
+      }
+      std::printf("| %s | %s | %.1f | %s | %.1f | %s | %.0f | %s | %.0f (%.0f%%) | %.0f | %s |\n", r.config.c_str(),
+                  Join(std::vector<double>(r.layers.begin(), r.layers.end()), "{:.0f}").c_str(), r.decode1,
+                  base ? "-" : fmt::format("{:.1f}", r.pred.decode1).c_str(), r.decode_s,
+                  base ? "-" : fmt::format("{:.1f}", r.pred.decode_s).c_str(), r.ttft,
+                  base ? "-" : fmt::format("{:.0f}", r.pred.ttft * 1e3).c_str(), r.ttft_phi, 100 * r.hit, r.bpt, mem.c_str());
+    }
+  }
+  std::printf("\nPredicted for %zu processes with a core each on a %.0f Gbit/s link (round trip %.0f us as measured): decode 1 "
+              "%.1f tok/s, decode %d %.1f tok/s, TTFT %d %.0f ms (layers %s).\n",
+              big_split.size(), o.predict_gbit, rtt_link * 1e6, big.decode1, o.sessions, big.decode_s, o.prompt, big.ttft * 1e3,
+              Join(std::vector<double>(big_split.begin(), big_split.end()), "{:.0f}").c_str());
+
+  // Targets, per link: 2 nodes against the baseline; memory; TTFT(phi).
+  std::printf("\n### Targets\n\n| link | target | value | met |\n|---|---|---|---|\n");
+  for (const Link& l : links) {
+    const Row* base = nullptr;
+    const Row* two = nullptr;
+    for (const Row& r : rows_out) {
+      if (r.link != l.name) continue;
+      if (r.config.rfind("baseline", 0) == 0) base = &r;
+      if (r.nodes == 2) two = &r;
+    }
+    if (base && two) {
+      const double dr = two->decode_s / base->decode_s, tr = two->ttft / base->ttft;
+      std::printf("| %s | 2 nodes x %d thread, decode %d >= 0.85x one process x %d threads | %.2fx | %s |\n", l.name.c_str(),
+                  o.node_threads, o.sessions, o.baseline_threads, dr, dr >= 0.85 ? "yes" : "no");
+      std::printf("| %s | 2 nodes TTFT %d <= 1.15x one process | %.2fx | %s |\n", l.name.c_str(), o.prompt, tr,
+                  tr <= 1.15 ? "yes" : "no");
+    }
+    double worst_mem = 0;
+    bool phi_ok = true;
+    double worst_phi = 0;
+    for (const Row& r : rows_out) {
+      if (r.link != l.name) continue;
+      for (size_t i = 0; i < r.rss.size() && i < r.expected.size(); ++i) {
+        worst_mem = std::max(worst_mem, std::abs(r.rss[i] / r.expected[i] - 1));
+      }
+      const double bound = (1 - r.hit) * r.ttft + 0.05 * r.ttft;
+      worst_phi = std::max(worst_phi, r.ttft_phi / std::max(bound, 1e-9));
+      phi_ok &= r.ttft_phi <= bound;
+    }
+    std::printf("| %s | every process's RSS within 10%% of its weights + KV pool | worst %.1f%% off | %s |\n", l.name.c_str(),
+                100 * worst_mem, worst_mem <= 0.10 ? "yes" : "no");
+    std::printf("| %s | TTFT(phi %.1f) <= (1 - hit) x cold + 5%% | worst %.2f of the bound | %s |\n", l.name.c_str(), o.phi,
+                worst_phi, phi_ok ? "yes" : "no");
+  }
+  std::fflush(stdout);
+
+  if (o.plots && !Capture("command -v gnuplot").empty()) {
+    for (const Link& l : links) {
+      const std::string data = o.out + "/grid_" + l.name + ".dat";
+      std::ofstream f(data);
+      auto block = [&](auto value) {
+        for (const Row& r : rows_out) {
+          if (r.link == l.name && r.config.rfind("baseline", 0) != 0) f << r.nodes << " " << value(r) << "\n";
+        }
+        f << "\n\n";
+      };
+      block([](const Row& r) { return r.decode_s; });
+      block([](const Row& r) { return r.pred.decode_s; });
+      block([](const Row& r) { return r.decode1; });
+      block([](const Row& r) { return r.pred.decode1; });
+      f.close();
+      Plot("bench grid", o.out, "grid_decode_" + l.name, fmt::format("decode tokens/s against grid size ({})", l.name), "processes",
+           "tokens/s", data,
+           {fmt::format("{} sessions, measured", o.sessions), fmt::format("{} sessions, predicted", o.sessions),
+            "1 session, measured", "1 session, predicted"},
+           false);
+      const std::string data2 = o.out + "/grid_ttft_" + l.name + ".dat";
+      std::ofstream f2(data2);
+      for (const Row& r : rows_out) {
+        if (r.link == l.name && r.config.rfind("baseline", 0) != 0) f2 << r.nodes << " " << r.ttft << "\n";
+      }
+      f2 << "\n\n";
+      for (const Row& r : rows_out) {
+        if (r.link == l.name && r.config.rfind("baseline", 0) != 0) f2 << r.nodes << " " << r.pred.ttft * 1e3 << "\n";
+      }
+      f2.close();
+      Plot("bench grid", o.out, "grid_ttft_" + l.name, fmt::format("TTFT of a {}-token prompt ({})", o.prompt, l.name),
+           "processes", "ms", data2, {"measured", "predicted"}, false);
+    }
+  }
+  return 0;
+}
+
+}  // namespace trellis::bench
