@@ -32,8 +32,10 @@
 //   loop(r)    = sum_i stage_i(r) + sum over nodes (rtt + 2 r E 4 / bandwidth)
 //   period     = max(loop(r), G x max_i stage_i(r), G x sum_i stage_i(r) / cores)
 //   decode S   = S / period;  decode 1 = 1 / loop(1)
-//   TTFT L     = fill of the first chunk through every stage + (chunks - 1) x the
-//                slowest stage's chunk (or the cores' share of all of them)
+//   TTFT L     = the prompt's chunks through the stages in order (a flow shop), each
+//                stage's chunk time layers_i x (a + b c), never faster than the cores
+//                allow; stage times are those measured with the other core busy when
+//                the stages share this machine
 // and gives the same for --predict-nodes processes on a --predict-gbit link, each with
 // a core of its own.
 #include "bench/grid_eval.h"
@@ -133,58 +135,96 @@ std::vector<int> Split(const Geometry& g, int n) {
 // ---- the parts' times, measured here ----------------------------------------------------------
 
 struct Parts {
-  std::map<int, double> layer;     // decode rows -> seconds per layer
-  std::map<int, double> output;    // rows -> seconds of the output head
-  double prefill_layer_chunk = 0;  // one chunk of --chunk tokens, averaged over the prompt's positions
-  double prefill_layer_whole = 0;  // the whole L-token prompt in one step
+  // Alone: nothing else runs. Busy: the same work runs on another core at the same time,
+  // as the stages of a pipeline on one machine do (they share memory bandwidth and caches).
+  std::map<int, double> layer, layer_busy;    // decode rows -> seconds per layer
+  std::map<int, double> output, output_busy;  // rows -> seconds of the output head
+  double prefill_layer_chunk = 0, prefill_layer_chunk_busy = 0;  // one --chunk chunk, averaged over the prompt
+  double prefill_layer_whole = 0;  // the whole L-token prompt in one step, alone
+};
+
+// One Forward over the first layers (and the output head), its own pool and threads.
+class Harness {
+ public:
+  Harness(const Model& m, const GridEvalOptions& o, int max_seqs, int max_rows)
+      : model_(m), threads_(o.node_threads), per_seq_((o.prompt + o.decode_tokens + 64) / kBlock + 2) {
+    pool_ = std::move(BlockPool::Create(LocalKvLayoutFor(m, kBlock), per_seq_ * max_seqs)).value();
+    fwd_ = std::make_unique<Forward>(m, pool_->view(), max_rows, max_seqs, threads_);
+    tokens_.assign(static_cast<size_t>(max_rows), 100);
+    for (int s = 0; s < max_seqs; ++s) {
+      tables_.emplace_back();
+      for (int b = 0; b < per_seq_; ++b) tables_.back().push_back(s * per_seq_ + b);
+    }
+    hidden_.assign(static_cast<size_t>(max_seqs) * m.config().n_embd, 0.01f);
+  }
+  // Seconds per layer of n_seqs sequences of n_tokens at pos0.
+  double Layers(int n_seqs, int n_tokens, int pos0) {
+    std::vector<SeqBatch> b;
+    for (int s = 0; s < n_seqs; ++s) {
+      b.push_back(SeqBatch{std::span<const int32_t>(tokens_.data(), static_cast<size_t>(n_tokens)), pos0,
+                           tables_[static_cast<size_t>(s)], 0});
+    }
+    (void)fwd_->Prepare(b);
+    const double t0 = NowSeconds();
+    fwd_->RunLayers();
+    return (NowSeconds() - t0) / model_.n_local_layers();
+  }
+  double Output(int rows) {
+    std::vector<int32_t> nt(static_cast<size_t>(rows), 1), nl(static_cast<size_t>(rows), 1);
+    const double t0 = NowSeconds();
+    (void)fwd_->ComputeLogits(nt, nl, hidden_.data());
+    return NowSeconds() - t0;
+  }
+
+ private:
+  const Model& model_;
+  ThreadPool threads_;
+  int per_seq_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<Forward> fwd_;
+  std::vector<int32_t> tokens_;
+  std::vector<std::vector<int32_t>> tables_;
+  std::vector<float> hidden_;
 };
 
 Result<Parts> MeasureParts(const GridEvalOptions& o, const Geometry& g, const std::vector<int>& rows) {
   const int n_layers = std::min(2, g.n_layer);
   TRELLIS_ASSIGN_OR_RETURN(auto model, Model::Load(o.model, ModelPart{.first_layer = 0, .last_layer = n_layers, .embed = true, .head = true}));
-  ThreadPool threads(o.node_threads);
-  const int max_rows = std::max(o.prompt, *std::max_element(rows.begin(), rows.end()));
-  const int per_seq_blocks = (o.prompt + o.decode_tokens + 64) / kBlock + 2;
   const int max_seqs = *std::max_element(rows.begin(), rows.end());
-  TRELLIS_ASSIGN_OR_RETURN(auto pool, BlockPool::Create(LocalKvLayoutFor(*model, kBlock), per_seq_blocks * max_seqs));
-  Forward fwd(*model, pool->view(), max_rows, max_seqs, threads);
-  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(max_seqs));
-  for (int s = 0; s < max_seqs; ++s) {
-    for (int b = 0; b < per_seq_blocks; ++b) tables[static_cast<size_t>(s)].push_back(s * per_seq_blocks + b);
-  }
-  std::vector<int32_t> tokens(static_cast<size_t>(max_rows), 100);
-  auto time_batch = [&](int n_seqs, int n_tokens, int pos0) {
-    std::vector<SeqBatch> b;
-    for (int s = 0; s < n_seqs; ++s) {
-      b.push_back(SeqBatch{std::span<const int32_t>(tokens.data(), static_cast<size_t>(n_tokens)), pos0,
-                           tables[static_cast<size_t>(s)], 0});
-    }
-    (void)fwd.Prepare(b);
-    const double t0 = NowSeconds();
-    fwd.RunLayers();
-    return (NowSeconds() - t0) / n_layers;
-  };
-  Parts p;
+  const int max_rows = std::max(o.prompt, max_seqs);
+  Harness a(*model, o, max_seqs, max_rows), b(*model, o, max_seqs, max_rows);
   const int ctx = 16 + o.decode_tokens / 2;  // the mean context of a decode run
-  for (int r : rows) {
-    std::vector<double> v, out;
-    for (int k = 0; k < 15; ++k) v.push_back(time_batch(r, 1, ctx + k));
-    p.layer[r] = Median(v);
-    std::vector<int32_t> nt(static_cast<size_t>(r), 1), nl(static_cast<size_t>(r), 1);
-    std::vector<float> hidden(static_cast<size_t>(r) * g.n_embd, 0.01f);
-    for (int k = 0; k < 9; ++k) {
-      const double t0 = NowSeconds();
-      (void)fwd.ComputeLogits(nt, nl, hidden.data());
-      out.push_back(NowSeconds() - t0);
+  Parts p;
+  for (int busy = 0; busy < 2; ++busy) {
+    // The other core runs the same mix meanwhile (busy), or nothing.
+    std::atomic<bool> stop{false};
+    std::thread other;
+    if (busy) {
+      other = std::thread([&] {
+        for (int k = 0; !stop; ++k) {
+          (void)b.Layers(rows[static_cast<size_t>(k) % rows.size()], 1, ctx);
+          if (k % 4 == 0) (void)b.Output(rows.back());
+        }
+      });
     }
-    p.output[r] = Median(out);
+    for (int r : rows) {
+      std::vector<double> v, out;
+      for (int k = 0; k < 15; ++k) v.push_back(a.Layers(r, 1, ctx + k));
+      for (int k = 0; k < 9; ++k) out.push_back(a.Output(r));
+      (busy ? p.layer_busy : p.layer)[r] = Median(v);
+      (busy ? p.output_busy : p.output)[r] = Median(out);
+    }
+    std::vector<double> chunks;
+    for (int pos = 0; pos + o.chunk <= o.prompt; pos += o.chunk) chunks.push_back(a.Layers(1, o.chunk, pos));
+    (busy ? p.prefill_layer_chunk_busy : p.prefill_layer_chunk) = Mean(chunks);
+    if (!busy) {
+      std::vector<double> whole;
+      for (int k = 0; k < 3; ++k) whole.push_back(a.Layers(1, o.prompt, 0));
+      p.prefill_layer_whole = Median(whole);
+    }
+    stop = true;
+    if (other.joinable()) other.join();
   }
-  std::vector<double> chunks;
-  for (int pos = 0; pos + o.chunk <= o.prompt; pos += o.chunk) chunks.push_back(time_batch(1, o.chunk, pos));
-  p.prefill_layer_chunk = Mean(chunks);
-  std::vector<double> whole;
-  for (int k = 0; k < 3; ++k) whole.push_back(time_batch(1, o.prompt, 0));
-  p.prefill_layer_whole = Median(whole);
   return p;
 }
 
@@ -192,11 +232,18 @@ struct Prediction {
   double decode1 = 0, decode_s = 0, ttft = 0;
 };
 
-// See the file comment. layers[0] is the head's; cores bounds how many stages run at once.
-Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& p, const std::vector<int>& layers,
-                   double rtt, double bw, double cores) {
+// See the file comment. layers[0] is the head's; cores bounds how many stages run at once;
+// `shared` says the stages share this machine (their parts' busy times apply).
+Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& parts, const std::vector<int>& layers,
+                   double rtt, double bw, double cores, bool shared) {
   Prediction pr;
   const size_t n = layers.size();
+  Parts p = parts;
+  if (shared && n > 1) {
+    p.layer = parts.layer_busy;
+    p.output = parts.output_busy;
+    p.prefill_layer_chunk = parts.prefill_layer_chunk_busy;
+  }
   auto interp = [](const std::map<int, double>& m, int r) {
     auto it = m.lower_bound(r);
     if (it == m.end()) return std::prev(it)->second;
@@ -228,11 +275,30 @@ Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& p, 
   if (n == 1) {
     pr.ttft = g.n_layer * p.prefill_layer_whole + out1;
   } else {
-    const int chunks = (o.prompt + o.chunk - 1) / o.chunk;
-    std::vector<double> s;
-    for (size_t i = 0; i < n; ++i) s.push_back(layers[i] * p.prefill_layer_chunk);
-    const double fill = sum(s) + hops(o.chunk);
-    pr.ttft = fill + (chunks - 1) * std::max(max(s), sum(s) / cores) + out1;
+    // The chunks the scheduler cuts (scheduler.cc: what is left in four or more, at most
+    // --chunk, at least 16), each stage's time per chunk from a per-layer cost a + b x c
+    // (a: the one-row time, b from the measured --chunk chunk), through the stages in
+    // order (a flow shop), and never faster than the cores allow.
+    const double a = interp(p.layer, 1);
+    const double b = std::max(0.0, (p.prefill_layer_chunk - a) / o.chunk);
+    std::vector<int> chunks;
+    for (int rem = o.prompt; rem > 0;) {
+      const int c = std::min({o.chunk, std::max(16, (rem + 3) / 4), rem});
+      chunks.push_back(c);
+      rem -= c;
+    }
+    std::vector<double> done(n, 0.0);
+    double work = 0;
+    for (int c : chunks) {
+      double t = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double stage = layers[i] * (a + b * c);
+        work += stage;
+        t = std::max(t, done[i]) + stage + (i + 1 < n ? rtt + 2.0 * c * g.n_embd * 4 / bw : 0);
+        done[i] = t;
+      }
+    }
+    pr.ttft = std::max(done[n - 1], work / cores) + out1;
   }
   return pr;
 }
@@ -628,7 +694,7 @@ int RunGridEval(const GridEvalOptions& o) {
       for (auto& v : rss) r.rss.push_back(Median(v));
       const double cores = static_cast<double>(std::thread::hardware_concurrency());
       const double bw_used = r.bw > 0 ? r.bw : 1e12;
-      if (c.name.rfind("baseline", 0) != 0) r.pred = Predict(o, g, *parts, c.layers, r.rtt_us * 1e-6, bw_used, cores);
+      if (c.name.rfind("baseline", 0) != 0) r.pred = Predict(o, g, *parts, c.layers, r.rtt_us * 1e-6, bw_used, cores, true);
       rows_out.push_back(std::move(r));
     }
   }
@@ -639,7 +705,7 @@ int RunGridEval(const GridEvalOptions& o) {
     if (r.nodes > 1 && r.rtt_us > 0 && (rtt_link == 0 || r.link.rfind("netns", 0) == 0)) rtt_link = r.rtt_us * 1e-6;
   }
   const std::vector<int> big_split = Split(g, std::min(o.predict_nodes, g.n_layer + 1));
-  const Prediction big = Predict(o, g, *parts, big_split, rtt_link, o.predict_gbit * 1e9 / 8, static_cast<double>(big_split.size()));
+  const Prediction big = Predict(o, g, *parts, big_split, rtt_link, o.predict_gbit * 1e9 / 8, static_cast<double>(big_split.size()), false);
 
   {
     std::ofstream f(o.out + "/grid_eval_summary.csv");
@@ -655,12 +721,12 @@ int RunGridEval(const GridEvalOptions& o) {
     f << fmt::format("prediction,{}-nodes-{}gbit,{},{},0,0,0,0,0,0,{:.1f},0,{:.2f},{:.2f},{:.1f},,\n", big_split.size(),
                      o.predict_gbit, big_split.size(), Join(std::vector<double>(big_split.begin(), big_split.end()), "{:.0f}"),
                      rtt_link * 1e6, big.decode1, big.decode_s, big.ttft * 1e3);
-    f << "# parts (seconds, " << o.node_threads << " thread(s)): layer at rows";
-    for (const auto& [r, t] : parts->layer) f << fmt::format(" {}:{:.6f}", r, t);
+    f << "# parts (seconds, " << o.node_threads << " thread(s), alone / with the other core busy): layer at rows";
+    for (const auto& [r, t] : parts->layer) f << fmt::format(" {}:{:.6f}/{:.6f}", r, t, parts->layer_busy.at(r));
     f << "; output at rows";
-    for (const auto& [r, t] : parts->output) f << fmt::format(" {}:{:.6f}", r, t);
-    f << fmt::format("; prefill layer per {}-token chunk {:.6f}, whole {}-token prompt {:.6f}\n", o.chunk,
-                     parts->prefill_layer_chunk, o.prompt, parts->prefill_layer_whole);
+    for (const auto& [r, t] : parts->output) f << fmt::format(" {}:{:.6f}/{:.6f}", r, t, parts->output_busy.at(r));
+    f << fmt::format("; prefill layer per {}-token chunk {:.6f}/{:.6f}, whole {}-token prompt {:.6f}\n", o.chunk,
+                     parts->prefill_layer_chunk, parts->prefill_layer_chunk_busy, o.prompt, parts->prefill_layer_whole);
   }
 
   std::printf("%s\n", header.c_str());

@@ -620,7 +620,14 @@ bool Scheduler::Step() {
   for (auto& sp : running_) {
     Session& s = *sp;
     if (s.preempted || s.done || s.fetching || s.to_launch() <= 1 || budget == 0) continue;
-    const int32_t n = std::min({s.to_launch(), opts_.prefill_chunk, budget});
+    int32_t chunk = opts_.prefill_chunk;
+    if (executor_->depth() > 1) {
+      // In a pipeline a prompt's chunks overlap on the stages, so what is left is cut in
+      // four or more (never below 16 tokens): a short prompt, or the rest after a cached
+      // prefix, is pipelined too instead of crossing every stage as one piece.
+      chunk = std::min(chunk, std::max<int32_t>(16, (s.to_launch() + 3) / 4));
+    }
+    const int32_t n = std::min({s.to_launch(), chunk, budget});
     if (!EnsureBlocks(s, s.n_launched + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
     scheduled_.push_back(&s);
     run_len_.push_back(n);
