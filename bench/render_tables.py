@@ -293,7 +293,88 @@ def render_store_eval_mrc(meta, rows):
     return provenance(meta) + table(["trace", "store memory (MiB)", "share of the working set", "hit ratio"], body)
 
 
+def grid_rows(rows):
+    return [r for r in rows if not r["link"].startswith("#")]
+
+
+def grid_setup(meta):
+    links = "; ".join(f"{k[5:]}: {v}" for k, v in meta.items() if k.startswith("link "))
+    return (f"Model: {meta.get('model', '?')}. Links: {links}. Grid: {meta.get('grid', '?')}. All processes share this "
+            "machine's cores. Decode in tokens/s, TTFT in ms, medians over the repetitions; pred = the pipeline "
+            "model's figure from this machine's measured parts.\n\n")
+
+
+def render_grid_eval(meta, rows):
+    """`trellis bench grid`: every configuration per link, measured against predicted, and the 8-node prediction."""
+    rows_all = grid_rows(rows)
+    parts = next((",".join(v for v in r.values() if v) for r in rows if r["link"].startswith("#")), "")
+    sessions = next(k for k in rows_all[0] if k.startswith("decode") and k != "decode1_tok_s")[6:-6]
+    prompt = re.search(r"-L (\d+)|--prompt (\d+)", meta.get("command", ""))
+    out = provenance(meta) + grid_setup(meta)
+    for link in dict.fromkeys(r["link"] for r in rows_all if r["link"] != "prediction"):
+        body = []
+        for r in rows_all:
+            if r["link"] != link:
+                continue
+            base = r["config"].startswith("baseline")
+            pred = lambda k, d: "-" if base else f(float(r[k]), d)
+            mem = ", ".join(f"{float(a):.0f} ({float(b):.0f})" for a, b in zip(r["rss_mib"].split(), r["expected_mib"].split()))
+            body.append([r["config"], r["layers"], f(float(r["decode1_tok_s"]), 1), pred("pred_decode1", 1),
+                         f(float(r[f"decode{sessions}_tok_s"]), 1), pred(f"pred_decode{sessions}", 1),
+                         f(float(r["ttft_cold_ms"]), 0), pred("pred_ttft_ms", 0),
+                         f"{float(r['ttft_phi_ms']):.0f} ({100 * float(r['hit']):.0f}%)",
+                         f(float(r["bytes_per_token"]), 0), mem])
+        out += f"**{link}**:\n\n" + table(
+            ["config", "layers per process", "decode 1", "pred", f"decode {sessions}", "pred", "TTFT cold", "pred",
+             "TTFT phi (hit)", "bytes / token", "RSS MiB (weights + KV pool)"], body) + "\n"
+    for r in rows_all:
+        if r["link"] == "prediction":
+            out += (f"Predicted for {r['nodes']} processes with a core each on a {r['config'].split('-')[2]} link "
+                    f"(layers {r['layers']}; round trip {float(r['rtt_us']):.0f} us as measured here): decode 1 "
+                    f"{float(r['pred_decode1']):.1f} tokens/s, decode {sessions} {float(r[f'pred_decode{sessions}']):.1f} "
+                    f"tokens/s, TTFT {float(r['pred_ttft_ms']):.0f} ms.\n\n")
+    if parts:
+        out += "Parts measured before the runs (seconds" + parts.split("(seconds", 1)[1] + "\n"
+    return out
+
+
+def render_grid_targets(meta, rows):
+    """`trellis bench grid`: the issue's targets from the per-repetition file (ratios within each repetition)."""
+    rows = grid_rows(rows)
+    sessions = next(k for k in rows[0] if k.startswith("decode") and k != "decode1_tok_s")[6:-6]
+    body = []
+    for link in dict.fromkeys(r["link"] for r in rows):
+        per = {}
+        for r in rows:
+            if r["link"] == link:
+                per.setdefault(r["rep"], {})[r["config"]] = r
+        dec, ttft, mem, phi = [], [], [], []
+        for rep in per.values():
+            base = next(v for k, v in rep.items() if k.startswith("baseline"))
+            two = next((v for v in rep.values() if v["nodes"] == "2"), None)
+            if two:
+                dec.append(float(two[f"decode{sessions}_tok_s"]) / float(base[f"decode{sessions}_tok_s"]))
+                ttft.append(float(two["ttft_cold_ms"]) / float(base["ttft_cold_ms"]))
+            for v in rep.values():
+                for a, b in zip(v["rss_mib"].split(), v["expected_mib"].split()):
+                    mem.append(abs(float(a) / float(b) - 1))
+                bound = (1 - float(v["hit"])) * float(v["ttft_cold_ms"]) + 0.05 * float(v["ttft_cold_ms"])
+                phi.append(float(v["ttft_phi_ms"]) / bound)
+        md, mt = statistics.median(dec), statistics.median(ttft)
+        body += [[link, f"2 processes x 1 thread: decode {sessions} / one process x 2 threads >= 0.85",
+                  f"{md:.2f} (reps {', '.join(f'{x:.2f}' for x in dec)})", "yes" if md >= 0.85 else "**no**"],
+                 [link, "2 processes: TTFT / one process <= 1.15", f"{mt:.2f} (reps {', '.join(f'{x:.2f}' for x in ttft)})",
+                  "yes" if mt <= 1.15 else "**no**"],
+                 [link, "every process's RSS within 10% of its weights + KV pool", f"worst {100 * max(mem):.1f}% off",
+                  "yes" if max(mem) <= 0.10 else "**no**"],
+                 [link, "TTFT(phi) <= (1 - hit) x cold + 5%, every run", f"worst {max(phi):.2f} of the bound",
+                  "yes" if max(phi) <= 1 else "**no**"]]
+    return provenance(meta) + table(["link", "target", "measured", "met"], body)
+
+
 RENDERERS = {
+    "grid_eval": render_grid_eval,
+    "grid_targets": render_grid_targets,
     "store_eval_context": render_store_eval_context,
     "store_eval_nodes": render_store_eval_nodes,
     "store_eval_checks": render_store_eval_checks,

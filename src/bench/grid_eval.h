@@ -16,7 +16,7 @@ struct GridEvalOptions {
   bool netns = true;                   // the runs on network namespaces (needs root)
   bool loopback = true;                // the runs on plain loopback
   int sessions = 8;                    // the aggregate decode's concurrent sessions
-  int decode_tokens = 64;
+  int decode_tokens = 128;
   int prompt = 512;                    // TTFT prompt length L
   double phi = 0.9;                    // shared-prefix share of the TTFT(phi) check
   int reps = 3;                        // alternating repetitions (medians reported)

@@ -5,9 +5,17 @@
 #include <cstdio>
 #include <string>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <fmt/core.h>
+
 #include "cli/commands.h"
 #include "engine/model.h"
 #include "grid/node.h"
+#include "store/etcd.h"
 
 namespace trellis::cli {
 namespace {
@@ -20,6 +28,51 @@ struct NodeOpts {
   std::string tls = "tcp";
   std::string net_devices;
   uint32_t spin_us = 0;
+  std::string etcd, advertise;
+  int etcd_ttl = 5;
+};
+
+// Keeps "/trellis/grid/nodes/<advertise>" = "FIRST-LAST FINGERPRINT" alive in etcd under a
+// lease (renewed every third of its TTL, registered again if it lapsed), so a head started
+// with --grid-etcd finds this node; revoked when the node stops.
+class EtcdRegistration {
+ public:
+  EtcdRegistration(store::Etcd etcd, std::string address, std::string value, int ttl)
+      : etcd_(std::move(etcd)), address_(std::move(address)), value_(std::move(value)), ttl_(ttl) {}
+  Status Start() {
+    auto lease = etcd_.Register(address_, ttl_, value_);
+    if (!lease.ok()) return lease.status();
+    lease_ = *lease;
+    thread_ = std::thread([this] { Loop(); });
+    return Status::Ok();
+  }
+  ~EtcdRegistration() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (lease_ != 0) (void)etcd_.Revoke(lease_);
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!cv_.wait_for(l, std::chrono::milliseconds(ttl_ * 1000 / 3), [&] { return stop_; })) {
+      if (etcd_.KeepAlive(lease_).ok()) continue;
+      auto lease = etcd_.Register(address_, ttl_, value_);
+      if (lease.ok()) lease_ = *lease;  // else: etcd is away; try again next time
+    }
+  }
+  store::Etcd etcd_;
+  std::string address_, value_;
+  int ttl_;
+  int64_t lease_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 int RunNode(const NodeOpts& o) {
@@ -55,9 +108,27 @@ int RunNode(const NodeOpts& o) {
   std::fprintf(stderr, "trellis node: listening on %s:%u | model %s, layers %d-%d of 0-%d (%s, %.1f MiB) | threads %d\n",
                no.host.c_str(), (*node)->port(), o.model.c_str(), part.first_layer, part.last_layer - 1, c.n_layer - 1,
                (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20), o.threads);
+  std::unique_ptr<EtcdRegistration> reg;
+  if (!o.etcd.empty()) {
+    auto etcd = store::Etcd::Parse(o.etcd, store::Etcd::kGridPrefix);
+    if (!etcd.ok()) return Fail(etcd.status().message());
+    std::string adv = o.advertise;
+    if (adv.empty()) {
+      if (no.host == "0.0.0.0" || no.host == "::") return Fail("--etcd with --listen on every address needs --advertise HOST:PORT");
+      adv = fmt::format("{}:{}", no.host, (*node)->port());
+    }
+    if (!store::IsHostPort(adv)) return Fail("--advertise takes HOST:PORT, got '" + adv + "'");
+    reg = std::make_unique<EtcdRegistration>(*etcd, adv,
+                                             fmt::format("{}-{} {:016x}", part.first_layer, part.last_layer - 1,
+                                                         (*model)->fingerprint()),
+                                             std::max(1, o.etcd_ttl));
+    if (Status st = reg->Start(); !st.ok()) return Fail("--etcd: " + st.ToString());
+    std::fprintf(stderr, "trellis node: registered in etcd %s as %s\n", o.etcd.c_str(), adv.c_str());
+  }
   std::fflush(stderr);
   int sig = 0;
   sigwait(&sigs, &sig);
+  reg.reset();
   const grid::NodeStats st = (*node)->stats();
   std::fprintf(stderr, "trellis node: %s, stopping | %llu steps, %llu tokens, %.2f s computing, %llu hellos (%llu refused), %llu steps refused\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<unsigned long long>(st.steps),
@@ -78,6 +149,9 @@ Runner AddNodeCommand(CLI::App& app) {
   app.add_option("--tls", o->tls, "UCX transports (UCX_TLS)")->capture_default_str();
   app.add_option("--net-devices", o->net_devices, "UCX_NET_DEVICES (e.g. lo on one host)");
   app.add_option("--spin-us", o->spin_us, "microseconds the transport polls after work before it sleeps")->capture_default_str();
+  app.add_option("--etcd", o->etcd, "etcd (http://HOST:PORT): register here, so a head started with --grid-etcd finds this node");
+  app.add_option("--advertise", o->advertise, "HOST:PORT the head reaches this node at (default: --listen's)");
+  app.add_option("--etcd-ttl", o->etcd_ttl, "seconds the etcd registration outlives a silent node")->capture_default_str();
   return [o] { return RunNode(*o); };
 }
 

@@ -112,6 +112,7 @@ int Serve(const ServeOpts& opts) {
     std::fclose(f);
     if (o.api_keys.empty()) return Fail("--api-key-file " + o.api_key_file + " holds no key");
   }
+  if (Status d = DiscoverGrid(o.grid, o.model); !d.ok()) return Fail(d.message());
   auto part = HeadPart(o.grid);
   if (!part.ok()) return Fail(part.status().message());
   auto model = Model::Load(o.model, *part);

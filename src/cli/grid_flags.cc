@@ -1,6 +1,13 @@
 #include "cli/grid_flags.h"
 
+#include <map>
+#include <thread>
+
 #include <fmt/core.h>
+
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "store/etcd.h"
 
 namespace trellis::cli {
 
@@ -8,6 +15,8 @@ void AddGridFlags(CLI::App& app, GridFlags* f) {
   app.add_option("--grid", f->grid,
                  "run the model's layers on grid nodes: HOST:PORT=FIRST-LAST,... in layer order (started with "
                  "`trellis node`); this process keeps the embeddings, the output head and the layers before the first node's");
+  app.add_option("--grid-etcd", f->etcd,
+                 "take the grid's nodes from etcd (http://HOST:PORT), where `trellis node --etcd` registered them");
   app.add_option("--grid-depth", f->depth, "micro-batches in flight through the grid")->capture_default_str();
   app.add_option("--grid-chunk", f->chunk, "prefill chunk with --grid (a prompt's chunks follow each other through the nodes)")
       ->capture_default_str();
@@ -17,6 +26,61 @@ void AddGridFlags(CLI::App& app, GridFlags* f) {
       ->capture_default_str();
   app.add_option("--grid-tls", f->tls, "UCX transports to the nodes (UCX_TLS)")->capture_default_str();
   app.add_option("--grid-net-devices", f->net_devices, "UCX_NET_DEVICES to the nodes (e.g. lo on one host)");
+}
+
+// Registered nodes -> a chain ending at the model's last layer: from the last layer back,
+// each link the node whose last layer is one before the previous link's first (the
+// smallest address when several qualify). "" when there is none.
+std::string ChainFromEtcd(const std::vector<std::pair<std::string, std::string>>& entries, int n_layer) {
+  std::map<int, std::vector<std::pair<int, std::string>>> by_last;  // last -> (first, address)
+  for (const auto& [addr, value] : entries) {
+    int first = -1, last = -1;
+    if (std::sscanf(value.c_str(), "%d-%d", &first, &last) != 2 || first < 0 || last < first || last >= n_layer) continue;
+    by_last[last].emplace_back(first, addr);
+  }
+  std::vector<std::string> chain;
+  int want = n_layer - 1;
+  while (want >= 0) {
+    auto it = by_last.find(want);
+    if (it == by_last.end()) break;
+    auto best = std::min_element(it->second.begin(), it->second.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+    chain.insert(chain.begin(), fmt::format("{}={}-{}", best->second, best->first, want));
+    want = best->first - 1;
+  }
+  if (want == n_layer - 1) return "";
+  std::string spec;
+  for (const auto& c : chain) spec += (spec.empty() ? "" : ",") + c;
+  return spec;
+}
+
+Status DiscoverGrid(GridFlags& f, const std::string& model_path) {
+  if (f.etcd.empty()) return Status::Ok();
+  if (!f.grid.empty()) return InvalidArgument("give --grid or --grid-etcd, not both");
+  TRELLIS_ASSIGN_OR_RETURN(store::Etcd etcd, store::Etcd::Parse(f.etcd, store::Etcd::kGridPrefix));
+  TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(model_path));
+  TRELLIS_ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::FromGguf(g));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.start_timeout * 1000));
+  std::string last_seen = "no node";
+  for (;;) {
+    auto entries = etcd.Entries();
+    if (entries.ok()) {
+      f.grid = ChainFromEtcd(*entries, c.n_layer);
+      if (!f.grid.empty()) return Status::Ok();
+      last_seen = fmt::format("{} node(s) registered, none ending at layer {}", entries->size(), c.n_layer - 1);
+      if (!entries->empty()) {
+        last_seen = fmt::format("{} node(s) registered ({}), not covering layers up to {} without a gap", entries->size(),
+                                (*entries)[0].first + "=" + (*entries)[0].second + (entries->size() > 1 ? ", ..." : ""),
+                                c.n_layer - 1);
+      }
+    } else {
+      last_seen = entries.status().message();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Unavailable(fmt::format("--grid-etcd {}: no grid after {} s: {}", f.etcd, f.start_timeout, last_seen));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 Result<ModelPart> HeadPart(const GridFlags& f) {

@@ -15,6 +15,7 @@ namespace trellis::cli {
 
 struct GridFlags {
   std::string grid;             // HOST:PORT=A-B,... ("": no grid)
+  std::string etcd;             // or: the nodes registered in this etcd (trellis node --etcd)
   int depth = 2;                // micro-batches in flight
   int chunk = 64;               // prefill chunk with a grid: a prompt's chunks follow each other through the nodes
   double timeout = 60;          // seconds a node may take for one step
@@ -25,6 +26,11 @@ struct GridFlags {
 };
 
 void AddGridFlags(CLI::App& app, GridFlags* f);
+
+// With --grid-etcd: waits (up to --grid-start-timeout) until the nodes registered there
+// cover the model's last layers without a gap, and sets f.grid to them. `model_path` is
+// read for its layer count. No-op otherwise.
+Status DiscoverGrid(GridFlags& f, const std::string& model_path);
 
 // The part of the model this process holds: the whole model without --grid, else the
 // embeddings, the output head and the layers before the first node's.

@@ -81,7 +81,7 @@ bool IsHostPort(const std::string& a) {
   return p >= 1 && p <= 65535 && a.find_first_of(" \t\r\n/") == std::string::npos;
 }
 
-Result<Etcd> Etcd::Parse(const std::string& url) {
+Result<Etcd> Etcd::Parse(const std::string& url, const std::string& prefix) {
   std::string rest = url;
   if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
@@ -90,6 +90,8 @@ Result<Etcd> Etcd::Parse(const std::string& url) {
   const size_t colon = rest.rfind(':');
   e.host_ = rest.substr(0, colon);
   e.port_ = std::stoi(rest.substr(colon + 1));
+  if (prefix.empty() || prefix.back() != '/') return InvalidArgument("an etcd prefix ends with '/'");
+  e.prefix_ = prefix;
   return e;
 }
 
@@ -120,7 +122,7 @@ Result<std::string> Etcd::Post(const std::string& path, const std::string& body)
   return got;
 }
 
-Result<int64_t> Etcd::Register(const std::string& address, int ttl_s) const {
+Result<int64_t> Etcd::Register(const std::string& address, int ttl_s, const std::string& value) const {
   if (!IsHostPort(address)) return InvalidArgument("'" + address + "' is not HOST:PORT");
   TRELLIS_ASSIGN_OR_RETURN(std::string g, Post("/v3/lease/grant", json{{"TTL", ttl_s}}.dump()));
   const json j = json::parse(g, nullptr, false);
@@ -132,7 +134,8 @@ Result<int64_t> Etcd::Register(const std::string& address, int ttl_s) const {
   } catch (...) {
     return Corrupt("etcd lease grant: a malformed ID");
   }
-  const json put = {{"key", B64(std::string(kPrefix) + address)}, {"value", B64(address)}, {"lease", std::to_string(lease)}};
+  const json put = {{"key", B64(prefix_ + address)}, {"value", B64(value.empty() ? address : value)},
+                    {"lease", std::to_string(lease)}};
   TRELLIS_RETURN_IF_ERROR(Post("/v3/kv/put", put.dump()).status());
   return lease;
 }
@@ -150,23 +153,49 @@ Status Etcd::Revoke(int64_t lease) const {
   return Post("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump()).status();
 }
 
-Result<std::vector<std::string>> Etcd::Members() const {
-  const json q = {{"key", B64(kPrefix)}, {"range_end", B64(PrefixEnd(kPrefix))}};
+Result<std::vector<std::pair<std::string, std::string>>> Etcd::Range() const {
+  const json q = {{"key", B64(prefix_)}, {"range_end", B64(PrefixEnd(prefix_))}};
   TRELLIS_ASSIGN_OR_RETURN(std::string r, Post("/v3/kv/range", q.dump()));
   const json j = json::parse(r, nullptr, false);
   if (!j.is_object()) return Corrupt("etcd range: not a JSON object");
-  std::vector<std::string> out;
+  std::vector<std::pair<std::string, std::string>> out;
   if (!j.contains("kvs")) return out;  // no members
   const json& kvs = j["kvs"];
   if (!kvs.is_array() || kvs.size() > kMaxMembers) return Corrupt("etcd range: kvs is not a list of at most 4096");
   for (const json& kv : kvs) {
-    if (!kv.is_object() || !kv.contains("value") || !kv["value"].is_string()) return Corrupt("etcd range: a malformed entry");
+    if (!kv.is_object() || !kv.contains("value") || !kv["value"].is_string() || !kv.contains("key") ||
+        !kv["key"].is_string()) {
+      return Corrupt("etcd range: a malformed entry");
+    }
+    auto k = UnB64(kv["key"].get<std::string>());
     auto v = UnB64(kv["value"].get<std::string>());
-    if (!v || !IsHostPort(*v)) continue;  // not ours, or garbage: skipped
-    out.push_back(*v);
+    if (!k || !v) continue;  // garbage: skipped
+    out.emplace_back(std::move(*k), std::move(*v));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> Etcd::Members() const {
+  TRELLIS_ASSIGN_OR_RETURN(auto kvs, Range());
+  std::vector<std::string> out;
+  for (auto& [k, v] : kvs) {
+    if (IsHostPort(v)) out.push_back(v);  // not ours, or garbage: skipped
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Etcd::Entries() const {
+  TRELLIS_ASSIGN_OR_RETURN(auto kvs, Range());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [k, v] : kvs) {
+    if (k.rfind(prefix_, 0) != 0) continue;
+    std::string addr = k.substr(prefix_.size());
+    if (!IsHostPort(addr) || v.size() > 256) continue;
+    out.emplace_back(std::move(addr), std::move(v));
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

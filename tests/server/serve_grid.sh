@@ -9,7 +9,8 @@
 #   - a node started with other layers, or another model file, is refused at start-up;
 #   - a node killed with SIGKILL fails requests with 503 (and an SSE error event), /health
 #     says 503 and names the node; restarted, it rejoins and answers are right again;
-#   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout.
+#   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout;
+#   - nodes registered in etcd (`node --etcd`) are found by `serve --grid-etcd`.
 # usage: serve_grid.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
@@ -161,4 +162,32 @@ if "$TRELLIS" serve -m "$model" --port 0 --grid 127.0.0.1:$po=1-3 --grid-net-dev
 fi
 grep -q "refused" "$tmp/refused2.log" && grep -q "model" "$tmp/refused2.log" || die "unclear refusal: $(cat "$tmp/refused2.log")"
 ok "$(grep -o 'refused.*' "$tmp/refused2.log" | head -1)"
+say "nodes registered in etcd; the head finds them with --grid-etcd"
+command -v etcd >/dev/null || die "etcd is not installed (Debian etcd-server; scripts/setup.sh installs it)"
+eport=$((20000 + RANDOM % 20000)); pport=$((eport + 1))
+etcd --name g --data-dir "$tmp/etcd" --listen-client-urls http://127.0.0.1:$eport --advertise-client-urls http://127.0.0.1:$eport \
+  --listen-peer-urls http://127.0.0.1:$pport --initial-advertise-peer-urls http://127.0.0.1:$pport \
+  --initial-cluster g=http://127.0.0.1:$pport >"$tmp/etcd.log" 2>&1 &
+srv_pids+=("$!")
+for _ in $(seq 1 100); do curl -s -m 1 "http://127.0.0.1:$eport/health" | grep -q true && break; sleep 0.1; done
+start_node_etcd() {  # NAME LAYERS
+  "$TRELLIS" node -m "$model" --layers "$2" --listen 127.0.0.1:0 --net-devices lo --etcd http://127.0.0.1:$eport \
+    --etcd-ttl 2 >"$tmp/$1.log" 2>&1 &
+  srv_pids+=("$!")
+  for _ in $(seq 1 100); do grep -q "registered in etcd" "$tmp/$1.log" && return; sleep 0.1; done
+  die "node $1 did not register: $(cat "$tmp/$1.log")"
+}
+start_node_etcd e1 1-2
+start_node_etcd e2 3-3
+start_server etcdhead --grid-etcd http://127.0.0.1:$eport --grid-net-devices lo --grid-start-timeout 10
+grep -q "grid head with layers 0-0 here" "$tmp/etcdhead.log" || die "the head did not take layers 1-3 from etcd: $(cat "$tmp/etcdhead.log")"
+for i in "${!prompts[@]}"; do ask "e$i" "${prompts[$i]}"; same "ref$i" "e$i"; done
+ok "$(grep -o 'nodes 127.*' "$tmp/etcdhead.log" | cut -d'|' -f1)"
+stop_server
+if "$TRELLIS" serve -m "$model" --port 0 --grid-etcd http://127.0.0.1:$((eport + 7)) --grid-start-timeout 1 >"$tmp/noetcd.log" 2>&1; then
+  die "a head started without an etcd"
+fi
+grep -q "no grid after" "$tmp/noetcd.log" || die "unclear error without etcd: $(cat "$tmp/noetcd.log")"
+ok "no etcd: $(grep -o 'no grid after.*' "$tmp/noetcd.log")"
+
 say "grid: all checks passed"
