@@ -17,6 +17,6 @@ case "$flavour" in
   fuzz)
     CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
       -DTRELLIS_FUZZ=ON -DTRELLIS_SANITIZE=ON >/dev/null
-    ninja -C build-fuzz -j "$jobs" gguf_fuzz api_fuzz http_fuzz store_fuzz ;;
+    ninja -C build-fuzz -j "$jobs" gguf_fuzz api_fuzz http_fuzz store_fuzz grid_fuzz ;;
   *) echo "build.sh: unknown flavour '$flavour' (release, asan, fuzz)" >&2; exit 2 ;;
 esac

@@ -3,8 +3,8 @@
 #   1. Release build, every CTest test (unit, reference-logit and end-to-end tests);
 #   2. ASan + UBSan build, the unit tests again (label `unit`) and the server load test;
 #   3. libFuzzer builds (clang) of the GGUF reader, the HTTP request reader, the JSON
-#      request readers and the store's request handlers: corpus replay plus a bounded
-#      run of each.
+#      request readers, the store's request handlers and a grid node's message decoding:
+#      corpus replay plus a bounded run of each.
 # Benchmarks are programs (trellis bench ...), not tests: they do not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 TRELLIS_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -R '^server_(load|hostile)$' --timeout 900
 
-echo "== [3/3] libFuzzer: GGUF reader, HTTP reader, API readers, store requests (${FUZZ_SECONDS}s each)" >&2
+echo "== [3/3] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages (${FUZZ_SECONDS}s each)" >&2
 scripts/build.sh fuzz
 # fuzz NAME CORPUS MAX_LEN [flags...]: replays the committed corpus, then fuzzes for
 # FUZZ_SECONDS into a scratch directory (new inputs never go into the committed corpus).
@@ -40,4 +40,5 @@ fuzz gguf_fuzz tests/data/gguf_corpus 8192
 fuzz http_fuzz tests/data/http_corpus 16384 -dict=tests/data/http_corpus.dict
 fuzz api_fuzz tests/data/api_corpus 65536 -dict=tests/data/api_corpus.dict
 UCX_NET_DEVICES=lo LSAN_OPTIONS=suppressions=tests/fuzz/store_fuzz.lsan.supp fuzz store_fuzz tests/data/store_corpus 4096
+fuzz grid_fuzz tests/data/grid_corpus 4096
 echo "== all test stages passed" >&2
