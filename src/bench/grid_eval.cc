@@ -188,9 +188,10 @@ class Harness {
   std::vector<float> hidden_;
 };
 
+// Every layer, not a few: a few layers' weights would partly stay in the CPU's caches
+// between runs, which the real runs' whole model never does.
 Result<Parts> MeasureParts(const GridEvalOptions& o, const Geometry& g, const std::vector<int>& rows) {
-  const int n_layers = std::min(2, g.n_layer);
-  TRELLIS_ASSIGN_OR_RETURN(auto model, Model::Load(o.model, ModelPart{.first_layer = 0, .last_layer = n_layers, .embed = true, .head = true}));
+  TRELLIS_ASSIGN_OR_RETURN(auto model, Model::Load(o.model));
   const int max_seqs = *std::max_element(rows.begin(), rows.end());
   const int max_rows = std::max(o.prompt, max_seqs);
   Harness a(*model, o, max_seqs, max_rows), b(*model, o, max_seqs, max_rows);
@@ -210,19 +211,15 @@ Result<Parts> MeasureParts(const GridEvalOptions& o, const Geometry& g, const st
     }
     for (int r : rows) {
       std::vector<double> v, out;
-      for (int k = 0; k < 15; ++k) v.push_back(a.Layers(r, 1, ctx + k));
-      for (int k = 0; k < 9; ++k) out.push_back(a.Output(r));
+      for (int k = 0; k < 7; ++k) v.push_back(a.Layers(r, 1, ctx + k));
+      for (int k = 0; k < 7; ++k) out.push_back(a.Output(r));
       (busy ? p.layer_busy : p.layer)[r] = Median(v);
       (busy ? p.output_busy : p.output)[r] = Median(out);
     }
     std::vector<double> chunks;
     for (int pos = 0; pos + o.chunk <= o.prompt; pos += o.chunk) chunks.push_back(a.Layers(1, o.chunk, pos));
     (busy ? p.prefill_layer_chunk_busy : p.prefill_layer_chunk) = Mean(chunks);
-    if (!busy) {
-      std::vector<double> whole;
-      for (int k = 0; k < 3; ++k) whole.push_back(a.Layers(1, o.prompt, 0));
-      p.prefill_layer_whole = Median(whole);
-    }
+    if (!busy) p.prefill_layer_whole = a.Layers(1, o.prompt, 0);
     stop = true;
     if (other.joinable()) other.join();
   }
@@ -611,7 +608,7 @@ int RunGridEval(const GridEvalOptions& o) {
     if (ec) return fail(fmt::format("cannot create {}/logs: {}", o.out, ec.message()));
   }
 
-  // The parts, measured first, alone on the machine.
+  // The parts, measured first, alone on the machine (and with the other core busy).
   const int r_micro = (o.sessions + o.depth - 1) / o.depth;
   std::vector<int> rows = {1, r_micro, o.sessions};
   std::sort(rows.begin(), rows.end());
