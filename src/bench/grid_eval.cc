@@ -274,14 +274,15 @@ Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& par
     pr.ttft = g.n_layer * p.prefill_layer_whole + out1;
   } else {
     // The chunks the scheduler cuts (scheduler.cc: what is left in four or more, at most
-    // --chunk, at least 16), each stage's time per chunk from a per-layer cost a + b x c
+    // --chunk, at least 16, none of fewer than 16 left at the end), each stage's time per chunk from a per-layer cost a + b x c
     // (a: the one-row time, b from the measured --chunk chunk), through the stages in
     // order (a flow shop), and never faster than the cores allow.
     const double a = interp(p.layer, 1);
     const double b = std::max(0.0, (p.prefill_layer_chunk - a) / o.chunk);
     std::vector<int> chunks;
     for (int rem = o.prompt; rem > 0;) {
-      const int c = std::min({o.chunk, std::max(16, (rem + 3) / 4), rem});
+      int c = std::min({o.chunk, std::max(16, (rem + 3) / 4), rem});
+      if (rem - c < 16) c = std::min(o.chunk, rem);
       chunks.push_back(c);
       rem -= c;
     }

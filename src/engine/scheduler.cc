@@ -623,9 +623,12 @@ bool Scheduler::Step() {
     int32_t chunk = opts_.prefill_chunk;
     if (executor_->depth() > 1) {
       // In a pipeline a prompt's chunks overlap on the stages, so what is left is cut in
-      // four or more (never below 16 tokens): a short prompt, or the rest after a cached
-      // prefix, is pipelined too instead of crossing every stage as one piece.
+      // four or more (never below 16 tokens, and never leaving fewer than 16 after): a
+      // short prompt, or the rest after a cached prefix, is pipelined too instead of
+      // crossing every stage as one piece.
       chunk = std::min(chunk, std::max<int32_t>(16, (s.to_launch() + 3) / 4));
+      // No chunk of a few tokens at the end: each costs a pass over every stage's weights.
+      if (s.to_launch() - chunk < 16) chunk = std::min(opts_.prefill_chunk, s.to_launch());
     }
     const int32_t n = std::min({s.to_launch(), chunk, budget});
     if (!EnsureBlocks(s, s.n_launched + n, /*may_preempt=*/false).ok()) continue;  // admission reserved them
