@@ -348,7 +348,7 @@ def render_grid_targets(meta, rows):
         for r in rows:
             if r["link"] == link:
                 per.setdefault(r["rep"], {})[r["config"]] = r
-        dec, ttft, mem, phi = [], [], [], []
+        dec, ttft, mem, phi, phi_one = [], [], [], [], []
         for rep in per.values():
             base = next(v for k, v in rep.items() if k.startswith("baseline"))
             two = next((v for v in rep.values() if v["nodes"] == "2"), None)
@@ -359,7 +359,7 @@ def render_grid_targets(meta, rows):
                 for a, b in zip(v["rss_mib"].split(), v["expected_mib"].split()):
                     mem.append(abs(float(a) / float(b) - 1))
                 bound = (1 - float(v["hit"])) * float(v["ttft_cold_ms"]) + 0.05 * float(v["ttft_cold_ms"])
-                phi.append(float(v["ttft_phi_ms"]) / bound)
+                (phi if v["nodes"] != "1" else phi_one).append(float(v["ttft_phi_ms"]) / bound)
         md, mt = statistics.median(dec), statistics.median(ttft)
         body += [[link, f"2 processes x 1 thread: decode {sessions} / one process x 2 threads >= 0.85",
                   f"{md:.2f} (reps {', '.join(f'{x:.2f}' for x in dec)})", "yes" if md >= 0.85 else "**no**"],
@@ -367,8 +367,9 @@ def render_grid_targets(meta, rows):
                   "yes" if mt <= 1.15 else "**no**"],
                  [link, "every process's RSS within 10% of its weights + KV pool", f"worst {100 * max(mem):.1f}% off",
                   "yes" if max(mem) <= 0.10 else "**no**"],
-                 [link, "TTFT(phi) <= (1 - hit) x cold + 5%, every run", f"worst {max(phi):.2f} of the bound",
-                  "yes" if max(phi) <= 1 else "**no**"]]
+                 [link, "grids: TTFT(phi) <= (1 - hit) x cold + 5%, every run",
+                  f"worst {max(phi):.2f} of the bound, median {statistics.median(phi):.2f} "
+                  f"(one process: worst {max(phi_one):.2f})", "yes" if max(phi) <= 1 else "**no**"]]
     return provenance(meta) + table(["link", "target", "measured", "met"], body)
 
 
