@@ -30,6 +30,8 @@ struct NodeOpts {
   uint32_t spin_us = 0;
   std::string etcd, advertise;
   int etcd_ttl = 5;
+  int64_t max_kv_memory = 0;
+  uint32_t max_batch_tokens = 8192;
 };
 
 // Keeps "/trellis/grid/nodes/<advertise>" = "FIRST-LAST FINGERPRINT" alive in etcd under a
@@ -99,6 +101,9 @@ int RunNode(const NodeOpts& o) {
   no.host = hp->first;
   no.port = hp->second;
   no.threads = o.threads;
+  if (o.max_kv_memory < 0) return Fail("--max-kv-memory must be >= 0");
+  no.max_kv_bytes = static_cast<uint64_t>(o.max_kv_memory);
+  no.max_batch_tokens = o.max_batch_tokens;
   no.transport.tls = o.tls;
   no.transport.net_devices = o.net_devices;
   no.transport.spin_us = o.spin_us;
@@ -149,6 +154,10 @@ Runner AddNodeCommand(CLI::App& app) {
   app.add_option("--tls", o->tls, "UCX transports (UCX_TLS)")->capture_default_str();
   app.add_option("--net-devices", o->net_devices, "UCX_NET_DEVICES (e.g. lo on one host)");
   app.add_option("--spin-us", o->spin_us, "microseconds the transport polls after work before it sleeps")->capture_default_str();
+  app.add_option("--max-kv-memory", o->max_kv_memory,
+                 "largest KV pool a head may ask this node for, K/M/G suffixes (0: 90% of available memory)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-batch-tokens", o->max_batch_tokens, "largest step (tokens) a head may ask for")->capture_default_str();
   app.add_option("--etcd", o->etcd, "etcd (http://HOST:PORT): register here, so a head started with --grid-etcd finds this node");
   app.add_option("--advertise", o->advertise, "HOST:PORT the head reaches this node at (default: --listen's)");
   app.add_option("--etcd-ttl", o->etcd_ttl, "seconds the etcd registration outlives a silent node")->capture_default_str();

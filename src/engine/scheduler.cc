@@ -27,7 +27,7 @@ struct Scheduler::Session {
   bool preempted = false;       // set during planning; moved back to waiting after
   bool done = false;
   bool fetching = false;        // a store fetch writes into table[fetch_first ..]
-  bool cancel_pending = false;  // cancelled while fetching: finished when it completes
+  bool cancel_pending = false;  // cancelled while busy (a fetch, batches in flight): finished when they complete
   int32_t fetch_first = 0;
   int32_t fetch_want = 0;
   int32_t reused_blocks = 0;    // whole blocks taken from the tree or the store
@@ -590,7 +590,7 @@ bool Scheduler::Step() {
   const int free_slots = std::max(1, executor_->depth() - static_cast<int>(n_flights_));
   int ready_decodes = 0;
   for (auto& sp : running_) {
-    ready_decodes += (!sp->preempted && !sp->fetching && sp->to_launch() == 1) ? 1 : 0;
+    ready_decodes += (!sp->preempted && !sp->fetching && !sp->cancel_pending && sp->to_launch() == 1) ? 1 : 0;
   }
   int decode_cap = (ready_decodes + free_slots - 1) / free_slots;
   int budget = opts_.max_batch_tokens;
@@ -598,7 +598,7 @@ bool Scheduler::Step() {
   run_len_.clear();
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.fetching || s.to_launch() != 1 || budget == 0 || decode_cap == 0) continue;
+    if (s.preempted || s.fetching || s.cancel_pending || s.to_launch() != 1 || budget == 0 || decode_cap == 0) continue;
     Status st = EnsureBlocks(s, s.n_launched + 1, /*may_preempt=*/true);
     if (!st.ok()) {
       bool alone = true;
@@ -619,7 +619,8 @@ bool Scheduler::Step() {
   }
   for (auto& sp : running_) {
     Session& s = *sp;
-    if (s.preempted || s.done || s.fetching || s.to_launch() <= 1 || budget == 0) continue;
+    // (A cancelled session launches nothing more; it ends when its batches are back.)
+    if (s.preempted || s.done || s.fetching || s.cancel_pending || s.to_launch() <= 1 || budget == 0) continue;
     int32_t chunk = opts_.prefill_chunk;
     if (executor_->depth() > 1) {
       // In a pipeline a prompt's chunks overlap on the stages, so what is left is cut in

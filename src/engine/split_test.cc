@@ -223,6 +223,41 @@ TEST_P(SplitSchedulerTest, PipelinedSplitEqualsWholeModel) {
   EXPECT_EQ(exec->max_in_flight(), sc.depth) << "the pipeline never filled";
 }
 
+// A prompt cancelled mid-prefill launches nothing more: it ends when its chunks in flight
+// are back, without computing the rest.
+TEST(SplitSchedulerCancelTest, ACancelledPromptStopsLaunching) {
+  auto head = LoadPart({.first_layer = 0, .last_layer = 1, .embed = true, .head = true});
+  auto node = LoadPart({.first_layer = 1, .last_layer = 2, .embed = false, .head = false});
+  ThreadPool threads(1);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.n_ctx = 256;
+  o.kv_blocks = 64;
+  o.prefill_chunk = 16;
+  SplitExecutor* exec = nullptr;
+  o.executor = [&](const PagedKv& kv, int32_t n_blocks, int max_tokens, int max_logits, ThreadPool& tp)
+      -> Result<std::unique_ptr<StepExecutor>> {
+    auto e = std::make_unique<SplitExecutor>(*head, std::vector<const Model*>{node.get()}, kv, n_blocks, max_tokens,
+                                             max_logits, tp, 2);
+    exec = e.get();
+    return std::unique_ptr<StepExecutor>(std::move(e));
+  };
+  auto s = Scheduler::Create(*head, o, threads);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  RequestResult res;
+  auto id = (*s)->Submit(Greedy(std::vector<int32_t>(200, 7), 8, false), nullptr,
+                         [&](RequestId, const RequestResult& r) { res = r; });
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 3; ++i) (*s)->Step();
+  const int64_t launched = exec->launched();
+  (*s)->Cancel(*id);
+  (*s)->RunUntilIdle();
+  EXPECT_EQ(res.reason, FinishReason::kCancelled);
+  EXPECT_LE(exec->launched(), launched) << "chunks were launched after the cancel";
+  EXPECT_LT(exec->launched(), 13) << "the whole 200-token prompt was computed";
+  EXPECT_EQ((*s)->pool().n_used(), (*s)->cache().stats().n_cached_blocks);
+}
+
 INSTANTIATE_TEST_SUITE_P(Splits, SplitSchedulerTest,
                          ::testing::Values(SplitCase{1, 1}, SplitCase{1, 2}, SplitCase{0, 2}, SplitCase{0, 3}),
                          [](const ::testing::TestParamInfo<SplitCase>& i) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -54,11 +55,12 @@ struct TestNode {
   std::unique_ptr<GridNode> node;
 };
 
-TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0) {
+TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0, uint64_t max_kv_bytes = 0) {
   TestNode n;
   n.model = Load(path, ModelPart{.first_layer = first, .last_layer = last, .embed = false, .head = false});
   NodeOptions o;
   o.port = port;
+  o.max_kv_bytes = max_kv_bytes;
   o.transport = Lo();
   auto r = GridNode::Start(*n.model, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -106,12 +108,13 @@ struct Grid {
 };
 
 Result<Grid> StartHead(int head_layers, const std::vector<NodeAddress>& nodes, ThreadPool& threads, int depth,
-                       int prefill_chunk = 16) {
+                       int prefill_chunk = 16, size_t max_message_bytes = 0) {
   Grid g;
   g.head_model = Load(ModelPath(), ModelPart{.first_layer = 0, .last_layer = head_layers, .embed = true, .head = true});
   HeadOptions ho;
   ho.nodes = nodes;
   ho.transport = Lo();
+  if (max_message_bytes) ho.transport.max_message_bytes = max_message_bytes;
   ho.depth = depth;
   ho.start_timeout = std::chrono::milliseconds(3000);
   ho.step_timeout = std::chrono::milliseconds(5000);
@@ -195,6 +198,79 @@ TEST(GridHeadTest, ANodeWithAnotherModelOrOtherLayersIsRefused) {
     ASSERT_FALSE(g.ok());
     EXPECT_EQ(g.status().code(), StatusCode::kUnavailable) << g.status().ToString();
   }
+}
+
+// What a head may ask of a node is bounded: a pool past the node's limit is refused at
+// Hello (and the node serves a head that asks for less); a step that would not fit the
+// transport's messages is refused when the head is made, not found out per request.
+TEST(GridHeadTest, OversizedPoolsAndStepsAreRefusedUpFront) {
+  ThreadPool threads(1);
+  TestNode small = StartNode(ModelPath(), 1, 2, 0, /*max_kv_bytes=*/64 << 10);
+  ASSERT_TRUE(small.node);
+  auto g = StartHead(1, {Addr(small, 1, 2)}, threads, 2);  // 96 blocks of 8 tokens: 96 KiB of KV for layer 1
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("KV pool"), std::string::npos) << g.status().ToString();
+  EXPECT_EQ(small.node->stats().refused_hellos, 1u);
+  TestNode roomy = StartNode(ModelPath(), 1, 2, 0, /*max_kv_bytes=*/1 << 20);
+  ASSERT_TRUE(roomy.node);
+  auto ok = StartHead(1, {Addr(roomy, 1, 2)}, threads, 2);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  auto out = RunAll(*ok->sched, Workload(1, 5));
+  ExpectSameAsWhole(Workload(1, 5), out, "a node within its limit");
+  // 32-token steps of 64 floats are 8 KiB of hidden state: more than 16 KiB messages hold
+  // once the 2 MiB left for tables is counted.
+  auto big = StartHead(1, {Addr(roomy, 1, 2)}, threads, 2, 16, /*max_message_bytes=*/16 << 10);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("exceeds the transport"), std::string::npos) << big.status().ToString();
+}
+
+// A node serves the connection its accepted Hello came on: a step on any other (an
+// older connection of the same head, a stranger) is refused, and nothing queued before
+// a Hello runs after it.
+TEST(GridNodeTest, StepsFromAnotherConnectionAreRefused) {
+  TestNode n = StartNode(ModelPath(), 1, 2);
+  ASSERT_TRUE(n.node);
+  auto t = net::Transport::Create(Lo());
+  ASSERT_TRUE(t.ok());
+  net::Transport& tr = **t;
+  auto call = [&](net::ConnId c, uint16_t type, std::string body) {
+    std::promise<Result<std::string>> p;
+    auto f = p.get_future();
+    tr.Post([&] { tr.Call(c, type, std::move(body), net::After(std::chrono::milliseconds(5000)), [&](Result<std::string> r) { p.set_value(std::move(r)); }); });
+    return f.get();
+  };
+  const auto a = tr.Sync([&] { return tr.Connect("127.0.0.1", n.node->port()); });
+  const auto b = tr.Sync([&] { return tr.Connect("127.0.0.1", n.node->port()); });
+  ASSERT_TRUE(a.ok() && b.ok());
+  HelloRequest h;
+  h.head_id = 42;
+  h.fingerprint = n.model->fingerprint();
+  h.n_layer = 2;
+  h.first_layer = 1;
+  h.last_layer = 2;
+  h.block_size = 8;
+  h.n_blocks = 16;
+  h.max_batch_tokens = 32;
+  h.max_seqs = 4;
+  h.n_ctx = 128;
+  ASSERT_TRUE(call(*a, kHello, EncodeHello(h)).ok());
+  const uint32_t E = static_cast<uint32_t>(n.model->config().n_embd);
+  auto step = [&](uint64_t seq) {
+    const StepSeq q{0, 4, {1}};
+    return EncodeStepHeader(42, seq) + EncodeStepPrefix({}, std::span<const StepSeq>(&q, 1)) + std::string(4 * E * 4, '\0');
+  };
+  auto on_a = call(*a, kStep, step(1));
+  ASSERT_TRUE(on_a.ok()) << on_a.status().ToString();
+  EXPECT_EQ(on_a->size(), 4u * E * 4);
+  // The same head id on another connection: refused.
+  auto on_b = call(*b, kStep, step(2));
+  ASSERT_FALSE(on_b.ok());
+  EXPECT_NE(on_b.status().message().find("connection"), std::string::npos) << on_b.status().ToString();
+  // After a Hello on b, a's steps are refused and b's count from 1.
+  ASSERT_TRUE(call(*b, kHello, EncodeHello(h)).ok());
+  EXPECT_FALSE(call(*a, kStep, step(2)).ok());
+  EXPECT_TRUE(call(*b, kStep, step(1)).ok());
+  tr.Stop();
 }
 
 TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {

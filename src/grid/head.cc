@@ -69,6 +69,7 @@ namespace {
 struct Flight {
   std::string prefix;          // the step after head id and seq, before the hidden state
   std::vector<uint64_t> seq;   // per node
+  std::vector<uint64_t> gen;   // per node: the connection (Hello) seq was numbered for
   uint64_t epoch = 0;
   std::vector<int32_t> n_tokens, n_logits;
   std::string hidden;          // the next node's input; at the end, the last node's output
@@ -91,6 +92,7 @@ struct GridHead::Impl {
     net::ConnId conn = 0;  // loop thread
     bool up = false;        // GUARDED_BY(mu)
     uint64_t next_seq = 0;  // GUARDED_BY(mu): the last sequence number given out
+    uint64_t gen = 0;       // GUARDED_BY(mu): which Hello the numbering belongs to
   };
   std::vector<Node> nodes;
 
@@ -110,6 +112,11 @@ struct GridHead::Impl {
 
   Impl(const Model& m, const PagedKv& kv, int max_tokens, int max_logits, ThreadPool& threads, const HeadOptions& o)
       : model(m), opt(o), fwd(m, kv, max_tokens, max_logits, threads) {}
+  // The loop's callbacks (timers, calls, the disconnect handler) reach this object: stop
+  // the loop before any member goes (Create's error paths; ~GridHead stops it first).
+  ~Impl() {
+    if (t) t->Stop();
+  }
 
   HelloRequest HelloFor(size_t i) const {
     HelloRequest h = hello;
@@ -152,6 +159,7 @@ struct GridHead::Impl {
                 std::lock_guard<std::mutex> lock(mu);
                 nodes[i].up = true;
                 nodes[i].next_seq = 0;
+                ++nodes[i].gen;
               }
               done(Status::Ok());
             });
@@ -217,8 +225,8 @@ struct GridHead::Impl {
     net::ConnId conn = nodes[i].conn;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (f->epoch != epoch.load()) {
-        body = "a grid node rejoined while this batch was in flight";
+      if (f->epoch != epoch.load() || f->gen[i] != nodes[i].gen) {
+        body = fmt::format("grid node {} reconnected while this batch was in flight", nodes[i].addr.Name());
       } else if (!nodes[i].up) {
         body = down.empty() ? fmt::format("grid node {} is down", nodes[i].addr.Name()) : down;
       }
@@ -289,7 +297,16 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
                                        options.nodes.back().last_layer - 1, n_layer - 1));
   }
   if (options.depth < 1 || options.depth > 16) return InvalidArgument("grid depth must be in 1..16");
-
+  {
+    // A step carries max_batch_tokens rows of hidden state, plus its header and block
+    // tables (2 MiB left for those: 64 sequences of 8192 blocks).
+    const uint64_t hidden = static_cast<uint64_t>(max_batch_tokens) * static_cast<uint64_t>(model.config().n_embd) * 4;
+    if (hidden + (uint64_t{2} << 20) > options.transport.max_message_bytes) {
+      return InvalidArgument(fmt::format("a grid step of {} tokens ({} MiB of hidden state) exceeds the transport's "
+                                         "{} MiB messages: lower --grid-chunk",
+                                         max_batch_tokens, hidden >> 20, options.transport.max_message_bytes >> 20));
+    }
+  }
   auto impl = std::make_unique<Impl>(model, kv, max_batch_tokens, max_logit_rows, threads, options);
   Impl& I = *impl;
   std::random_device rd;
@@ -365,8 +382,11 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
     I.stats.bandwidth.push_back(rtt >= 0 && big > rtt ? 2.0 * static_cast<double>(mib.size()) / (big - rtt) : -1);
   }
   {
+    // Healthy unless a node failed meanwhile (then it is being reconnected).
     std::lock_guard<std::mutex> lock(I.mu);
-    I.healthy = true;
+    bool all = true;
+    for (const Impl::Node& n : I.nodes) all &= n.up;
+    I.healthy = all;
   }
   I.seen_epoch = I.epoch.load();
   return std::unique_ptr<GridHead>(new GridHead(std::move(impl)));
@@ -409,10 +429,20 @@ Status GridHead::Launch(std::span<const SeqBatch> seqs) {
   const size_t bytes = static_cast<size_t>(I.fwd.hidden_rows()) * static_cast<size_t>(I.model.config().n_embd) * sizeof(float);
   f->hidden.assign(reinterpret_cast<const char*>(I.fwd.hidden()), bytes);
   f->seq.resize(I.nodes.size());
+  f->gen.resize(I.nodes.size());
   {
     std::lock_guard<std::mutex> lock(I.mu);
-    f->epoch = I.epoch.load();
-    for (size_t i = 0; i < I.nodes.size(); ++i) f->seq[i] = ++I.nodes[i].next_seq;
+    // A node may have failed or rejoined while the head's layers ran: this batch was
+    // planned on the scheduler's view of the old epoch.
+    if (I.epoch.load() != I.seen_epoch) {
+      return Unavailable("a grid node rejoined and the K/V it held is gone; the request was stopped");
+    }
+    if (!I.healthy) return Unavailable(I.down + "; the head is reconnecting");
+    f->epoch = I.seen_epoch;
+    for (size_t i = 0; i < I.nodes.size(); ++i) {
+      f->seq[i] = ++I.nodes[i].next_seq;
+      f->gen[i] = I.nodes[i].gen;
+    }
     ++I.stats.steps;
     I.stats.tokens += static_cast<uint64_t>(I.fwd.hidden_rows());
     I.stats.layers_seconds += layers_s;

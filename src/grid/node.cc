@@ -1,6 +1,8 @@
 #include "grid/node.h"
 
 #include <condition_variable>
+#include <cstdio>
+#include <new>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -40,9 +42,10 @@ struct GridNode::Impl {
   NodeStats stats;        // GUARDED_BY(mu)
   std::thread compute;
 
-  // Compute thread only.
+  // Compute thread only (have_geometry is also read under mu by NextJob).
   HelloRequest geometry;
   bool have_geometry = false;
+  net::ConnId head_conn = 0;  // the connection the accepted Hello came on
   uint64_t next_seq = 1;
   std::unique_ptr<BlockPool> pool;
   std::unique_ptr<Forward> forward;
@@ -51,6 +54,27 @@ struct GridNode::Impl {
   std::vector<float> hidden_in;   // the message's hidden state, aligned
 
   Impl(const Model& m, const NodeOptions& o) : model(m), opt(o), threads(std::max(1, o.threads)) {}
+  // The loop's callbacks reach this object: stop it before any member goes (Start's
+  // error paths; ~GridNode stops it first anyway).
+  ~Impl() {
+    if (t) t->Stop();
+  }
+
+  // The largest KV pool this node builds for a head.
+  uint64_t KvLimit() const {
+    if (opt.max_kv_bytes > 0) return opt.max_kv_bytes;
+    // 90% of what the system has available now (its weights are resident already).
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    long long kib = -1;
+    if (f != nullptr) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f) != nullptr) {
+        if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+      }
+      std::fclose(f);
+    }
+    return kib > 0 ? static_cast<uint64_t>(kib) * 1024 / 10 * 9 : uint64_t{1} << 30;
+  }
 
   void Reply(net::ConnId c, uint64_t rid, std::string body) {
     t->Post([this, c, rid, b = std::move(body)]() mutable { t->Reply(c, rid, std::move(b)); });
@@ -96,8 +120,10 @@ struct GridNode::Impl {
     for (;;) {
       if (stopping) return false;
       for (auto it = jobs.begin(); it != jobs.end(); ++it) {
+        // Runs now: a Hello, the next step, and anything to refuse at once (malformed, of
+        // another head or connection, or a number already taken).
         if (it->type == kHello || it->seq == next_seq || it->body.size() < 16 || !have_geometry ||
-            HeadOf(it->body) != geometry.head_id || it->seq < next_seq) {
+            HeadOf(it->body) != geometry.head_id || it->conn != head_conn || it->seq < next_seq) {
           out = std::move(*it);
           jobs.erase(it);
           return true;
@@ -130,23 +156,47 @@ struct GridNode::Impl {
     if (st.ok() && (h.block_size * static_cast<uint32_t>(model.config().head_dim)) % 32 != 0) {
       st = InvalidArgument(fmt::format("refused: block size {} does not suit head_dim {}", h.block_size, model.config().head_dim));
     }
+    const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(h.block_size));
+    const uint64_t pool_bytes = static_cast<uint64_t>(h.n_blocks) * layout.BlockBytes();
+    if (st.ok() && h.max_batch_tokens > opt.max_batch_tokens) {
+      st = ResourceExhausted(fmt::format("refused: steps of {} tokens asked, this node takes at most {}",
+                                         h.max_batch_tokens, opt.max_batch_tokens));
+    }
+    if (st.ok() && pool_bytes > KvLimit()) {
+      st = ResourceExhausted(fmt::format("refused: a KV pool of {:.1f} MiB asked, this node allows {:.1f} MiB (--max-kv-memory)",
+                                         pool_bytes / 1048576.0, KvLimit() / 1048576.0));
+    }
     if (st.ok()) {
       // The pool: the head's ids, this node's layers of each block. Kept when the geometry
-      // is the same (its contents are forgotten all the same: the head starts over).
-      const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(h.block_size));
+      // is the same (its contents are forgotten all the same: the head starts over). A new
+      // one is built aside and swapped in only when all of it exists, so a refused Hello
+      // leaves the node as it was.
       const bool same = pool && have_geometry && geometry.block_size == h.block_size && geometry.n_blocks == h.n_blocks &&
                         geometry.max_batch_tokens == h.max_batch_tokens;
       if (!same) {
-        forward.reset();
-        pool.reset();
-        auto p = BlockPool::Create(layout, static_cast<int32_t>(h.n_blocks));
-        if (!p.ok()) {
-          st = p.status().WithContext("refused: this node cannot hold the head's KV pool");
-        } else {
-          pool = std::move(p).value();
-          forward = std::make_unique<Forward>(model, pool->view(), static_cast<int>(h.max_batch_tokens), 1, threads);
-          zeros.assign(h.max_batch_tokens, 0);
-          hidden_in.resize(static_cast<size_t>(h.max_batch_tokens) * static_cast<size_t>(model.config().n_embd));
+        forward.reset();  // it borrows the old pool's memory
+        try {
+          auto p = BlockPool::Create(layout, static_cast<int32_t>(h.n_blocks));
+          if (!p.ok()) {
+            st = p.status().WithContext("refused: this node cannot hold the head's KV pool");
+          } else {
+            auto f = std::make_unique<Forward>(model, (*p)->view(), static_cast<int>(h.max_batch_tokens), 1, threads);
+            std::vector<int32_t> z(h.max_batch_tokens, 0);
+            std::vector<float> hin(static_cast<size_t>(h.max_batch_tokens) * static_cast<size_t>(model.config().n_embd));
+            pool = std::move(p).value();
+            forward = std::move(f);
+            zeros = std::move(z);
+            hidden_in = std::move(hin);
+          }
+        } catch (const std::bad_alloc&) {
+          st = ResourceExhausted("refused: this node ran out of memory building the head's KV pool and buffers");
+        }
+        if (!st.ok()) {
+          // The old pool may be gone (forward was): serve no head until a Hello succeeds.
+          pool.reset();
+          forward.reset();
+          std::lock_guard<std::mutex> lock(mu);
+          have_geometry = false;
         }
       }
     }
@@ -159,9 +209,11 @@ struct GridNode::Impl {
     }
     geometry = h;
     have_geometry = true;
+    head_conn = j.conn;
     next_seq = 1;
-    // Steps of any earlier head (or of this one before its hello) are stale.
-    std::erase_if(jobs, [&](const Job& q) { return q.type == kStep && (q.body.size() < 16 || HeadOf(q.body) != h.head_id); });
+    // Every step queued now was sent before this Hello (the head sends none until it has
+    // the reply): of an earlier head, or of this one on a connection it gave up. Stale.
+    std::erase_if(jobs, [&](const Job& q) { return q.type == kStep; });
     ++stats.hellos;
     stats.kv_pool_bytes = static_cast<uint64_t>(pool->n_blocks()) * pool->block_bytes();
     HelloReply r;
@@ -180,7 +232,9 @@ struct GridNode::Impl {
     StepRequest s;
     Status st = have_geometry ? DecodeStep(j.body, geometry, static_cast<uint32_t>(model.config().n_embd), s)
                               : Unavailable("this node has no head: send hello first");
-    if (st.ok() && s.head_id != geometry.head_id) st = Unavailable("refused: a step from a head this node does not serve");
+    if (st.ok() && (s.head_id != geometry.head_id || j.conn != head_conn)) {
+      st = Unavailable("refused: a step from a head, or a connection, this node does not serve");
+    }
     if (st.ok() && s.seq != next_seq) {
       st = InvalidArgument(fmt::format("step {} out of order (expected {})", s.seq, next_seq));
     }

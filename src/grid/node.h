@@ -28,6 +28,11 @@ struct NodeOptions {
   uint16_t port = 0;  // 0: any
   net::TransportOptions transport;
   int threads = 1;    // kernel threads
+  // What a head may ask for at Hello: a KV pool of at most this many bytes (0: 90% of
+  // the memory available when it asks) and steps of at most this many tokens (each
+  // sizes the node's activations).
+  uint64_t max_kv_bytes = 0;
+  uint32_t max_batch_tokens = 8192;
 };
 
 struct NodeStats {
