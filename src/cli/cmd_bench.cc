@@ -214,6 +214,13 @@ Result<std::string> BenchModel(const std::string& shape) {
   return path;
 }
 
+// This executable's path ("" if unknown): the distributed benchmarks start copies of it.
+std::string SelfExe() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+}
+
 // The default benchmark models: TinyLlama's shape, or the tiny one for quick runs.
 Result<std::string> DefaultModel(bool quick) { return BenchModel(quick ? "tiny" : "tinyllama"); }
 
@@ -368,10 +375,8 @@ Runner AddBenchCommand(CLI::App& app) {
         if (!m.ok()) return Fail(m.status().ToString());
         geo->model = *m;
       }
-      char self[4096];
-      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-      if (n <= 0) return Fail("bench grid: cannot find this executable");
-      geo->trellis.assign(self, static_cast<size_t>(n));
+      geo->trellis = SelfExe();
+      if (geo->trellis.empty()) return Fail("bench grid: cannot find this executable");
       return bench::RunGridEval(*geo);
     }
     if (st->parsed() && sto->micro) return RunStoreBench(*sto);
@@ -388,10 +393,8 @@ Runner AddBenchCommand(CLI::App& app) {
         if (!m.ok()) return Fail(m.status().ToString());
         seo->model = *m;
       }
-      char self[4096];
-      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-      if (n <= 0) return Fail("bench store: cannot find this executable");
-      seo->trellis.assign(self, static_cast<size_t>(n));
+      seo->trellis = SelfExe();
+      if (seo->trellis.empty()) return Fail("bench store: cannot find this executable");
       return bench::RunStoreEval(*seo);
     }
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);

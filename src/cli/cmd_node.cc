@@ -90,12 +90,7 @@ int RunNode(const NodeOpts& o) {
   auto model = Model::Load(o.model, part);
   if (!model.ok()) return Fail(model.status().ToString());
 
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs = BlockStopSignals();
 
   grid::NodeOptions no;
   no.host = hp->first;

@@ -125,12 +125,7 @@ int Serve(const ServeOpts& opts) {
 
   // Signals are taken by one waiting thread: block them before any thread starts so every
   // thread inherits the mask. A closed client socket must not kill the process.
-  std::signal(SIGPIPE, SIG_IGN);
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  sigset_t sigs = BlockStopSignals();
 
   // The store first: the engine borrows it, so it must outlive the engine.
   auto store = ConnectStore(o.store);

@@ -122,12 +122,7 @@ int Run(const StoreOptions& o) {
   so.transport.spin_us = o.spin_us;
 
   // Signals are taken by sigwait below, so block them before any thread starts.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs = BlockStopSignals();
 
   auto server = store::StoreServer::Start(so);
   if (!server.ok()) return Fail("store: " + server.status().ToString());

@@ -3,6 +3,7 @@
 // exit code and print errors as `trellis: <what went wrong>` on stderr.
 #pragma once
 
+#include <csignal>
 #include <functional>
 #include <string>
 #include <utility>
@@ -26,6 +27,12 @@ Runner AddNodeCommand(CLI::App& app);
 
 // "HOST:PORT" -> (host, port); errors name the flag.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s, const std::string& flag);
+
+// For long-running commands: ignores SIGPIPE (a closed peer socket must not kill the
+// process) and blocks SIGINT and SIGTERM in the calling thread, so every thread started
+// after inherits the mask and one thread takes them with sigwait on the returned set.
+// Call before starting any thread.
+sigset_t BlockStopSignals();
 
 // Prints "trellis: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

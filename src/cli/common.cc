@@ -1,3 +1,6 @@
+#include <pthread.h>
+
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 
@@ -8,6 +11,16 @@
 #endif
 
 namespace trellis::cli {
+
+sigset_t BlockStopSignals() {
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  return sigs;
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "trellis: %s\n", message.c_str());

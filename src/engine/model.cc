@@ -14,6 +14,7 @@
 #include "kernels/packed.h"
 #include "kernels/quant.h"
 #include "util/checksum.h"
+#include "util/meminfo.h"
 #include "util/log.h"
 
 namespace trellis {
@@ -58,23 +59,6 @@ Result<std::vector<float>> GetVector(const GgufFile& g, const std::string& name,
   std::vector<float> out(static_cast<size_t>(n));
   TRELLIS_RETURN_IF_ERROR(DequantizeRow(t->type, t->data, out.data(), n));
   return out;
-}
-
-// MemAvailable from /proc/meminfo in bytes, or -1 if unknown.
-int64_t MemAvailableBytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  int64_t kib = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    long long v = 0;
-    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) {
-      kib = v;
-      break;
-    }
-  }
-  std::fclose(f);
-  return kib < 0 ? -1 : kib * 1024;
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "grid/node.h"
 
 #include <condition_variable>
-#include <cstdio>
 #include <new>
 #include <cstring>
 #include <deque>
@@ -16,6 +15,7 @@
 #include "kv/block_pool.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/meminfo.h"
 #include "util/thread_pool.h"
 
 namespace trellis::grid {
@@ -51,7 +51,7 @@ struct GridNode::Impl {
   std::unique_ptr<Forward> forward;
   std::vector<int32_t> zeros;     // token values a stage that does not embed ignores
   std::vector<SeqBatch> batch;
-  std::vector<float> hidden_in;   // the message's hidden state, aligned
+  std::vector<float> hidden_in;   // the message's hidden state, when it is not float-aligned
 
   Impl(const Model& m, const NodeOptions& o) : model(m), opt(o), threads(std::max(1, o.threads)) {}
   // The loop's callbacks reach this object: stop it before any member goes (Start's
@@ -64,16 +64,8 @@ struct GridNode::Impl {
   uint64_t KvLimit() const {
     if (opt.max_kv_bytes > 0) return opt.max_kv_bytes;
     // 90% of what the system has available now (its weights are resident already).
-    std::FILE* f = std::fopen("/proc/meminfo", "r");
-    long long kib = -1;
-    if (f != nullptr) {
-      char line[256];
-      while (std::fgets(line, sizeof line, f) != nullptr) {
-        if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
-      }
-      std::fclose(f);
-    }
-    return kib > 0 ? static_cast<uint64_t>(kib) * 1024 / 10 * 9 : uint64_t{1} << 30;
+    const int64_t avail = MemAvailableBytes();
+    return avail > 0 ? static_cast<uint64_t>(avail) / 10 * 9 : uint64_t{1} << 30;
   }
 
   void Reply(net::ConnId c, uint64_t rid, std::string body) {
@@ -182,11 +174,9 @@ struct GridNode::Impl {
           } else {
             auto f = std::make_unique<Forward>(model, (*p)->view(), static_cast<int>(h.max_batch_tokens), 1, threads);
             std::vector<int32_t> z(h.max_batch_tokens, 0);
-            std::vector<float> hin(static_cast<size_t>(h.max_batch_tokens) * static_cast<size_t>(model.config().n_embd));
             pool = std::move(p).value();
             forward = std::move(f);
             zeros = std::move(z);
-            hidden_in = std::move(hin);
           }
         } catch (const std::bad_alloc&) {
           st = ResourceExhausted("refused: this node ran out of memory building the head's KV pool and buffers");
@@ -253,8 +243,15 @@ struct GridNode::Impl {
       batch.push_back(SeqBatch{std::span<const int32_t>(zeros.data(), static_cast<size_t>(q.n_tokens)), q.pos0, q.table, 0});
       row += static_cast<size_t>(q.n_tokens);
     }
-    std::memcpy(hidden_in.data(), s.hidden.data(), s.hidden.size());
-    st = forward->Prepare(batch, hidden_in.data());
+    // The hidden state sits at a 4-byte offset of a heap buffer, so it is read in place;
+    // copied first only if it ever is not float-aligned.
+    const float* in = reinterpret_cast<const float*>(s.hidden.data());
+    if (reinterpret_cast<uintptr_t>(in) % alignof(float) != 0) {
+      hidden_in.resize(s.hidden.size() / sizeof(float));
+      std::memcpy(hidden_in.data(), s.hidden.data(), s.hidden.size());
+      in = hidden_in.data();
+    }
+    st = forward->Prepare(batch, in);
     if (!st.ok()) {
       ReplyError(j.conn, j.request_id, st);
       return;
