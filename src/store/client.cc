@@ -351,9 +351,13 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
 }
 
 Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
-                             uint64_t block_bytes, Deadline deadline, GetReceipt* receipt) {
+                             uint64_t block_bytes, Deadline deadline, GetReceipt* receipt, ByteRange range) {
   if (first > found.blocks || n_blocks > found.blocks - first || dst.size() < n_blocks) {
     return InvalidArgument("asked for more blocks than found or given");
+  }
+  if (range.bytes == 0) range = {0, block_bytes};
+  if (range.offset > block_bytes || range.bytes > block_bytes - range.offset) {
+    return InvalidArgument("byte range outside the block");
   }
   if (receipt) *receipt = {};
   if (n_blocks == 0) return Status::Ok();
@@ -366,7 +370,8 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
     uint8_t tier = 0;
     bool unknown_owner = false;
     uint64_t addr = 0;
-    std::vector<uint64_t> sums;
+    uint32_t slices = 1;
+    std::vector<uint64_t> sums;  // count x slices
   };
   std::vector<Piece> pieces;
   size_t skip = first, at = 0;
@@ -418,10 +423,10 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
           sp->status = st;
           if (--left == 0) all.set_value();
         };
-        I.EnsureConnected(src.member, deadline, [&I, sp, done, deadline, block_bytes, body = w.Take()](Status s) mutable {
+        I.EnsureConnected(src.member, deadline, [&I, sp, done, deadline, block_bytes, range, body = w.Take()](Status s) mutable {
           if (!s.ok()) return done(s);
           I.t->Call(I.members[sp->member].conn, kAcquire, std::move(body), deadline,
-                    [&I, sp, done, block_bytes](Result<std::string> r) {
+                    [&I, sp, done, block_bytes, range](Result<std::string> r) {
             if (!r.ok()) return done(r.status());
             WireReader rd(*r);
             sp->lease = rd.U64();
@@ -433,17 +438,27 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
               const uint64_t addr = rd.U64();
               const uint32_t count = rd.U32();
               const uint64_t bb = rd.U64();
+              const uint32_t slices = rd.U32();
               if (!ok) continue;
               if (bb != block_bytes && count == p.run.count) {
                 // Stored by an engine with other blocks: not this reader's to use.
                 return done(InvalidArgument(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes",
                                                         p.run.tensor, bb, block_bytes)));
               }
-              if (count != p.run.count || count > rd.remaining() / 8) {
+              if (count != p.run.count || !ValidSlices(bb, slices) || uint64_t{count} * slices > rd.remaining() / 8) {
                 rd.Fail();
                 break;
               }
-              p.sums.resize(count);
+              // A reader of part of each block checks the slices it reads: the tensor's
+              // slices must tile the range.
+              const uint64_t each = bb / slices;
+              if (range.offset % each != 0 || range.bytes % each != 0) {
+                return done(InvalidArgument(fmt::format("tensor {} is checksummed in {} slices per block, which do not "
+                                                        "cover bytes [{}, {}) of a block",
+                                                        p.run.tensor, slices, range.offset, range.offset + range.bytes)));
+              }
+              p.slices = slices;
+              p.sums.resize(size_t{count} * slices);
               for (uint64_t& x : p.sums) x = rd.U64();
               p.addr = addr;
               p.tier = tier;
@@ -508,21 +523,28 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
   size_t bad_block = SIZE_MAX;
   if (status.ok()) {
     std::map<size_t, std::vector<net::Segment>> segs;
-    std::map<size_t, std::vector<std::vector<std::pair<size_t, uint64_t>>>> seg_blocks;  // (dst index, checksum)
+    // Per segment, the blocks it carries: (dst index, that block's checksums in range).
+    struct Check {
+      size_t dst;
+      const uint64_t* sums;
+      uint64_t slice_bytes;
+    };
+    std::map<size_t, std::vector<std::vector<Check>>> seg_blocks;
     for (const Piece& p : pieces) {
       auto& v = segs[p.source];
       auto& vb = seg_blocks[p.source];
+      const uint64_t each = block_bytes / p.slices;
       for (uint32_t b = 0; b < p.run.count; ++b) {
         void* d = dst[p.dst_first + b];
-        const uint64_t remote = p.addr + b * block_bytes;
+        const uint64_t remote = p.addr + b * block_bytes + range.offset;
         if (!v.empty() && static_cast<uint8_t*>(v.back().local) + v.back().length == d &&
             v.back().remote + v.back().length == remote) {
-          v.back().length += block_bytes;  // contiguous on both sides: one segment
+          v.back().length += range.bytes;  // contiguous on both sides: one segment
         } else {
-          v.push_back({remote, d, block_bytes});
+          v.push_back({remote, d, range.bytes});
           vb.emplace_back();
         }
-        vb.back().emplace_back(p.dst_first + b, p.sums[b]);
+        vb.back().push_back(Check{p.dst_first + b, &p.sums[size_t{b} * p.slices + range.offset / each], each});
       }
     }
     std::promise<void> got;
@@ -546,8 +568,11 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
               if (--left == 0) got.set_value();
             },
             [&, blocks](size_t seg) {
-              for (auto [i, sum] : (*blocks)[seg]) {
-                if (Checksum64(dst[i], block_bytes) != sum) bad_block = std::min(bad_block, i);
+              for (const Check& c : (*blocks)[seg]) {
+                const auto* d = static_cast<const uint8_t*>(dst[c.dst]);
+                for (uint64_t k = 0; k < range.bytes / c.slice_bytes; ++k) {
+                  if (Checksum64(d + k * c.slice_bytes, c.slice_bytes) != c.sums[k]) bad_block = std::min(bad_block, c.dst);
+                }
               }
             });
       }
@@ -608,7 +633,7 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
 }
 
 Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> tokens, std::span<const void* const> blocks,
-                                uint64_t block_bytes, double cost_s, Deadline deadline) {
+                                uint64_t block_bytes, double cost_s, Deadline deadline, uint32_t slices) {
   Impl& I = *impl_;
   TRELLIS_ASSIGN_OR_RETURN(LookupResult found, Lookup(ns, tokens, deadline));
   const size_t n = found.keys.size();
@@ -644,6 +669,7 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   for (size_t i = k; i < n; ++i) WriteKey(w, found.keys[i]);
   w.U32(static_cast<uint32_t>(k));
   w.U64(block_bytes);
+  w.U32(slices);
   w.F64(cost_s);
   w.U64(reg->base);
   w.U64(reg->length);

@@ -46,6 +46,12 @@ struct ClientOptions {
   uint32_t lease_ms = 5000;
 };
 
+// The bytes of each block a reader wants: [offset, offset + bytes) (bytes 0: all of it).
+// A grid node reads its layers' range; the store checks it against the slices' checksums.
+struct ByteRange {
+  uint64_t offset = 0, bytes = 0;
+};
+
 struct Run {
   uint64_t owner = 0, tensor = 0;
   uint32_t first = 0, count = 0;  // blocks [first, first + count) of the tensor
@@ -94,15 +100,19 @@ class StoreClient {
     return GetRange(found, 0, n_blocks, dst, block_bytes, deadline, receipt);
   }
   // Blocks [first, first + n_blocks) of the prefix, block first + i into dst[i]: an
-  // engine that holds the first blocks itself reads only the rest.
+  // engine that holds the first blocks itself reads only the rest. With a range, only
+  // those bytes of each block are read (dst[i] holds range.bytes); the tensor's slices
+  // must tile the range, or the read fails (InvalidArgument) with nothing read.
   Status GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
-                  uint64_t block_bytes, net::Deadline deadline, GetReceipt* receipt = nullptr);
+                  uint64_t block_bytes, net::Deadline deadline, GetReceipt* receipt = nullptr, ByteRange range = {});
 
   // Stores `tokens`' whole blocks (blocks[i] holds block i, block_bytes each) past the
   // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).
-  // Returns how many blocks were newly stored (0 if all were already there).
+  // slices: each block is checksummed in that many equal parts (a KV block's layers), so
+  // readers of some layers can check them. Returns how many blocks were newly stored (0
+  // if all were already there).
   Result<size_t> Put(const Namespace& ns, std::span<const int32_t> tokens, std::span<const void* const> blocks,
-                     uint64_t block_bytes, double cost_s, net::Deadline deadline);
+                     uint64_t block_bytes, double cost_s, net::Deadline deadline, uint32_t slices = 1);
 
   ClientStats stats() const;
   // The live members' addresses, as this client sees them now.

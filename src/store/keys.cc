@@ -6,6 +6,9 @@
 
 #include <xxhash.h>
 
+#include "store/protocol.h"
+#include "util/checksum.h"
+
 namespace trellis::store {
 
 std::string Key::Hex() const {
@@ -47,6 +50,11 @@ std::vector<Key> ChainKeys(const Namespace& ns, std::span<const int32_t> tokens)
     keys.push_back(prev);
   }
   return keys;
+}
+
+void SliceChecksums(const uint8_t* block, uint64_t block_bytes, uint32_t slices, uint64_t* out) {
+  const uint64_t each = block_bytes / slices;
+  for (uint32_t k = 0; k < slices; ++k) out[k] = Checksum64(block + k * each, each);
 }
 
 }  // namespace trellis::store

@@ -19,14 +19,17 @@ enum MsgType : uint16_t {
   //    (the longest stored prefix: `matched` blocks, as runs of blocks inside tensors)
   kLookup = 2,
   // n u32, keys[n] (the increment's chain keys), first u32 (index of keys[0] in the
-  // chain), block_bytes u64, cost_s f64, region base u64, region length u64, rkey str,
-  // segments u32, [addr u64, len u64] (the increment's bytes in the client's memory)
+  // chain), block_bytes u64, slices u32, cost_s f64, region base u64, region length u64,
+  // rkey str, segments u32, [addr u64, len u64] (the increment's bytes in the client's
+  // memory). Each block is checksummed in `slices` equal parts (a KV block's layers), so
+  // a reader of some layers only (a grid node) can check what it read.
   // -> tensor u64. The owner pulls the bytes by RMA into one contiguous run.
   kPutData = 3,
   // owner u64, tensor u64, n u32, keys[n] -> stored u32 (keys newly indexed)
   kPutCommit = 4,
   // lease_ms u32, n u32, [tensor u64, first u32, count u32]
-  // -> lease u64, n u32, [found u8, addr u64, checksums count x u64]
+  // -> lease u64, n u32, [found u8, tier u8, addr u64, count u32, block_bytes u64,
+  //    slices u32, checksums count x slices u64 (block-major)]
   kAcquire = 5,
   // lease u64 -> (empty)
   kRelease = 6,
@@ -45,13 +48,23 @@ enum MsgType : uint16_t {
   kLookupClaim = 10,
 };
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: checksums per slice of a block
 inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M tokens at 32)
 inline constexpr uint32_t kMaxSegments = 1 << 16;
 inline constexpr uint32_t kMaxLeaseMs = 60000;
 inline constexpr uint32_t kMaxRkeyBytes = 1 << 16;
 inline constexpr uint32_t kMaxClaimMs = 600000;    // a claim lives 10 minutes at most
 inline constexpr size_t kMaxClaims = 1 << 20;      // claimed keys a server tracks
+inline constexpr uint32_t kMaxSlices = 4096;       // checksummed parts of one block
+inline constexpr uint64_t kMaxChecksums = 1 << 23;  // blocks x slices of one tensor
+
+// The checksums of a block's `slices` equal parts (block_bytes % slices == 0), into
+// out[0 .. slices).
+void SliceChecksums(const uint8_t* block, uint64_t block_bytes, uint32_t slices, uint64_t* out);
+// Whether `slices` cuts blocks of block_bytes into equal parts.
+inline bool ValidSlices(uint64_t block_bytes, uint32_t slices) {
+  return slices >= 1 && slices <= kMaxSlices && block_bytes % slices == 0;
+}
 
 // A Hello reply: the server's node id and registered region. False if malformed.
 struct HelloReply {

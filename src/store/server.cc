@@ -45,7 +45,8 @@ struct Tensor {
   uint64_t offset = 0, bytes = 0;
   uint32_t n_blocks = 0;
   uint64_t block_bytes = 0;
-  std::vector<uint64_t> checksums;  // one per block
+  uint32_t slices = 1;              // checksummed parts of each block
+  std::vector<uint64_t> checksums;  // n_blocks x slices, block-major
   double cost_s = 0;                // recompute time the tensor saves
   uint64_t reads = 1;
   double priority = 0;
@@ -208,7 +209,7 @@ struct StoreServer::Impl {
   bool MakeSsdRoom(uint64_t bytes, double below);
   Status LoadFromSsd(uint64_t id, Tensor& tn);
   SsdTensor SsdMeta(uint64_t id, const Tensor& tn) const {
-    return SsdTensor{id, tn.n_blocks, tn.block_bytes, tn.cost_s, tn.reads, tn.checksums};
+    return SsdTensor{id, tn.n_blocks, tn.block_bytes, tn.slices, tn.cost_s, tn.reads, tn.checksums};
   }
   double Gdsf(const Tensor& tn) const {
     return clock + static_cast<double>(tn.reads) * std::max(tn.cost_s, 1e-6) / static_cast<double>(std::max<uint64_t>(tn.bytes, 1));
@@ -536,6 +537,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
   for (Key& k : keys) k = ReadKey(r);
   r.U32();  // first: the chain index of keys[0] (kept by the index, not needed here)
   const uint64_t block_bytes = r.U64();
+  const uint32_t slices = r.U32();
   const double cost_s = r.F64();
   net::RemoteRegion src;
   src.base = r.U64();
@@ -551,7 +553,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
     if (len == 0 || len > opt.mem_bytes) sane = false;
     total += sane ? len : 0;
   }
-  if (!r.Done() || n == 0 || !sane || block_bytes == 0 || !(cost_s >= 0 && cost_s < 1e9) ||
+  if (!r.Done() || n == 0 || !sane || block_bytes == 0 || !ValidSlices(block_bytes, slices) || uint64_t{n} * slices > kMaxChecksums || !(cost_s >= 0 && cost_s < 1e9) ||
       block_bytes > opt.mem_bytes / n || total != block_bytes * n) {
     return Refuse(c, rid, "put");
   }
@@ -570,6 +572,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
   tn.bytes = total;
   tn.n_blocks = n;
   tn.block_bytes = block_bytes;
+  tn.slices = slices;
   tn.cost_s = cost_s;
   tn.leases = 1;  // pinned while its bytes land
   std::vector<net::Segment> gets;
@@ -592,9 +595,9 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
       }
       return t->ReplyError(c, rid, s.WithContext("reading the put's bytes from the client"));
     }
-    tn.checksums.resize(tn.n_blocks);
+    tn.checksums.resize(static_cast<size_t>(tn.n_blocks) * tn.slices);
     for (uint32_t b = 0; b < tn.n_blocks; ++b) {
-      tn.checksums[b] = Checksum64(arena + tn.offset + b * tn.block_bytes, tn.block_bytes);
+      SliceChecksums(arena + tn.offset + b * tn.block_bytes, tn.block_bytes, tn.slices, &tn.checksums[size_t{b} * tn.slices]);
     }
     tn.ready = true;
     SetPriority(id, tn, Gdsf(tn));
@@ -692,6 +695,7 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
       w.U64(0);
       w.U32(0);
       w.U64(0);
+      w.U32(0);
       continue;
     }
     Tensor& tn = it->second;
@@ -700,7 +704,8 @@ void StoreServer::Impl::OnAcquire(ConnId c, uint64_t rid, WireReader& r) {
     w.U64(reg.base + tn.offset + x.first * tn.block_bytes);
     w.U32(count);
     w.U64(tn.block_bytes);
-    for (uint32_t b = 0; b < count; ++b) w.U64(tn.checksums[x.first + b]);
+    w.U32(tn.slices);
+    for (size_t k = size_t{x.first} * tn.slices; k < (size_t{x.first} + count) * tn.slices; ++k) w.U64(tn.checksums[k]);
     ++tn.reads;
     if (tn.leases++ == 0) Pin(id, tn);
     tn.priority = Gdsf(tn);
@@ -801,9 +806,10 @@ void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
       const uint64_t addr = rd.U64();
       const uint32_t count = rd.U32();
       const uint64_t block_bytes = rd.U64();
+      const uint32_t slices = rd.U32();
       std::vector<uint64_t> sums;
-      if (rd.ok() && found && count <= kMaxKeys && count <= rd.remaining() / 8) {
-        sums.resize(count);
+      if (rd.ok() && found && count <= kMaxKeys && slices <= kMaxSlices && uint64_t{count} * slices <= rd.remaining() / 8) {
+        sums.resize(size_t{count} * slices);
         for (uint64_t& x : sums) x = rd.U64();
       }
       auto release = [this, conn, lease] {
@@ -812,7 +818,8 @@ void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
         rw.U64(lease);
         t->Call(conn, kRelease, rw.Take(), net::After(std::chrono::milliseconds(2000)), [](Result<std::string>) {});
       };
-      if (!rd.Done() || n != 1 || !found || count == 0 || block_bytes == 0 || block_bytes > opt.mem_bytes / count) {
+      if (!rd.Done() || n != 1 || !found || count == 0 || block_bytes == 0 || block_bytes > opt.mem_bytes / count ||
+          !ValidSlices(block_bytes, slices)) {
         release();
         return fail("owner no longer holds it");
       }
@@ -829,6 +836,7 @@ void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
       tn.bytes = bytes;
       tn.n_blocks = count;
       tn.block_bytes = block_bytes;
+      tn.slices = slices;
       tn.checksums = std::move(sums);
       tn.replica = true;
       tn.origin_owner = owner;
@@ -845,8 +853,10 @@ void StoreServer::Impl::Replicate(uint64_t owner, uint64_t tensor) {
         Tensor& tn = it->second;
         tn.leases = 0;
         bool good = s.ok();
+        std::vector<uint64_t> sums(tn.slices);
         for (uint32_t b = 0; good && b < tn.n_blocks; ++b) {
-          good = Checksum64(arena + tn.offset + b * tn.block_bytes, tn.block_bytes) == tn.checksums[b];
+          SliceChecksums(arena + tn.offset + b * tn.block_bytes, tn.block_bytes, tn.slices, sums.data());
+          good = std::equal(sums.begin(), sums.end(), tn.checksums.begin() + static_cast<ptrdiff_t>(size_t{b} * tn.slices));
         }
         if (!good) {
           DropTensor(id);
@@ -938,6 +948,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
       tn.bytes = m.bytes();
       tn.n_blocks = m.n_blocks;
       tn.block_bytes = m.block_bytes;
+      tn.slices = m.slices;
       tn.checksums = m.checksums;
       tn.cost_s = m.cost_s;
       tn.reads = std::max<uint64_t>(m.reads, 1);

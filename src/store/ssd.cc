@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -23,8 +24,15 @@ namespace trellis::store {
 namespace {
 
 constexpr uint64_t kMagic = 0x31534e54534c5254ull;  // "TRLSTNS1"
-constexpr uint32_t kVersion = 1;
-constexpr uint64_t kDataOffset = 4096;
+constexpr uint32_t kVersion = 2;
+constexpr uint64_t kPage = 4096;
+constexpr size_t kFixedHeader = 8 + 4 + 8 + 4 + 8 + 4 + 8 + 8;
+
+size_t HeaderBytes(uint64_t n_checksums) { return kFixedHeader + 8 * static_cast<size_t>(n_checksums); }
+// Where the blocks start: after the header and its checksum, on a page boundary.
+uint64_t DataOffset(const SsdTensor& m) {
+  return (HeaderBytes(m.checksums.size()) + 8 + kPage - 1) / kPage * kPage;
+}
 constexpr size_t kRecordBytes = 45;
 constexpr uint64_t kMaxBlockBytes = 1ull << 32;
 
@@ -69,6 +77,7 @@ std::string Header(const SsdTensor& m) {
   w.U64(m.id);
   w.U32(m.n_blocks);
   w.U64(m.block_bytes);
+  w.U32(m.slices);
   w.F64(m.cost_s);
   w.U64(m.reads);
   for (uint64_t c : m.checksums) w.U64(c);
@@ -78,8 +87,20 @@ std::string Header(const SsdTensor& m) {
   return h + t.Take();
 }
 
-// Parses and checks a header read from the first kDataOffset bytes of a file of
-// `file_size` bytes.
+// The header's length, from its first kPage bytes (0: not a header this version reads).
+size_t PeekHeaderBytes(std::string_view b) {
+  net::WireReader r(b);
+  if (r.U64() != kMagic || r.U32() != kVersion) return 0;
+  r.U64();
+  const uint64_t n_blocks = r.U32();
+  r.U64();
+  const uint64_t slices = r.U32();
+  if (!r.ok() || n_blocks > kMaxKeys || slices > kMaxSlices || n_blocks * slices > kMaxChecksums) return 0;
+  return HeaderBytes(n_blocks * slices);
+}
+
+// Parses and checks a header (at least its length and checksum) read from the start of a
+// file of `file_size` bytes.
 Result<SsdTensor> ParseHeader(std::string_view b, uint64_t file_size) {
   net::WireReader r(b);
   SsdTensor m;
@@ -87,18 +108,20 @@ Result<SsdTensor> ParseHeader(std::string_view b, uint64_t file_size) {
   m.id = r.U64();
   m.n_blocks = r.U32();
   m.block_bytes = r.U64();
+  m.slices = r.U32();
   m.cost_s = r.F64();
   m.reads = r.U64();
-  const size_t header = 8 + 4 + 8 + 4 + 8 + 8 + 8 + 8 * static_cast<size_t>(m.n_blocks);
   if (m.n_blocks == 0 || m.n_blocks > kMaxKeys || m.block_bytes == 0 || m.block_bytes > kMaxBlockBytes ||
-      header + 8 > kDataOffset) {
+      !ValidSlices(m.block_bytes, m.slices) || uint64_t{m.n_blocks} * m.slices > kMaxChecksums) {
     return Corrupt("tensor file header out of range");
   }
-  m.checksums.resize(m.n_blocks);
+  const size_t header = HeaderBytes(uint64_t{m.n_blocks} * m.slices);
+  if (header + 8 > b.size()) return Corrupt("tensor file header out of range");
+  m.checksums.resize(size_t{m.n_blocks} * m.slices);
   for (uint64_t& c : m.checksums) c = r.U64();
   const uint64_t sum = r.U64();
   if (!r.ok() || sum != XXH3_64bits(b.data(), header)) return Corrupt("tensor file header checksum mismatch");
-  if (file_size != kDataOffset + m.bytes()) return Corrupt("tensor file is truncated or too long");
+  if (file_size != DataOffset(m) + m.bytes()) return Corrupt("tensor file is truncated or too long");
   if (!(m.cost_s >= 0 && m.cost_s < 1e9)) return Corrupt("tensor file cost out of range");
   return m;
 }
@@ -147,10 +170,23 @@ Status SsdTier::Scan() {
       reject("unreadable");
       continue;
     }
-    std::string head(kDataOffset, '\0');
-    if (static_cast<uint64_t>(st.st_size) < kDataOffset || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
+    std::string head(kPage, '\0');
+    if (static_cast<uint64_t>(st.st_size) < kPage || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
       reject("shorter than a header");
       continue;
+    }
+    const size_t header = PeekHeaderBytes(head);
+    if (header == 0) {
+      reject("not a tensor file of this version");
+      continue;
+    }
+    if (header + 8 > head.size()) {
+      // A long header (many blocks or slices): read all of it.
+      head.resize((header + 8 + kPage - 1) / kPage * kPage);
+      if (static_cast<uint64_t>(st.st_size) < head.size() || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
+        reject("shorter than its header");
+        continue;
+      }
     }
     auto m = ParseHeader(head, static_cast<uint64_t>(st.st_size));
     if (!m.ok()) {
@@ -162,10 +198,12 @@ Status SsdTier::Scan() {
       continue;
     }
     buf.resize(m->block_bytes);
+    std::vector<uint64_t> sums(m->slices);
     bool good = true;
     for (uint32_t b = 0; b < m->n_blocks && good; ++b) {
-      good = PreadAll(fd.fd, buf.data(), buf.size(), kDataOffset + b * m->block_bytes) &&
-             Checksum64(buf.data(), buf.size()) == m->checksums[b];
+      good = PreadAll(fd.fd, buf.data(), buf.size(), DataOffset(*m) + b * m->block_bytes);
+      if (good) SliceChecksums(buf.data(), m->block_bytes, m->slices, sums.data());
+      good = good && std::equal(sums.begin(), sums.end(), m->checksums.begin() + static_cast<ptrdiff_t>(size_t{b} * m->slices));
     }
     if (!good || used_ + m->bytes() > capacity_) {
       reject(good ? "over the tier's capacity" : "a block fails its checksum");
@@ -257,8 +295,8 @@ Status SsdTier::Write(const SsdTensor& meta, const uint8_t* data) {
   Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.fd < 0) return IoError("cannot create " + tmp + ": " + std::strerror(errno));
   std::string head = Header(meta);
-  head.resize(kDataOffset, '\0');
-  if (!PwriteAll(fd.fd, head.data(), head.size(), 0) || !PwriteAll(fd.fd, data, meta.bytes(), kDataOffset)) {
+  head.resize(DataOffset(meta), '\0');
+  if (!PwriteAll(fd.fd, head.data(), head.size(), 0) || !PwriteAll(fd.fd, data, meta.bytes(), DataOffset(meta))) {
     unlink(tmp.c_str());
     return IoError("writing " + tmp + ": " + std::strerror(errno));
   }
@@ -276,9 +314,11 @@ Status SsdTier::Read(const SsdTensor& meta, uint8_t* dst) {
   const std::string path = PathOf(meta.id);
   Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.fd < 0) return NotFound("tensor file " + path + " is gone");
-  if (!PreadAll(fd.fd, dst, meta.bytes(), kDataOffset)) return IoError("reading " + path);
+  if (!PreadAll(fd.fd, dst, meta.bytes(), DataOffset(meta))) return IoError("reading " + path);
+  std::vector<uint64_t> sums(meta.slices);
   for (uint32_t b = 0; b < meta.n_blocks; ++b) {
-    if (Checksum64(dst + b * meta.block_bytes, meta.block_bytes) != meta.checksums[b]) {
+    SliceChecksums(dst + b * meta.block_bytes, meta.block_bytes, meta.slices, sums.data());
+    if (!std::equal(sums.begin(), sums.end(), meta.checksums.begin() + static_cast<ptrdiff_t>(size_t{b} * meta.slices))) {
       Remove(meta.id);
       return Corrupt(fmt::format("{}: block {} fails its checksum; deleted", path, b));
     }

@@ -2,9 +2,10 @@
 // server's index as an append-only log, so a restarted server serves what it had.
 //
 // Tensor file DIR/<id as 16 hex digits>.tns:
-//   header: magic "TRLSTNS1" u64, version u32, tensor id u64, blocks u32, block bytes u64,
-//           cost s f64, reads u64, blocks x checksum u64, then XXH3-64 of all of that;
-//   zeros up to 4096 bytes; then the blocks, back to back.
+//   header: magic "TRLSTNS1" u64, version u32 (2), tensor id u64, blocks u32, block bytes
+//           u64, slices u32, cost s f64, reads u64, blocks x slices checksums u64 (each
+//           block's slices in order), then XXH3-64 of all of that;
+//   zeros up to the next multiple of 4096 bytes; then the blocks, back to back.
 // Index log DIR/index.log: fixed 45-byte records, each ending with XXH3-64 of its first
 // 37 bytes: kind u8 ('A' an index entry, 'F' forget a tensor), key 16 B, owner u64,
 // tensor u64, block index u32. Replay stops at the first bad record (a torn tail after a
@@ -34,6 +35,7 @@ struct SsdTensor {
   uint64_t id = 0;
   uint32_t n_blocks = 0;
   uint64_t block_bytes = 0;
+  uint32_t slices = 1;  // checksummed parts of each block
   double cost_s = 0;
   uint64_t reads = 0;
   std::vector<uint64_t> checksums;

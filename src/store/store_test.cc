@@ -291,6 +291,44 @@ TEST(Store, AChecksumCatchesACorruptedByteAndItIsNeverReturnedAsData) {
   EXPECT_EQ(two.data[1], src.data[1]);
 }
 
+// A grid node reads only its layers of each block: blocks are checksummed per slice, and
+// a reader of a byte range checks the slices it read.
+TEST(Store, AReaderOfSomeSlicesGetsThemCheckedAndCannotReadARangeTheSlicesDoNotTile) {
+  auto s = Server();
+  auto c = Client({s.get()});
+  const auto tok = Tokens(16, 16);
+  Blocks src(tok);
+  constexpr uint32_t kSlices = 8;  // 512 bytes each
+  ASSERT_EQ(*c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms), kSlices), 4u);
+  auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 4u);
+  // Slices 2-4 of blocks 1-3.
+  const ByteRange range{2 * 512, 3 * 512};
+  std::vector<std::vector<uint8_t>> part(3, std::vector<uint8_t>(range.bytes, 0xEE));
+  std::vector<void*> dst;
+  for (auto& p : part) dst.push_back(p.data());
+  ASSERT_TRUE(c->GetRange(*f, 1, 3, dst, kBlockBytes, net::After(5000ms), nullptr, range).ok());
+  for (size_t b = 0; b < 3; ++b) {
+    EXPECT_TRUE(std::equal(part[b].begin(), part[b].end(), src.data[b + 1].begin() + static_cast<ptrdiff_t>(range.offset))) << b;
+  }
+  // Half a slice cannot be checked: refused, nothing read.
+  std::fill(part[0].begin(), part[0].end(), 0xEE);
+  const Status odd = c->GetRange(*f, 1, 1, dst, kBlockBytes, net::After(5000ms), nullptr, ByteRange{256, 512});
+  EXPECT_EQ(odd.code(), StatusCode::kInvalidArgument) << odd.ToString();
+  EXPECT_EQ(part[0][0], 0xEE);
+  // A byte flipped in slice 3 of block 2 fails a reader of slices 2-4, not one of 0-1.
+  ASSERT_TRUE(s->CorruptByteForTesting(f->runs[0].tensor, 2 * kBlockBytes + 3 * 512 + 7));
+  EXPECT_EQ(c->GetRange(*f, 2, 1, dst, kBlockBytes, net::After(5000ms), nullptr, range).code(), StatusCode::kCorrupt);
+  EXPECT_TRUE(c->GetRange(*f, 2, 1, dst, kBlockBytes, net::After(5000ms), nullptr, ByteRange{0, 2 * 512}).ok());
+  // A whole-block reader checks every slice.
+  Blocks whole(4);
+  EXPECT_EQ(c->Get(*f, 4, whole.ptr, kBlockBytes, net::After(5000ms)).code(), StatusCode::kCorrupt);
+  // Slices that do not divide the block are refused at the put.
+  const auto tok2 = Tokens(16, 16, 2);
+  Blocks src2(tok2);
+  EXPECT_FALSE(c->Put(Ns(), tok2, src2.cptr, kBlockBytes, 1.0, net::After(5000ms), 3).ok());
+}
+
 struct TempDir {
   std::string path;
   TempDir() {
@@ -359,6 +397,34 @@ TEST(StoreSsd, TensorsLeavingMemoryGoToSsdAndReadBackWhole) {
   EXPECT_GE(st.ssd_reads, 4u);
   EXPECT_EQ(st.ssd_checksum_failures, 0u);
   EXPECT_LE(st.bytes_used, 8 * kBlockBytes);
+}
+
+// A tensor whose checksums outgrow one page (blocks x slices) keeps them through the SSD
+// tier and a restart, and a range reader is still checked.
+TEST(StoreSsd, ManySlicesSurviveTheSsdAndARestart) {
+  TempDir dir;
+  constexpr uint32_t kSlices = 512;  // 8-byte slices: 40 blocks' checksums take 160 KiB
+  const auto tok = Tokens(160, 160, 77);
+  Blocks src(tok);
+  uint16_t port = 0;
+  {
+    auto s = SsdServer(dir.path, 64 * kBlockBytes, 256 * kBlockBytes);
+    port = s->port();
+    auto c = Client({s.get()});
+    ASSERT_EQ(*c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms), kSlices), 40u);
+  }  // a clean stop writes it to SSD
+  ASSERT_EQ(dir.Files(".tns").size(), 1u);
+  auto s = SsdServer(dir.path, 64 * kBlockBytes, 256 * kBlockBytes, port);
+  EXPECT_EQ(s->stats().ssd_restored, 1u);
+  EXPECT_EQ(s->stats().ssd_rejected, 0u);
+  auto c = Client({s.get()});
+  auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 40u);
+  std::vector<std::vector<uint8_t>> part(40, std::vector<uint8_t>(64));
+  std::vector<void*> dst;
+  for (auto& p : part) dst.push_back(p.data());
+  ASSERT_TRUE(c->GetRange(*f, 0, 40, dst, kBlockBytes, net::After(5000ms), nullptr, ByteRange{4032, 64}).ok());
+  for (size_t b = 0; b < 40; ++b) EXPECT_TRUE(std::equal(part[b].begin(), part[b].end(), src.data[b].begin() + 4032)) << b;
 }
 
 TEST(StoreSsd, ARestartedServerServesWhatItsSsdHeldAndRejectsACorruptFile) {
@@ -538,6 +604,7 @@ TEST(Store, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
   put.U64(2);
   put.U32(0);
   put.U64(kBlockBytes);
+  put.U32(1);  // slices
   put.F64(1.0);
   put.U64(0x1000);
   put.U64(1 << 20);

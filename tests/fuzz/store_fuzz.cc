@@ -106,6 +106,7 @@ struct Harness {
     }
     r.U32();
     r.U64();
+    r.U32();  // slices
     r.F64();
     if (!r.ok()) return body;
     const std::string head = body.substr(0, body.size() - r.remaining());
