@@ -29,6 +29,7 @@ struct Scheduler::Session {
   bool fetching = false;        // a store fetch writes into table[fetch_first ..]
   bool cancel_pending = false;  // cancelled while busy (a fetch, batches in flight): finished when they complete
   int32_t fetch_first = 0;
+  uint64_t fetch_epoch = 0;     // the executor's epoch when the fetch started
   int32_t fetch_want = 0;
   int32_t reused_blocks = 0;    // whole blocks taken from the tree or the store
   double t_submit = 0;
@@ -99,7 +100,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
 
   std::unique_ptr<Scheduler> s(new Scheduler(model, o, pool));
   if (!model.whole() && !o.executor) return InvalidArgument("a part of a model needs an executor for the rest (a grid)");
-  if (!model.whole() && o.store) return Unsupported("the prefix store is not supported with a grid yet");
+  if (!model.whole() && o.store && !o.store->handles_layer_split()) {
+    return Unsupported("this prefix store cannot serve a grid (its blocks' layers are spread over processes)");
+  }
   TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(LocalKvLayoutFor(model, o.block_size), static_cast<int32_t>(blocks)));
   s->cache_ = std::make_unique<RadixCache>(s->pool_.get(), o.block_size, static_cast<int32_t>(blocks),
                                            o.eviction == "lfu" ? MakeLfuPolicy() : MakeLruPolicy());
@@ -289,6 +292,16 @@ StoreNamespace Scheduler::StoreNs(const Session& s) const {
   return ns;
 }
 
+// What the store sees of a block (all layers) and what of it this process's pool holds
+// (a grid head: its own layers, the first ones).
+void Scheduler::SetBlockGeometry(uint64_t& block_bytes, uint32_t& slices, LocalSlice& local) const {
+  const KvLayout whole = KvLayoutFor(model_.config(), opts_.block_size);
+  block_bytes = whole.BlockBytes();
+  slices = static_cast<uint32_t>(model_.config().n_layer);
+  local.offset = block_bytes / slices * static_cast<uint64_t>(model_.part().first_layer);
+  local.bytes = block_bytes / slices * static_cast<uint64_t>(model_.n_local_layers());
+}
+
 void Scheduler::StartFetch(Session& s, int32_t first_block, int32_t n_blocks) {
   const int B = opts_.block_size;
   StoreFetch f;
@@ -296,8 +309,14 @@ void Scheduler::StartFetch(Session& s, int32_t first_block, int32_t n_blocks) {
   f.ns = StoreNs(s);
   f.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<int64_t>(first_block + n_blocks) * B);
   f.first_block = first_block;
-  for (int32_t i = 0; i < n_blocks; ++i) f.dst.push_back(pool_->BlockData(s.table[static_cast<size_t>(first_block + i)]));
-  f.block_bytes = pool_->block_bytes();
+  for (int32_t i = 0; i < n_blocks; ++i) {
+    const int32_t b = s.table[static_cast<size_t>(first_block + i)];
+    f.dst.push_back(pool_->BlockData(b));
+    f.dst_blocks.push_back(b);
+  }
+  SetBlockGeometry(f.block_bytes, f.slices, f.local);
+  f.epoch = epoch_;
+  s.fetch_epoch = epoch_;
   f.compute_seconds_per_block = prefill_s_per_token_ * B;
   s.fetching = true;
   s.fetch_first = first_block;
@@ -306,7 +325,7 @@ void Scheduler::StartFetch(Session& s, int32_t first_block, int32_t n_blocks) {
   opts_.store->StartFetch(std::move(f));
 }
 
-void Scheduler::ApplyFetch(const StoreFetchDone& d) {
+void Scheduler::ApplyFetch(StoreFetchDone d) {
   Session* sp = nullptr;
   for (auto& r : running_) {
     if (r->fetching && static_cast<uint64_t>(r->id) == d.id) sp = r.get();
@@ -318,6 +337,11 @@ void Scheduler::ApplyFetch(const StoreFetchDone& d) {
   --fetching_;
   CacheReceipt& c = s.result.cache;
   const bool first_admission = !s.result.n_preempted;
+  if (s.fetch_epoch != epoch_ && d.blocks > 0) {
+    // A grid node lost its K/V while the blocks were read: what it read is gone there.
+    d.blocks = 0;
+    d.miss = StoreMiss::kDown;
+  }
   if (d.blocks > 0) {
     // The fetched blocks cover any slots copied from a partial match into the first.
     const int32_t upto = (s.fetch_first + d.blocks) * B;
@@ -372,7 +396,9 @@ void Scheduler::Publish(Session& s) {
     pool_->Acquire(b);
     p.blocks.push_back(pool_->BlockData(b));
   }
-  p.block_bytes = pool_->block_bytes();
+  p.block_ids = pinned;
+  SetBlockGeometry(p.block_bytes, p.slices, p.local);
+  p.epoch = epoch_;
   p.cost_seconds = prefill_s_per_token_ * (full - s.reused_blocks) * B;
   s.reused_blocks = full;  // published: not again
   pins_.emplace_back(p.id, std::move(pinned));

@@ -199,7 +199,8 @@ class Scheduler {
   void StartFetch(Session& s, int32_t first_block, int32_t n_blocks);
   void Publish(Session& s);                           // its computed full blocks, if any
   void PollStore(std::chrono::microseconds wait);     // applies the store's completions
-  void ApplyFetch(const StoreFetchDone& d);
+  void ApplyFetch(StoreFetchDone d);
+  void SetBlockGeometry(uint64_t& block_bytes, uint32_t& slices, LocalSlice& local) const;
   StoreNamespace StoreNs(const Session& s) const;
   uint64_t Namespace(const Session& s) const;
 

@@ -286,7 +286,12 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
     std::vector<void*> dst(f.dst.begin() + static_cast<ptrdiff_t>(fetched), f.dst.begin() + static_cast<ptrdiff_t>(upto));
     const double t = NowSeconds();
     store::GetReceipt part;
-    read_status = client_->GetRange(*found, first + fetched, upto - fetched, dst, f.block_bytes, dl, &part);
+    if (opt_.reader) {
+      read_status = opt_.reader(*client_, *found, first + fetched, fetched, upto, f, dl, &part);
+    } else {
+      read_status = client_->GetRange(*found, first + fetched, upto - fetched, dst, f.block_bytes, dl, &part,
+                                      store::ByteRange{f.local.offset, f.local.bytes});
+    }
     if (!read_status.ok()) {
       TRELLIS_LOG_DEBUG("store: fetch of {} blocks failed: {}", upto - fetched, read_status.ToString());
       return;
@@ -385,17 +390,41 @@ void StoreBridge::PublishLoop() {
     }
     StorePublishDone d;
     d.id = p.id;
-    std::vector<const void*> blocks(p.blocks.begin(), p.blocks.end());
-    auto put = publish_client_->Put(ToStoreNamespace(p.ns), p.tokens, blocks, p.block_bytes, p.cost_seconds,
-                            net::After(opt_.publish_timeout));
+    const auto deadline = net::After(opt_.publish_timeout);
+    Result<size_t> put = size_t{0};
+    if (opt_.gather) {
+      put = PublishGathered(p, deadline);
+    } else {
+      std::vector<const void*> blocks(p.blocks.begin(), p.blocks.end());
+      put = publish_client_->Put(ToStoreNamespace(p.ns), p.tokens, blocks, p.block_bytes, p.cost_seconds, deadline,
+                                 p.slices);
+    }
     if (put.ok()) {
       d.stored = static_cast<int32_t>(*put);
     } else {
       d.status = put.status();
-      TRELLIS_LOG_DEBUG("store: publish of {} blocks failed: {}", blocks.size(), d.status.ToString());
+      TRELLIS_LOG_DEBUG("store: publish of {} blocks failed: {}", p.blocks.size(), d.status.ToString());
     }
     Complete(std::move(d));
   }
+}
+
+// A grid head's publish: the increment past what is stored, gathered whole from every
+// process (the head's layers here, the nodes' from them), then put as one tensor. A block
+// the store lost between the lookup and the put is not in the gathered buffer: the put
+// then fails rather than store what was not gathered.
+Result<size_t> StoreBridge::PublishGathered(const StorePublish& p, net::Deadline deadline) {
+  const store::Namespace ns = ToStoreNamespace(p.ns);
+  TRELLIS_ASSIGN_OR_RETURN(store::LookupResult found, publish_client_->Lookup(ns, p.tokens, deadline));
+  const size_t n = std::min(found.keys.size(), p.blocks.size());
+  const size_t k = std::min(found.blocks, n);
+  if (k == n) return size_t{0};
+  std::vector<uint8_t>& buf = gather_buffer_;
+  buf.resize((n - k) * p.block_bytes);
+  TRELLIS_RETURN_IF_ERROR(opt_.gather(p, k, n, buf.data(), deadline));
+  std::vector<const void*> blocks(n, nullptr);
+  for (size_t i = k; i < n; ++i) blocks[i] = buf.data() + (i - k) * p.block_bytes;
+  return publish_client_->Put(ns, p.tokens, blocks, p.block_bytes, p.cost_seconds, deadline, p.slices);
 }
 
 }  // namespace trellis

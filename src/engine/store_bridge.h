@@ -16,6 +16,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,18 @@ struct StoreBridgeOptions {
   // computing them here would take (then computes them itself).
   bool single_flight = true;
   int fetch_threads = 4;  // fetches run (and wait) side by side
+
+  // A grid head (docs/grid.md): the layers of each block are spread over processes.
+  // reader reads fetch f's blocks [from, to) (indices into f.dst), which are blocks
+  // first, first + 1, ... of the lookup's prefix: every process its own byte range,
+  // straight into its pool. gather fills `out` with whole blocks [from, to) of publish
+  // p (block_bytes each, every layer), its own range from p.blocks and the others' from
+  // their processes. Both run on the bridge's threads and fail (a miss, a failed
+  // publish) unless every process succeeded within the deadline.
+  std::function<Status(store::StoreClient& client, const store::LookupResult& found, size_t first, size_t from,
+                       size_t to, const StoreFetch& f, net::Deadline deadline, store::GetReceipt* receipt)>
+      reader;
+  std::function<Status(const StorePublish& p, size_t from, size_t to, uint8_t* out, net::Deadline deadline)> gather;
 };
 
 struct StoreBridgeStats {
@@ -65,6 +78,7 @@ class StoreBridge : public PrefixStore {
   void Drain() override;
   void AbandonQueued() override;
   size_t in_flight() const override;
+  bool handles_layer_split() const override { return opt_.reader && opt_.gather; }
 
   StoreBridgeStats stats() const;
   store::StoreClient& client() { return *client_; }
@@ -81,6 +95,7 @@ class StoreBridge : public PrefixStore {
   void Complete(StoreFetchDone d);
   void Complete(StorePublishDone d);
   void MeasureGet(uint64_t bytes, double seconds);
+  Result<size_t> PublishGathered(const StorePublish& p, net::Deadline deadline);
 
   StoreBridgeOptions opt_;
   std::unique_ptr<store::StoreClient> client_;
@@ -103,6 +118,7 @@ class StoreBridge : public PrefixStore {
   StoreBridgeStats st_;                     // GUARDED_BY(mu_)
   std::vector<std::thread> fetch_threads_;
   std::thread publish_thread_;
+  std::vector<uint8_t> gather_buffer_;  // publish thread only
 };
 
 // The namespace an engine's blocks are stored under (docs/store.md, "Data model").

@@ -7,6 +7,11 @@
 // into pool blocks the session owns and nothing else touches until the fetch completes;
 // a publish reads full blocks the engine has pinned (refcount) until it completes.
 //
+// A grid head (docs/grid.md) holds only some layers of each block; the nodes hold the
+// rest under the same block ids. Its fetches and publishes name the whole block (the
+// store's unit), the byte range its own pool holds, and the block ids, so an
+// implementation that handles_layer_split() has each node read or give its own range.
+//
 // Thread safety: Start*, Poll and Drain are called by the engine thread; the
 // implementation does its I/O on threads of its own.
 #pragma once
@@ -44,13 +49,23 @@ enum class StoreMiss : uint8_t {
 inline constexpr int kStoreMissKinds = 9;
 const char* StoreMissName(StoreMiss m);  // "not_stored", "evicted", ...
 
+// The bytes of each block this process holds: [offset, offset + bytes) of the whole
+// block (all of it in a whole-model engine; a grid head's own layers).
+struct LocalSlice {
+  uint64_t offset = 0, bytes = 0;
+};
+
 struct StoreFetch {
   uint64_t id = 0;  // the caller's, echoed in the completion
   StoreNamespace ns;
   std::vector<int32_t> tokens;  // the sequence; its whole blocks are looked up
   int32_t first_block = 0;      // blocks [0, first_block) are held already: read from here
-  std::vector<uint8_t*> dst;    // where blocks first_block, first_block + 1, ... go
-  uint64_t block_bytes = 0;
+  std::vector<uint8_t*> dst;    // where blocks first_block, first_block + 1, ... go (local bytes)
+  std::vector<int32_t> dst_blocks;  // their pool block ids
+  uint64_t block_bytes = 0;     // a whole block (every layer): the store's unit
+  uint32_t slices = 1;          // the block's layers (checksummed one by one)
+  LocalSlice local;             // what dst holds of each block
+  uint64_t epoch = 0;           // the executor's epoch when started (a grid's K/V lost since voids it)
   // The engine's current cost of computing one block, seconds (0: not measured yet):
   // a fetch estimated slower than that is not made.
   double compute_seconds_per_block = 0;
@@ -71,8 +86,12 @@ struct StorePublish {
   uint64_t id = 0;
   StoreNamespace ns;
   std::vector<int32_t> tokens;             // whole blocks
-  std::vector<const uint8_t*> blocks;      // block i of tokens, pinned until done
-  uint64_t block_bytes = 0;
+  std::vector<const uint8_t*> blocks;      // block i of tokens (local bytes), pinned until done
+  std::vector<int32_t> block_ids;          // their pool block ids
+  uint64_t block_bytes = 0;                // a whole block (every layer)
+  uint32_t slices = 1;                     // the block's layers
+  LocalSlice local;                        // what blocks[i] holds of each block
+  uint64_t epoch = 0;                      // as StoreFetch::epoch
   double cost_seconds = 0;                 // compute time the blocks save (eviction cost)
 };
 
@@ -99,6 +118,9 @@ class PrefixStore {
   virtual void AbandonQueued() = 0;
   // How many started operations have not been returned by Poll yet.
   virtual size_t in_flight() const = 0;
+  // Whether it reads and writes blocks whose layers are spread over processes (a grid):
+  // each process its own range. A store that cannot is refused for a grid head.
+  virtual bool handles_layer_split() const { return false; }
 };
 
 }  // namespace trellis

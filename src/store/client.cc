@@ -662,6 +662,11 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
     I.staging_bytes = bytes;
     I.staging_reg = *r;
   }
+  for (size_t i = 0; i < inc; ++i) {
+    // A null block: the caller has only the blocks past the prefix it saw stored, and the
+    // store lost some of that prefix since.
+    if (!blocks[k + i]) return Unavailable("the store lost part of the prefix during the put; not stored");
+  }
   for (size_t i = 0; i < inc; ++i) std::memcpy(I.staging.get() + i * block_bytes, blocks[k + i], block_bytes);
   const net::Registration* reg = &I.staging_reg;
   WireWriter w;

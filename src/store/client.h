@@ -110,7 +110,8 @@ class StoreClient {
   // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).
   // slices: each block is checksummed in that many equal parts (a KV block's layers), so
   // readers of some layers can check them. Returns how many blocks were newly stored (0
-  // if all were already there).
+  // if all were already there). blocks[i] may be null for a block the caller saw
+  // stored; if it is not stored any more, the put fails (Unavailable).
   Result<size_t> Put(const Namespace& ns, std::span<const int32_t> tokens, std::span<const void* const> blocks,
                      uint64_t block_bytes, double cost_s, net::Deadline deadline, uint32_t slices = 1);
 
