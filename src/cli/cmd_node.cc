@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.h"
+#include "cli/store_flags.h"
 #include "engine/model.h"
 #include "grid/node.h"
 #include "store/etcd.h"
@@ -32,6 +33,7 @@ struct NodeOpts {
   int etcd_ttl = 5;
   int64_t max_kv_memory = 0;
   uint32_t max_batch_tokens = 8192;
+  StoreFlags store;
 };
 
 // Keeps "/trellis/grid/nodes/<advertise>" = "FIRST-LAST FINGERPRINT" alive in etcd under a
@@ -102,6 +104,11 @@ int RunNode(const NodeOpts& o) {
   no.transport.tls = o.tls;
   no.transport.net_devices = o.net_devices;
   no.transport.spin_us = o.spin_us;
+  if (!o.store.store.empty()) {
+    no.store = StoreClientOptions(o.store);
+  } else if (!o.store.peers.empty() || !o.store.etcd.empty()) {
+    return Fail("--store-peers and --store-etcd need --store");
+  }
   auto node = grid::GridNode::Start(**model, no);
   if (!node.ok()) return Fail("node: " + node.status().ToString());
   const ModelConfig& c = (*model)->config();
@@ -155,6 +162,12 @@ Runner AddNodeCommand(CLI::App& app) {
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "largest step (tokens) a head may ask for")->capture_default_str();
   app.add_option("--etcd", o->etcd, "etcd (http://HOST:PORT): register here, so a head started with --grid-etcd finds this node");
   app.add_option("--advertise", o->advertise, "HOST:PORT the head reaches this node at (default: --listen's)");
+  app.add_option("--store", o->store.store,
+                 "this machine's prefix store server (HOST:PORT): a head started with --store has every node read its "
+                 "layers of a stored prefix itself");
+  app.add_option("--store-peers", o->store.peers, "the other store servers, comma-separated (default: what --store knows)");
+  app.add_option("--store-etcd", o->store.etcd, "etcd URL the store servers register in (membership)");
+  app.add_option("--store-net-devices", o->store.net_devices, "UCX_NET_DEVICES for the store (e.g. lo on one host)");
   app.add_option("--etcd-ttl", o->etcd_ttl, "seconds the etcd registration outlives a silent node")->capture_default_str();
   return [o] { return RunNode(*o); };
 }

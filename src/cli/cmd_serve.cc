@@ -128,7 +128,12 @@ int Serve(const ServeOpts& opts) {
   sigset_t sigs = BlockStopSignals();
 
   // The store first: the engine borrows it, so it must outlive the engine.
-  auto store = ConnectStore(o.store);
+  // With a grid, the head's layers are read here and every node reads its own; grid_head
+  // is set once the scheduler has made it.
+  grid::GridHead* grid_head = nullptr;
+  auto store = ConnectStore(o.store, [&](StoreBridgeOptions& bo) {
+    if (!o.grid.grid.empty()) grid::AttachStore(bo, &grid_head);
+  });
   if (!store.ok()) return Fail(store.status().ToString());
   ThreadPool pool(o.threads);
   SchedulerOptions so;
@@ -141,7 +146,6 @@ int Serve(const ServeOpts& opts) {
   so.max_running = o.max_running;
   so.max_batch_tokens = o.batch;
   so.prefill_chunk = o.batch;
-  grid::GridHead* grid_head = nullptr;
   if (Status g = ConfigureGrid(o.grid, **model, so, &grid_head); !g.ok()) return Fail(g.message());
   auto engine = EngineLoop::Start(**model, so, pool, static_cast<size_t>(o.max_queue));
   if (!engine.ok()) return Fail(engine.status().ToString());

@@ -104,6 +104,7 @@ Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o
   ho.transport.tls = f.tls;
   ho.transport.net_devices = f.net_devices;
   ho.transport.spin_us = f.spin_us;
+  ho.store = o.store != nullptr;
   o.executor = grid::MakeGridExecutor(model, ho, head);
   o.prefill_chunk = std::min(o.prefill_chunk, f.chunk);
   // Steps stay small in a pipeline (a prompt's chunks follow each other through the

@@ -22,25 +22,32 @@ void AddStoreFlags(CLI::App& app, StoreFlags* f) {
                "compute a prefix another node is computing instead of waiting for it (for comparisons)");
 }
 
-Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f) {
+store::ClientOptions StoreClientOptions(const StoreFlags& f) {
+  store::ClientOptions c;
+  c.servers.push_back(f.store);
+  c.local = f.store;
+  std::stringstream ss(f.peers);
+  for (std::string p; std::getline(ss, p, ',');) {
+    if (!p.empty() && p != f.store) c.servers.push_back(p);
+  }
+  c.etcd = f.etcd;
+  c.transport.tls = f.tls;
+  c.transport.net_devices = f.net_devices;
+  c.transport.spin_us = f.spin_us;
+  return c;
+}
+
+Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f, const std::function<void(StoreBridgeOptions&)>& adjust) {
   if (f.store.empty()) {
     if (!f.peers.empty() || !f.etcd.empty()) return InvalidArgument("--store-peers and --store-etcd need --store");
     return std::unique_ptr<StoreBridge>();
   }
   if (f.timeout_ms < 1 || f.timeout_ms > 600000) return InvalidArgument("--store-timeout-ms must be in 1..600000");
   StoreBridgeOptions o;
-  o.client.servers.push_back(f.store);
-  o.client.local = f.store;
-  std::stringstream ss(f.peers);
-  for (std::string p; std::getline(ss, p, ',');) {
-    if (!p.empty() && p != f.store) o.client.servers.push_back(p);
-  }
-  o.client.etcd = f.etcd;
-  o.client.transport.tls = f.tls;
-  o.client.transport.net_devices = f.net_devices;
-  o.client.transport.spin_us = f.spin_us;
+  o.client = StoreClientOptions(f);
   o.fetch_timeout = std::chrono::milliseconds(f.timeout_ms);
   o.single_flight = !f.no_single_flight;
+  if (adjust) adjust(o);
   auto b = StoreBridge::Connect(o);
   if (!b.ok()) return Unavailable("--store " + f.store + ": " + b.status().ToString());
   return b;

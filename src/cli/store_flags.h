@@ -2,6 +2,7 @@
 // node's prefix store server (docs/store.md, "Engines on the store").
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,11 @@ struct StoreFlags {
 void AddStoreFlags(CLI::App& app, StoreFlags* f);
 
 // Null when --store is not given; an error when it is and no store server answers.
-Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f);
+// `adjust`, if given, changes the bridge's options before it connects (a grid head's
+// reader and gather).
+Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f,
+                                                  const std::function<void(StoreBridgeOptions&)>& adjust = {});
+// The client options --store, --store-peers, --store-etcd and the transport flags make.
+store::ClientOptions StoreClientOptions(const StoreFlags& f);
 
 }  // namespace trellis::cli

@@ -15,12 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
 #include "grid/head.h"
 #include "grid/node.h"
 #include "grid/protocol.h"
+#include "store/server.h"
 
 namespace trellis::grid {
 namespace {
@@ -55,13 +57,19 @@ struct TestNode {
   std::unique_ptr<GridNode> node;
 };
 
-TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0, uint64_t max_kv_bytes = 0) {
+TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0, uint64_t max_kv_bytes = 0,
+                   const std::string& store = "") {
   TestNode n;
   n.model = Load(path, ModelPart{.first_layer = first, .last_layer = last, .embed = false, .head = false});
   NodeOptions o;
   o.port = port;
   o.max_kv_bytes = max_kv_bytes;
   o.transport = Lo();
+  if (!store.empty()) {
+    o.store.servers = {store};
+    o.store.local = store;
+    o.store.transport = Lo();
+  }
   auto r = GridNode::Start(*n.model, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (r.ok()) n.node = std::move(r).value();
@@ -108,7 +116,7 @@ struct Grid {
 };
 
 Result<Grid> StartHead(int head_layers, const std::vector<NodeAddress>& nodes, ThreadPool& threads, int depth,
-                       int prefill_chunk = 16, size_t max_message_bytes = 0) {
+                       int prefill_chunk = 16, size_t max_message_bytes = 0, PrefixStore* store = nullptr) {
   Grid g;
   g.head_model = Load(ModelPath(), ModelPart{.first_layer = 0, .last_layer = head_layers, .embed = true, .head = true});
   HeadOptions ho;
@@ -119,7 +127,9 @@ Result<Grid> StartHead(int head_layers, const std::vector<NodeAddress>& nodes, T
   ho.start_timeout = std::chrono::milliseconds(3000);
   ho.step_timeout = std::chrono::milliseconds(5000);
   ho.retry_interval = std::chrono::milliseconds(100);
+  ho.store = store != nullptr;
   SchedulerOptions o;
+  o.store = store;
   o.block_size = 8;
   o.n_ctx = 256;
   o.kv_blocks = 96;
@@ -401,6 +411,157 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, GridReferenceTest,
                            for (char& c : n) c = (c == '-') ? '_' : c;
                            return n;
                          });
+
+// The store (docs/grid.md, "The store"): a grid publishes whole blocks (its nodes' layers
+// gathered), and a later grid, with empty pools, has each node read its layers' range of
+// them straight into its pool while the head reads its own; its answers are the whole
+// model's. The blocks are the store's usual ones: a single-process engine reads what a
+// grid published, and a grid what a single-process engine published.
+class GridStoreTest : public ::testing::TestWithParam<int> {};
+
+std::unique_ptr<StoreBridge> GridBridge(const store::StoreServer& s, GridHead* const* head) {
+  StoreBridgeOptions o;
+  o.client.servers = {"127.0.0.1:" + std::to_string(s.port())};
+  o.client.local = o.client.servers[0];
+  o.client.transport = Lo();
+  o.fetch_timeout = std::chrono::milliseconds(3000);
+  o.publish_timeout = std::chrono::milliseconds(3000);
+  if (head) AttachStore(o, head);
+  auto b = StoreBridge::Connect(o);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+std::unique_ptr<store::StoreServer> GridStoreServer() {
+  store::ServerOptions so;
+  so.mem_bytes = 16 << 20;
+  so.transport = Lo();
+  auto s = store::StoreServer::Start(so);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+// Runs reqs on a fresh grid with the store; returns the outcomes and the scheduler's
+// metrics after its publishes completed.
+std::pair<std::vector<trellis::testing::Outcome>, SchedulerMetrics> RunGridWithStore(
+    int head_layers, const std::vector<NodeAddress>& addrs, const store::StoreServer& s, const std::vector<Request>& reqs,
+    HeadStats* head_stats = nullptr) {
+  ThreadPool threads(1);
+  GridHead* head = nullptr;
+  auto bridge = GridBridge(s, &head);
+  EXPECT_TRUE(bridge && bridge->handles_layer_split());
+  auto g = StartHead(head_layers, addrs, threads, 2, 16, 0, bridge.get());
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  if (!g.ok()) return {};
+  head = g->head;  // the bridge's reader and gather reach the head through this
+  auto out = RunAll(*g->sched, reqs);
+  bridge->Drain();
+  g->sched->RunUntilIdle();
+  SchedulerMetrics m = g->sched->metrics();
+  if (head_stats) *head_stats = g->head->stats();
+  g->sched.reset();
+  return {out, m};
+}
+
+std::pair<std::vector<trellis::testing::Outcome>, SchedulerMetrics> RunWholeWithStore(const store::StoreServer& s,
+                                                                                     const std::vector<Request>& reqs) {
+  static std::unique_ptr<Model> whole = Load(ModelPath(), {});
+  ThreadPool threads(1);
+  auto bridge = GridBridge(s, nullptr);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.n_ctx = 256;
+  o.store = bridge.get();
+  auto sched = Scheduler::Create(*whole, o, threads);
+  EXPECT_TRUE(sched.ok()) << sched.status().ToString();
+  auto out = RunAll(**sched, reqs);
+  bridge->Drain();
+  (*sched)->RunUntilIdle();
+  return {out, (*sched)->metrics()};
+}
+
+TEST_P(GridStoreTest, NodesReadTheirLayersOfStoredPrefixesAndAnswersAreTheWholeModels) {
+  const int head_layers = GetParam();
+  auto s = GridStoreServer();
+  ASSERT_TRUE(s);
+  const std::string addr = "127.0.0.1:" + std::to_string(s->port());
+  std::vector<TestNode> nodes;
+  std::vector<NodeAddress> addrs;
+  for (int l = head_layers; l < 2; ++l) {
+    nodes.push_back(StartNode(ModelPath(), l, l + 1, 0, 0, addr));
+    ASSERT_TRUE(nodes.back().node);
+    addrs.push_back(Addr(nodes.back(), l, l + 1));
+  }
+  // 1. A grid computes and publishes.
+  const auto reqs = Workload(3, 21);
+  HeadStats hs;
+  auto [first, m1] = RunGridWithStore(head_layers, addrs, *s, reqs, &hs);
+  ExpectSameAsWhole(reqs, first, "grid, publishing");
+  EXPECT_GT(m1.store_published_blocks, 0);
+  EXPECT_EQ(m1.store_publish_failures, 0);
+  EXPECT_GT(hs.gathered_bytes, 0u);
+  // 2. A new grid (the nodes' pools start over) reads the prefixes: every node its layers.
+  std::vector<uint64_t> fetched_before;
+  for (const TestNode& n : nodes) fetched_before.push_back(n.node->stats().fetched_blocks);
+  auto [second, m2] = RunGridWithStore(head_layers, addrs, *s, reqs);
+  ExpectSameAsWhole(reqs, second, "grid, reading the store");
+  EXPECT_GT(m2.store_tokens, 0);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    EXPECT_GT(nodes[i].node->stats().fetched_blocks, fetched_before[i]) << "node " << i;
+    EXPECT_EQ(nodes[i].node->stats().fetch_failures, 0u) << "node " << i;
+  }
+  // 3. A single-process engine reads what the grid published.
+  auto [third, m3] = RunWholeWithStore(*s, reqs);
+  ExpectSameAsWhole(reqs, third, "one process, reading the grid's blocks");
+  EXPECT_GT(m3.store_tokens, 0);
+  // 4. And a grid reads what a single-process engine published.
+  const auto other = Workload(2, 99);
+  auto [fourth, m4] = RunWholeWithStore(*s, other);
+  EXPECT_GT(m4.store_published_blocks, 0);
+  auto [fifth, m5] = RunGridWithStore(head_layers, addrs, *s, other);
+  ExpectSameAsWhole(other, fifth, "grid, reading one process's blocks");
+  EXPECT_GT(m5.store_tokens, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, GridStoreTest, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(2 - i.param) + "nodes"; });
+
+// A byte flipped in the store inside one node's layers fails that node's checked read: the
+// fetch is a checksum miss, the prompt is computed, and the answers stay the whole
+// model's. A head whose nodes have no store is refused at start-up.
+TEST(GridStoreTest2, ACorruptedLayerSliceIsAMissAndANodeWithoutAStoreIsRefused) {
+  auto s = GridStoreServer();
+  ASSERT_TRUE(s);
+  const std::string addr = "127.0.0.1:" + std::to_string(s->port());
+  TestNode n = StartNode(ModelPath(), 1, 2, 0, 0, addr);
+  ASSERT_TRUE(n.node);
+  const std::vector<NodeAddress> addrs = {Addr(n, 1, 2)};
+  const auto reqs = Workload(1, 5);
+  auto [first, m1] = RunWholeWithStore(*s, reqs);
+  ASSERT_GT(m1.store_published_blocks, 0);
+  // The stored tensor's first block, a byte inside layer 1's half (the node's).
+  store::StoreServer& server = *s;
+  bool flipped = false;
+  for (uint64_t tensor : server.TensorIdsForTesting()) {
+    const uint64_t block_bytes = KvLayoutFor(n.model->config(), 8).BlockBytes();
+    flipped |= server.CorruptByteForTesting(tensor, block_bytes / 2 + 5);
+  }
+  ASSERT_TRUE(flipped);
+  auto [second, m2] = RunGridWithStore(1, addrs, *s, reqs);
+  ExpectSameAsWhole(reqs, second, "grid, after a corrupted slice");
+  EXPECT_EQ(m2.store_tokens, 0);
+  EXPECT_GT(m2.store_miss_tokens[static_cast<int>(StoreMiss::kChecksum)], 0);
+  EXPECT_GT(n.node->stats().fetch_failures, 0u);
+  // Without a store on the node.
+  TestNode bare = StartNode(ModelPath(), 1, 2);
+  ASSERT_TRUE(bare.node);
+  ThreadPool threads(1);
+  GridHead* head = nullptr;
+  auto bridge = GridBridge(*s, &head);
+  auto g = StartHead(1, {Addr(bare, 1, 2)}, threads, 2, 16, 0, bridge.get());
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("--store"), std::string::npos) << g.status().ToString();
+}
 
 TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {
   HelloRequest g;

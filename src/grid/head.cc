@@ -319,6 +319,7 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
   I.hello.max_batch_tokens = static_cast<uint32_t>(max_batch_tokens);
   I.hello.max_seqs = static_cast<uint32_t>(std::max(1, std::max(max_logit_rows, options.max_seqs)));
   I.hello.n_ctx = static_cast<uint32_t>(std::min<int64_t>(int64_t{1} << 24, static_cast<int64_t>(n_blocks) * kv.layout.block_size));
+  I.hello.store = options.store ? 1 : 0;
   for (const NodeAddress& a : options.nodes) I.nodes.push_back(Impl::Node{a});
   TRELLIS_ASSIGN_OR_RETURN(I.t, net::Transport::Create(options.transport));
   I.t->Sync([&] {
@@ -480,6 +481,181 @@ void GridHead::CopySlots(BlockPool& pool, int32_t src, int32_t dst, int32_t n_sl
   impl_->copies.push_back({src, dst, n_slots});
 }
 
+uint64_t GridHead::current_epoch() const { return impl_->epoch.load(); }
+
+namespace {
+// Waits for n answers from the loop thread.
+struct Gather {
+  std::mutex m;
+  std::condition_variable cv;
+  size_t left = 0;
+  Status status;
+  void Done(Status st) {
+    std::lock_guard<std::mutex> lock(m);
+    if (!st.ok() && status.ok()) status = std::move(st);
+    if (--left == 0) cv.notify_all();
+  }
+  Status Wait(net::Deadline until) {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_until(lock, until, [&] { return left == 0; })) return DeadlineExceeded("grid: nodes did not answer");
+    return status;
+  }
+  void WaitAll() {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return left == 0; });
+  }
+};
+constexpr auto kFetchGrace = std::chrono::milliseconds(2000);
+}  // namespace
+
+Status GridHead::FetchOnNodes(const store::LookupResult& found, size_t first, std::span<const int32_t> ids,
+                              uint64_t block_bytes, uint32_t slices, net::Deadline deadline, store::GetReceipt* receipt) {
+  Impl& I = *impl_;
+  const size_t n = I.nodes.size();
+  std::vector<uint64_t> gens(n);
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    if (!I.healthy) return Unavailable(I.down + "; the head is reconnecting");
+    for (size_t i = 0; i < n; ++i) gens[i] = I.nodes[i].gen;
+  }
+  FetchRequest f;
+  f.head_id = I.head_id;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - net::Clock::now()).count();
+  if (left <= 0) return DeadlineExceeded("no time left to fetch");
+  f.deadline_ms = static_cast<uint32_t>(std::min<int64_t>(left, 600000));
+  f.block_bytes = block_bytes;
+  f.slices = slices;
+  f.found_blocks = static_cast<uint32_t>(found.blocks);
+  f.runs = found.runs;
+  f.first = static_cast<uint32_t>(first);
+  f.ids.assign(ids.begin(), ids.end());
+  auto g = std::make_shared<Gather>();
+  g->left = n;
+  auto replies = std::make_shared<std::vector<FetchReply>>(n);
+  I.t->Post([&I, g, replies, gens, deadline, body = EncodeFetch(f)] {
+    for (size_t i = 0; i < I.nodes.size(); ++i) {
+      const net::ConnId conn = I.nodes[i].conn;
+      {
+        std::lock_guard<std::mutex> lock(I.mu);
+        if (!I.nodes[i].up || I.nodes[i].gen != gens[i]) {
+          g->Done(Unavailable(fmt::format("grid node {} is down or reconnected", I.nodes[i].addr.Name())));
+          continue;
+        }
+      }
+      I.t->Call(conn, kFetch, body, deadline + kFetchGrace, [&I, g, replies, i, conn](Result<std::string> r) {
+        FetchReply fr;
+        Status st = r.ok() ? DecodeFetchReply(*r, fr) : r.status();
+        if (!st.ok()) {
+          // No answer, or nonsense: the node may still be writing into its pool.
+          I.NodeFailed(i, conn, st);
+          return g->Done(Unavailable(fmt::format("grid node {} failed during a store fetch: {}", I.nodes[i].addr.Name(), st.message())));
+        }
+        (*replies)[i] = fr;
+        g->Done(fr.status.ok() ? fr.status : fr.status.WithContext("grid node " + I.nodes[i].addr.Name()));
+      });
+    }
+  });
+  Status st = g->Wait(deadline + 2 * kFetchGrace);
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    I.stats.node_fetches += n;
+    if (!st.ok()) ++I.stats.node_fetch_failures;
+    for (size_t i = 0; st.ok() && i < n; ++i) {
+      if (I.nodes[i].gen != gens[i]) st = Unavailable("a grid node reconnected during a store fetch");
+    }
+  }
+  if (st.ok() && receipt) {
+    const FetchReply& r = (*replies)[0];
+    *receipt = store::GetReceipt{r.memory, r.replica, r.ssd, r.remote};
+  }
+  return st;
+}
+
+Status GridHead::GatherFromNodes(std::span<const int32_t> ids, uint64_t block_bytes, uint8_t* out, uint64_t epoch,
+                                 net::Deadline deadline) {
+  Impl& I = *impl_;
+  const size_t n = I.nodes.size();
+  const uint64_t layer_bytes = block_bytes / static_cast<uint64_t>(I.model.config().n_layer);
+  std::vector<uint64_t> gens(n);
+  {
+    std::lock_guard<std::mutex> lock(I.mu);
+    if (!I.healthy) return Unavailable(I.down + "; the head is reconnecting");
+    if (I.epoch.load() != epoch) return Unavailable("a grid node lost its K/V since these blocks were computed");
+    for (size_t i = 0; i < n; ++i) gens[i] = I.nodes[i].gen;
+  }
+  // One read per node and chunk of blocks, every one in flight at once; each answer is
+  // copied into its layers' place in `out`.
+  struct Part {
+    size_t node;
+    size_t from, to;  // indices into ids
+  };
+  std::vector<Part> parts;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t node_bytes = layer_bytes * static_cast<uint64_t>(I.nodes[i].addr.last_layer - I.nodes[i].addr.first_layer);
+    const size_t chunk = std::max<size_t>(1, (I.opt.transport.max_message_bytes / 2) / std::max<uint64_t>(node_bytes, 1));
+    for (size_t a = 0; a < ids.size(); a += chunk) parts.push_back(Part{i, a, std::min(ids.size(), a + chunk)});
+  }
+  if (parts.empty()) return Status::Ok();
+  auto g = std::make_shared<Gather>();
+  g->left = parts.size();
+  uint64_t bytes = 0;
+  // `out` and `ids` outlive every callback: this function waits for all of them, and a
+  // wait that times out fails the nodes (their calls then complete, with an error, first).
+  I.t->Post([&I, g, gens, deadline, parts, ids, out, block_bytes, layer_bytes, &bytes] {
+    for (const Part& p : parts) {
+      const size_t i = p.node;
+      const net::ConnId conn = I.nodes[i].conn;
+      {
+        std::lock_guard<std::mutex> lock(I.mu);
+        if (!I.nodes[i].up || I.nodes[i].gen != gens[i]) {
+          g->Done(Unavailable(fmt::format("grid node {} is down or reconnected", I.nodes[i].addr.Name())));
+          continue;
+        }
+      }
+      ReadRequest r;
+      r.head_id = I.head_id;
+      r.ids.assign(ids.begin() + static_cast<ptrdiff_t>(p.from), ids.begin() + static_cast<ptrdiff_t>(p.to));
+      const uint64_t offset = layer_bytes * static_cast<uint64_t>(I.nodes[i].addr.first_layer);
+      const uint64_t node_bytes = layer_bytes * static_cast<uint64_t>(I.nodes[i].addr.last_layer - I.nodes[i].addr.first_layer);
+      I.t->Call(conn, kRead, EncodeRead(r), deadline, [&I, g, p, i, conn, out, block_bytes, offset, node_bytes, &bytes](Result<std::string> r) {
+        const size_t count = p.to - p.from;
+        if (r.ok() && r->size() != count * node_bytes) {
+          r = Corrupt(fmt::format("answered {} bytes for {} blocks of {}", r->size(), count, node_bytes));
+        }
+        if (!r.ok()) {
+          if (r.status().code() != StatusCode::kInvalidArgument && r.status().code() != StatusCode::kUnavailable) {
+            I.NodeFailed(i, conn, r.status());
+          }
+          return g->Done(r.status().WithContext("reading blocks from grid node " + I.nodes[i].addr.Name()));
+        }
+        for (size_t k = 0; k < count; ++k) {
+          std::memcpy(out + (p.from + k) * block_bytes + offset, r->data() + k * node_bytes, node_bytes);
+        }
+        bytes += r->size();
+        g->Done(Status::Ok());
+      });
+    }
+  });
+  Status st = g->Wait(deadline + kFetchGrace);
+  if (!st.ok() && st.code() == StatusCode::kDeadlineExceeded) {
+    // Calls still pending hold `out`: fail them (Close completes them) before returning.
+    I.t->Sync([&] {
+      for (size_t i = 0; i < n; ++i) {
+        if (I.nodes[i].conn) I.NodeFailed(i, I.nodes[i].conn, DeadlineExceeded("a read for a publish timed out"));
+      }
+      return 0;
+    });
+    g->WaitAll();
+  }
+  std::lock_guard<std::mutex> lock(I.mu);
+  I.stats.gathered_bytes += bytes;
+  if (st.ok() && I.epoch.load() != epoch) st = Unavailable("a grid node lost its K/V while its blocks were read");
+  for (size_t i = 0; st.ok() && i < n; ++i) {
+    if (I.nodes[i].gen != gens[i]) st = Unavailable("a grid node reconnected while its blocks were read");
+  }
+  return st;
+}
+
 HeadHealth GridHead::health() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return HeadHealth{impl_->healthy, impl_->down};
@@ -488,6 +664,43 @@ HeadHealth GridHead::health() const {
 HeadStats GridHead::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->stats;
+}
+
+void AttachStore(StoreBridgeOptions& o, GridHead* const* head) {
+  o.reader = [head](store::StoreClient& client, const store::LookupResult& found, size_t first, size_t from, size_t to,
+                    const StoreFetch& f, net::Deadline deadline, store::GetReceipt* receipt) -> Status {
+    GridHead* h = *head;
+    if (!h) return Unavailable("the grid head is not up yet");
+    if (f.epoch != h->current_epoch()) return Unavailable("a grid node lost its K/V since the fetch was planned");
+    const size_t n = to - from;
+    // The head's own layers (if it runs any) and every node's, read at the same time.
+    std::future<Status> mine;
+    store::GetReceipt mine_receipt, nodes_receipt;
+    if (f.local.bytes > 0) {
+      mine = std::async(std::launch::async, [&] {
+        std::vector<void*> dst(f.dst.begin() + static_cast<ptrdiff_t>(from), f.dst.begin() + static_cast<ptrdiff_t>(to));
+        return client.GetRange(found, first, n, dst, f.block_bytes, deadline, &mine_receipt,
+                               store::ByteRange{f.local.offset, f.local.bytes});
+      });
+    }
+    Status st = h->FetchOnNodes(found, first, std::span<const int32_t>(f.dst_blocks.data() + from, n), f.block_bytes,
+                                f.slices, deadline, &nodes_receipt);
+    if (mine.valid()) {
+      Status m = mine.get();
+      if (st.ok()) st = std::move(m);
+    }
+    if (st.ok() && receipt) *receipt = f.local.bytes > 0 ? mine_receipt : nodes_receipt;
+    return st;
+  };
+  o.gather = [head](const StorePublish& p, size_t from, size_t to, uint8_t* out, net::Deadline deadline) -> Status {
+    GridHead* h = *head;
+    if (!h) return Unavailable("the grid head is not up yet");
+    for (size_t i = from; p.local.bytes > 0 && i < to; ++i) {
+      std::memcpy(out + (i - from) * p.block_bytes + p.local.offset, p.blocks[i], p.local.bytes);
+    }
+    return h->GatherFromNodes(std::span<const int32_t>(p.block_ids.data() + from, to - from), p.block_bytes, out, p.epoch,
+                              deadline);
+  };
 }
 
 ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out) {

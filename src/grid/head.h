@@ -30,7 +30,9 @@
 
 #include "engine/model.h"
 #include "engine/step_executor.h"
+#include "engine/store_bridge.h"
 #include "net/transport.h"
+#include "store/client.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
 
@@ -55,6 +57,7 @@ struct HeadOptions {
   std::chrono::milliseconds retry_interval{1000}; // reconnecting to a failed node
   int n_ctx = 0;
   int max_seqs = 0;
+  bool store = false;  // prefixes come from a store: every node must have one (Hello)
 };
 
 struct HeadHealth {
@@ -73,6 +76,9 @@ struct HeadStats {
   // Each node's link, measured at connect: round trip of an empty message (median of
   // 16), and bytes per second from the round trip of 1 MiB each way (median of 8).
   std::vector<double> rtt_seconds, bandwidth;
+  // The store: fetches the nodes ran for the head (each node counted once per fetch),
+  // and bytes gathered from the nodes for publishing.
+  uint64_t node_fetches = 0, node_fetch_failures = 0, gathered_bytes = 0;
 };
 
 class GridHead final : public StepExecutor {
@@ -94,6 +100,22 @@ class GridHead final : public StepExecutor {
   HeadHealth health() const;
   HeadStats stats() const;
 
+  // The prefix store (docs/grid.md, "The store"), from the store bridge's threads.
+  // Has every node read blocks [first, first + ids.size()) of a stored prefix (the
+  // head's lookup), its layers' byte range of each, straight into its pool blocks `ids`.
+  // Waits for every node; fails unless every node read all of them. A node that does not
+  // answer by the deadline (plus a grace) is failed like a node that misses a step: it
+  // may still be writing.
+  Status FetchOnNodes(const store::LookupResult& found, size_t first, std::span<const int32_t> ids,
+                      uint64_t block_bytes, uint32_t slices, net::Deadline deadline, store::GetReceipt* receipt);
+  // Writes every node's layers of blocks `ids` into `out` (whole blocks of block_bytes,
+  // back to back; the head's own layers are the caller's). Fails if K/V was lost on a
+  // node since `epoch` (what was read could be a restarted node's empty pool).
+  Status GatherFromNodes(std::span<const int32_t> ids, uint64_t block_bytes, uint8_t* out, uint64_t epoch,
+                         net::Deadline deadline);
+  // epoch() without marking it seen (for threads other than the engine's).
+  uint64_t current_epoch() const;
+
   struct Impl;
 
  private:
@@ -103,6 +125,12 @@ class GridHead final : public StepExecutor {
 
 // The scheduler's ExecutorFactory for a grid head. `out`, if given, receives the head
 // once made (borrowed: the scheduler owns it).
+// Makes a store bridge serve a grid head (set before StoreBridge::Connect): fetches have
+// every node read its layers of each block into its pool while the head reads its own;
+// publishes gather the nodes' layers into whole blocks. *head is the head, once the
+// scheduler has made it (MakeGridExecutor's `out`); until then both fail.
+void AttachStore(StoreBridgeOptions& o, GridHead* const* head);
+
 ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out = nullptr);
 
 }  // namespace trellis::grid

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include <fmt/core.h>
@@ -41,6 +42,15 @@ struct GridNode::Impl {
   bool stopping = false;  // GUARDED_BY(mu)
   NodeStats stats;        // GUARDED_BY(mu)
   std::thread compute;
+  // The store's jobs (Fetch, Read), on their own threads: a fetch waits on the network.
+  std::unique_ptr<store::StoreClient> store;
+  std::deque<Job> store_jobs;  // GUARDED_BY(mu)
+  std::condition_variable store_cv;
+  std::vector<std::thread> store_threads;
+  // Held shared while a store job touches the pool, exclusively by a Hello (which may
+  // replace the pool, and after which nothing of the previous head may land in it).
+  // Taken before mu.
+  std::shared_mutex pool_mu;
 
   // Compute thread only (have_geometry is also read under mu by NextJob).
   HelloRequest geometry;
@@ -83,6 +93,19 @@ struct GridNode::Impl {
       } else {
         t->Reply(c, rid, std::string(body));
       }
+      return;
+    }
+    if (type == kFetch || type == kRead) {
+      Job j;
+      j.type = type;
+      j.conn = c;
+      j.request_id = rid;
+      j.body.assign(body);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        store_jobs.push_back(std::move(j));
+      }
+      store_cv.notify_one();
       return;
     }
     if (type != kHello && type != kStep) {
@@ -131,8 +154,12 @@ struct GridNode::Impl {
   }
 
   void RunHello(const Job& j) {
+    std::unique_lock<std::shared_mutex> pool_lock(pool_mu);  // no fetch or read of the last head runs on
     HelloRequest h;
     Status st = DecodeHello(j.body, h);
+    if (st.ok() && h.store && !store) {
+      st = InvalidArgument("refused: the head reads prefixes from a store, and this node has none: start it with --store");
+    }
     const ModelPart& part = model.part();
     if (st.ok() && (h.fingerprint != model.fingerprint() || h.n_layer != static_cast<uint32_t>(model.config().n_layer))) {
       st = InvalidArgument(fmt::format(
@@ -267,6 +294,88 @@ struct GridNode::Impl {
     Reply(j.conn, j.request_id, std::move(out));
   }
 
+  // A store thread: the next Fetch or Read, or false when stopping.
+  bool NextStoreJob(Job& out) {
+    std::unique_lock<std::mutex> lock(mu);
+    store_cv.wait(lock, [&] { return stopping || !store_jobs.empty(); });
+    if (stopping) return false;
+    out = std::move(store_jobs.front());
+    store_jobs.pop_front();
+    return true;
+  }
+
+  void RunStoreJob(const Job& j) {
+    std::shared_lock<std::shared_mutex> pool_lock(pool_mu);
+    HelloRequest g;
+    bool serving = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      serving = have_geometry && j.conn == head_conn;
+      g = geometry;
+    }
+    const ModelPart& part = model.part();
+    const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(g.block_size));
+    const uint64_t local_bytes = layout.BlockBytes();
+    const uint64_t layer_bytes = local_bytes / static_cast<uint64_t>(model.n_local_layers());
+    if (j.type == kRead) {
+      ReadRequest r;
+      Status st = serving ? DecodeRead(j.body, g.n_blocks, r) : Unavailable("this node serves no head on this connection");
+      if (st.ok() && r.head_id != g.head_id) st = Unavailable("a read from a head this node does not serve");
+      if (st.ok() && r.ids.size() * local_bytes + 1024 > opt.transport.max_message_bytes) {
+        st = InvalidArgument(fmt::format("a read of {} blocks exceeds the transport's messages", r.ids.size()));
+      }
+      if (!st.ok()) return ReplyError(j.conn, j.request_id, st);
+      std::string out(r.ids.size() * local_bytes, '\0');
+      for (size_t i = 0; i < r.ids.size(); ++i) std::memcpy(out.data() + i * local_bytes, pool->BlockData(r.ids[i]), local_bytes);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stats.read_blocks += r.ids.size();
+      }
+      return Reply(j.conn, j.request_id, std::move(out));
+    }
+    // A Fetch is always answered with a FetchReply once nothing more will land in the
+    // pool: an error reply would mean, to the head, that it might still be running.
+    FetchRequest f;
+    FetchReply rep;
+    Status st = serving ? DecodeFetch(j.body, g.n_blocks, f) : Unavailable("this node serves no head on this connection");
+    if (st.ok() && f.head_id != g.head_id) st = Unavailable("a fetch from a head this node does not serve");
+    if (st.ok() && !store) st = Unavailable("this node has no store");
+    if (st.ok() && (f.slices != static_cast<uint32_t>(model.config().n_layer) || f.block_bytes / f.slices != layer_bytes)) {
+      st = InvalidArgument(fmt::format("a fetch of {}-byte blocks in {} slices; this node's layers are {} bytes of {}",
+                                       f.block_bytes, f.slices, layer_bytes, model.config().n_layer));
+    }
+    if (st.ok()) {
+      store::LookupResult found;
+      found.blocks = f.found_blocks;
+      found.runs = f.runs;
+      std::vector<void*> dst;
+      for (int32_t id : f.ids) dst.push_back(pool->BlockData(id));
+      store::GetReceipt got;
+      st = store->GetRange(found, f.first, f.ids.size(), dst, f.block_bytes, net::After(std::chrono::milliseconds(f.deadline_ms)),
+                           &got, store::ByteRange{layer_bytes * static_cast<uint64_t>(part.first_layer), local_bytes});
+      rep.memory = static_cast<uint32_t>(got.memory);
+      rep.replica = static_cast<uint32_t>(got.replica);
+      rep.ssd = static_cast<uint32_t>(got.ssd);
+      rep.remote = static_cast<uint32_t>(got.remote);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.fetches;
+      if (st.ok()) {
+        stats.fetched_blocks += f.ids.size();
+      } else {
+        ++stats.fetch_failures;
+      }
+    }
+    rep.status = st;
+    Reply(j.conn, j.request_id, EncodeFetchReply(rep));
+  }
+
+  void StoreLoop() {
+    Job j;
+    while (NextStoreJob(j)) RunStoreJob(j);
+  }
+
   void ComputeLoop() {
     Job j;
     while (NextJob(j)) {
@@ -287,13 +396,20 @@ GridNode::~GridNode() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
+  impl_->store_cv.notify_all();
   if (impl_->compute.joinable()) impl_->compute.join();
+  for (std::thread& t : impl_->store_threads) t.join();
   impl_->t->Stop();
 }
 
 Result<std::unique_ptr<GridNode>> GridNode::Start(const Model& model, const NodeOptions& options) {
   if (model.n_local_layers() < 1) return InvalidArgument("a grid node needs at least one layer");
   auto impl = std::make_unique<Impl>(model, options);
+  if (!options.store.servers.empty() || !options.store.etcd.empty()) {
+    auto c = store::StoreClient::Connect(options.store, net::After(options.store_connect_timeout));
+    if (!c.ok()) return c.status().WithContext("the node's prefix store");
+    impl->store = std::move(c).value();
+  }
   net::TransportOptions to = options.transport;
   TRELLIS_ASSIGN_OR_RETURN(impl->t, net::Transport::Create(to));
   Impl* raw = impl.get();
@@ -306,6 +422,7 @@ Result<std::unique_ptr<GridNode>> GridNode::Start(const Model& model, const Node
   if (!port.ok()) return port.status();
   raw->port = *port;
   raw->compute = std::thread([raw] { raw->ComputeLoop(); });
+  for (int i = 0; i < 2; ++i) raw->store_threads.emplace_back([raw] { raw->StoreLoop(); });
   return std::unique_ptr<GridNode>(new GridNode(std::move(impl)));
 }
 

@@ -9,8 +9,13 @@
 // of their sequence numbers, whatever order they arrive in. A Hello whose model
 // fingerprint or layer range differs from the node's is refused, with both in the error.
 //
+// With a store, a head's Fetch has the node read its layers' byte range of stored blocks
+// straight into its pool, and a Read returns its layers of blocks the head publishes.
+//
 // Threads: the transport's loop thread receives, checks and queues; one compute thread
-// (with its kernel thread pool) runs steps and posts the replies back to the loop.
+// (with its kernel thread pool) runs steps and posts the replies back to the loop; two
+// store threads run fetches and reads (a Hello waits for those in progress before it
+// touches the pool).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,7 @@
 
 #include "engine/model.h"
 #include "net/transport.h"
+#include "store/client.h"
 #include "util/status.h"
 
 namespace trellis::grid {
@@ -33,6 +39,11 @@ struct NodeOptions {
   // sizes the node's activations).
   uint64_t max_kv_bytes = 0;
   uint32_t max_batch_tokens = 8192;
+  // The prefix store (docs/store.md), for a head that reads prefixes from it: the node
+  // reads its layers of each block itself. Unused when store.servers and store.etcd are
+  // empty; a head with a store is then refused at Hello.
+  store::ClientOptions store;
+  std::chrono::milliseconds store_connect_timeout{5000};
 };
 
 struct NodeStats {
@@ -40,6 +51,9 @@ struct NodeStats {
   uint64_t steps = 0, tokens = 0, refused_steps = 0;
   double compute_seconds = 0;
   uint64_t kv_pool_bytes = 0;
+  // The store: fetches run (and blocks they read into the pool), fetches that failed,
+  // and blocks given to the head for publishing.
+  uint64_t fetches = 0, fetched_blocks = 0, fetch_failures = 0, read_blocks = 0;
 };
 
 class GridNode {

@@ -13,7 +13,8 @@ std::string EncodeHello(const HelloRequest& h) {
   w.U32(h.version);
   w.U64(h.head_id);
   w.U64(h.fingerprint);
-  for (uint32_t v : {h.n_layer, h.first_layer, h.last_layer, h.block_size, h.n_blocks, h.max_batch_tokens, h.max_seqs, h.n_ctx}) {
+  for (uint32_t v : {h.n_layer, h.first_layer, h.last_layer, h.block_size, h.n_blocks, h.max_batch_tokens, h.max_seqs, h.n_ctx,
+                     h.store}) {
     w.U32(v);
   }
   return w.Take();
@@ -28,7 +29,7 @@ Status DecodeHello(std::string_view body, HelloRequest& h) {
   h.head_id = rd.U64();
   h.fingerprint = rd.U64();
   for (uint32_t* v : {&h.n_layer, &h.first_layer, &h.last_layer, &h.block_size, &h.n_blocks, &h.max_batch_tokens,
-                      &h.max_seqs, &h.n_ctx}) {
+                      &h.max_seqs, &h.n_ctx, &h.store}) {
     *v = rd.U32();
   }
   if (!rd.Done()) return Corrupt("malformed grid hello");
@@ -37,7 +38,7 @@ Status DecodeHello(std::string_view body, HelloRequest& h) {
   }
   if (h.block_size < 1 || h.block_size > 4096 || h.n_blocks < 1 || h.n_blocks > (1u << 30) || h.max_batch_tokens < 1 ||
       h.max_batch_tokens > kMaxBatchTokens || h.max_seqs < 1 || h.max_seqs > kMaxSeqs || h.n_ctx < 1 ||
-      h.n_ctx > (1u << 24)) {
+      h.n_ctx > (1u << 24) || h.store > 1) {
     return InvalidArgument("grid hello: geometry out of range");
   }
   return Status::Ok();
@@ -63,6 +64,103 @@ Status DecodeHelloReply(std::string_view body, HelloReply& r) {
   r.weight_bytes = rd.U64();
   r.kv_pool_bytes = rd.U64();
   if (!rd.Done()) return Corrupt("malformed grid hello reply");
+  return Status::Ok();
+}
+
+std::string EncodeFetch(const FetchRequest& f) {
+  net::WireWriter w;
+  w.U64(f.head_id);
+  w.U32(f.deadline_ms);
+  w.U64(f.block_bytes);
+  w.U32(f.slices);
+  w.U32(f.found_blocks);
+  w.U32(static_cast<uint32_t>(f.runs.size()));
+  for (const store::Run& r : f.runs) {
+    w.U64(r.owner);
+    w.U64(r.tensor);
+    w.U32(r.first);
+    w.U32(r.count);
+  }
+  w.U32(f.first);
+  w.U32(static_cast<uint32_t>(f.ids.size()));
+  for (int32_t id : f.ids) w.U32(static_cast<uint32_t>(id));
+  return w.Take();
+}
+
+namespace {
+// Block ids, each below n_blocks.
+bool ReadIds(net::WireReader& rd, uint32_t n_blocks, std::vector<int32_t>& ids) {
+  const uint32_t n = rd.Count(kMaxFetchBlocks, 4);
+  if (!rd.ok()) return false;
+  ids.resize(n);
+  for (int32_t& id : ids) {
+    const uint32_t v = rd.U32();
+    if (v >= n_blocks) return false;
+    id = static_cast<int32_t>(v);
+  }
+  return rd.ok();
+}
+}  // namespace
+
+Status DecodeFetch(std::string_view body, uint32_t n_blocks, FetchRequest& f) {
+  net::WireReader rd(body);
+  f.head_id = rd.U64();
+  f.deadline_ms = rd.U32();
+  f.block_bytes = rd.U64();
+  f.slices = rd.U32();
+  f.found_blocks = rd.U32();
+  const uint32_t nr = rd.Count(kMaxFetchBlocks, 24);
+  f.runs.resize(rd.ok() ? nr : 0);
+  uint64_t sum = 0;
+  for (store::Run& r : f.runs) {
+    r.owner = rd.U64();
+    r.tensor = rd.U64();
+    r.first = rd.U32();
+    r.count = rd.U32();
+    sum += r.count;
+  }
+  f.first = rd.U32();
+  if (!rd.ok() || !ReadIds(rd, n_blocks, f.ids) || !rd.Done()) return Corrupt("malformed or out-of-range grid fetch");
+  if (f.found_blocks > kMaxFetchBlocks || sum != f.found_blocks || f.ids.empty() ||
+      uint64_t{f.first} + f.ids.size() > f.found_blocks) {
+    return InvalidArgument("grid fetch: blocks outside the prefix found");
+  }
+  if (f.deadline_ms == 0 || f.deadline_ms > 600000 || f.block_bytes == 0 || f.slices == 0 || f.block_bytes % f.slices != 0) {
+    return InvalidArgument("grid fetch: deadline or block geometry out of range");
+  }
+  return Status::Ok();
+}
+
+std::string EncodeFetchReply(const FetchReply& r) {
+  net::WireWriter w;
+  w.U8(static_cast<uint8_t>(r.status.code()));
+  w.Str(r.status.message());
+  for (uint32_t v : {r.memory, r.replica, r.ssd, r.remote}) w.U32(v);
+  return w.Take();
+}
+
+Status DecodeFetchReply(std::string_view body, FetchReply& r) {
+  net::WireReader rd(body);
+  const uint8_t code = rd.U8();
+  const std::string msg(rd.Str(1 << 16));
+  for (uint32_t* v : {&r.memory, &r.replica, &r.ssd, &r.remote}) *v = rd.U32();
+  if (!rd.Done() || code > static_cast<uint8_t>(StatusCode::kInternal)) return Corrupt("malformed grid fetch reply");
+  r.status = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), msg);
+  return Status::Ok();
+}
+
+std::string EncodeRead(const ReadRequest& r) {
+  net::WireWriter w;
+  w.U64(r.head_id);
+  w.U32(static_cast<uint32_t>(r.ids.size()));
+  for (int32_t id : r.ids) w.U32(static_cast<uint32_t>(id));
+  return w.Take();
+}
+
+Status DecodeRead(std::string_view body, uint32_t n_blocks, ReadRequest& r) {
+  net::WireReader rd(body);
+  r.head_id = rd.U64();
+  if (!rd.ok() || !ReadIds(rd, n_blocks, r.ids) || !rd.Done()) return Corrupt("malformed or out-of-range grid read");
   return Status::Ok();
 }
 

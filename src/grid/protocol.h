@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "store/client.h"
 #include "util/status.h"
 
 namespace trellis::grid {
@@ -24,9 +25,15 @@ enum MsgType : uint16_t {
   // any body (at most 1 MiB) -> the same body, answered on the node's loop thread: the
   // head measures the link with it.
   kPing = 0x103,
+  // FetchRequest -> FetchReply: the node reads its layers' byte range of stored blocks
+  // from the prefix store straight into its pool (docs/grid.md, "The store").
+  kFetch = 0x104,
+  // ReadRequest -> the node's layers of each block named, back to back: what a head
+  // publishes to the store is gathered whole this way.
+  kRead = 0x105,
 };
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: Fetch and Read (the store)
 inline constexpr uint32_t kMaxSeqs = 4096;           // sequences in one step
 inline constexpr uint32_t kMaxCopies = 1 << 16;      // block copies carried by one step
 inline constexpr uint32_t kMaxTableBlocks = 1 << 20;  // one sequence's block table
@@ -43,6 +50,7 @@ struct HelloRequest {
   uint32_t max_batch_tokens = 0;
   uint32_t max_seqs = 0;
   uint32_t n_ctx = 0;        // positions per sequence
+  uint32_t store = 0;        // 1: the head reads prefixes from a store, so must the node
 };
 
 struct HelloReply {
@@ -70,6 +78,39 @@ struct StepRequest {
   uint32_t n_rows = 0;          // sum of n_tokens
   std::string_view hidden;      // n_rows x n_embd f32, little-endian (a view into the message)
 };
+
+// Fetch: blocks [first, first + ids.size()) of a stored prefix (the head's lookup:
+// `found_blocks` blocks as `runs`) into the node's pool blocks `ids`, its layers' range of
+// each, within deadline_ms.
+struct FetchRequest {
+  uint64_t head_id = 0;
+  uint32_t deadline_ms = 0;
+  uint64_t block_bytes = 0;  // a whole block, every layer
+  uint32_t slices = 0;       // the block's layers
+  uint32_t found_blocks = 0;
+  std::vector<store::Run> runs;
+  uint32_t first = 0;
+  std::vector<int32_t> ids;
+};
+// The node's answer to a Fetch it ran (a transport error means it may still be running):
+// the store's status, and where the blocks came from.
+struct FetchReply {
+  Status status;
+  uint32_t memory = 0, replica = 0, ssd = 0, remote = 0;
+};
+struct ReadRequest {
+  uint64_t head_id = 0;
+  std::vector<int32_t> ids;
+};
+inline constexpr uint32_t kMaxFetchBlocks = 1 << 16;
+
+std::string EncodeFetch(const FetchRequest& f);
+// Checks the block ids against n_blocks and the runs against found_blocks.
+Status DecodeFetch(std::string_view body, uint32_t n_blocks, FetchRequest& f);
+std::string EncodeFetchReply(const FetchReply& r);
+Status DecodeFetchReply(std::string_view body, FetchReply& r);
+std::string EncodeRead(const ReadRequest& r);
+Status DecodeRead(std::string_view body, uint32_t n_blocks, ReadRequest& r);
 
 std::string EncodeHello(const HelloRequest& h);
 Status DecodeHello(std::string_view body, HelloRequest& h);

@@ -1014,6 +1014,14 @@ ServerStats StoreServer::stats() const {
   return impl_->st;
 }
 
+std::vector<uint64_t> StoreServer::TensorIdsForTesting() const {
+  return impl_->t->Sync([&] {
+    std::vector<uint64_t> ids;
+    for (const auto& [id, tn] : impl_->tensors) ids.push_back(id);
+    return ids;
+  });
+}
+
 bool StoreServer::CorruptByteForTesting(uint64_t tensor, uint64_t byte) {
   return impl_->t->Sync([&] {
     auto it = impl_->tensors.find(tensor);

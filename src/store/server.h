@@ -72,6 +72,7 @@ class StoreServer {
   // Flips one byte of a stored tensor behind its checksum's back, as a bad DIMM or a
   // corrupted transfer would (tests only). False if there is no such byte.
   bool CorruptByteForTesting(uint64_t tensor, uint64_t byte);
+  std::vector<uint64_t> TensorIdsForTesting() const;
 
   struct Impl;
 
