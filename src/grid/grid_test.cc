@@ -612,5 +612,55 @@ TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {
   EXPECT_TRUE(DecodeHello(EncodeHello(h), back).ok());
 }
 
+TEST(GridProtocolTest, HostileFetchesAndReadsAreRefusedBeforeUse) {
+  FetchRequest f;
+  f.head_id = 7;
+  f.deadline_ms = 1000;
+  f.block_bytes = 4096;
+  f.slices = 4;
+  f.found_blocks = 5;
+  f.runs = {store::Run{1, 2, 0, 3}, store::Run{1, 3, 0, 2}};
+  f.first = 1;
+  f.ids = {4, 5, 9};
+  FetchRequest out;
+  const std::string good = EncodeFetch(f);
+  ASSERT_TRUE(DecodeFetch(good, 10, out).ok());
+  EXPECT_EQ(out.ids, f.ids);
+  for (size_t n = 0; n < good.size(); ++n) EXPECT_FALSE(DecodeFetch(good.substr(0, n), 10, out).ok()) << n;
+  EXPECT_FALSE(DecodeFetch(good + "x", 10, out).ok());
+  EXPECT_FALSE(DecodeFetch(good, 9, out).ok());  // block 9 past a pool of 9
+  auto bad = [&](auto change) {
+    FetchRequest x = f;
+    change(x);
+    return DecodeFetch(EncodeFetch(x), 10, out).ok();
+  };
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.ids = {4, -1, 5}; }));
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.runs[1].count = 1; }));  // runs do not add up to the prefix
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.first = 3; }));          // past the prefix
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.ids.clear(); }));
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.slices = 3; }));         // does not cut the block
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.slices = 0; }));
+  EXPECT_FALSE(bad([](FetchRequest& x) { x.deadline_ms = 0; }));
+  ReadRequest r;
+  r.head_id = 7;
+  r.ids = {0, 3};
+  ReadRequest rout;
+  const std::string rg = EncodeRead(r);
+  ASSERT_TRUE(DecodeRead(rg, 4, rout).ok());
+  EXPECT_FALSE(DecodeRead(rg, 3, rout).ok());
+  for (size_t n = 0; n < rg.size(); ++n) EXPECT_FALSE(DecodeRead(rg.substr(0, n), 4, rout).ok()) << n;
+  FetchReply fr;
+  fr.status = Corrupt("block 3 failed its checksum");
+  fr.ssd = 2;
+  FetchReply fback;
+  ASSERT_TRUE(DecodeFetchReply(EncodeFetchReply(fr), fback).ok());
+  EXPECT_EQ(fback.status.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(fback.status.message(), fr.status.message());
+  EXPECT_EQ(fback.ssd, 2u);
+  std::string wild = EncodeFetchReply(fr);
+  wild[0] = 99;  // no such status code
+  EXPECT_FALSE(DecodeFetchReply(wild, fback).ok());
+}
+
 }  // namespace
 }  // namespace trellis::grid

@@ -1,13 +1,16 @@
 // libFuzzer target for a grid node's message decoding (built only with -DTRELLIS_FUZZ=ON
 // and clang): what a head, or anyone who reaches a node's port, can send.
 //
-// The first byte picks the message: even, a Step checked against a fixed geometry (the
-// node's agreement with its head at Hello); odd, a Hello. A refused message must carry a
-// message. An accepted Step must satisfy everything the node's compute relies on: block
-// ids inside the pool, every sequence's table covering its positions within the context,
-// at most the agreed sequences and tokens, the rows adding up, copies inside the pool with
-// at most a block's slots, and a hidden state of exactly rows x n_embd x 4 bytes lying
-// inside the input. An accepted Hello must hold a sane geometry. Any violation aborts.
+// The first byte picks the message (its value mod 4): 0 a Step checked against a fixed
+// geometry (the node's agreement with its head at Hello); 1 a Hello; 2 a store Fetch; 3 a
+// Read. A refused message must carry a message. An accepted Step must satisfy everything
+// the node's compute relies on: block ids inside the pool, every sequence's table
+// covering its positions within the context, at most the agreed sequences and tokens, the
+// rows adding up, copies inside the pool with at most a block's slots, and a hidden state
+// of exactly rows x n_embd x 4 bytes lying inside the input. An accepted Hello must hold a
+// sane geometry. An accepted Fetch names pool blocks only, within the prefix its runs
+// describe, with a block geometry the node can cut; an accepted Read names pool blocks
+// only. Any violation aborts.
 //
 // Run: grid_fuzz -max_total_time=300 -max_len=4096 /tmp/new-corpus tests/data/grid_corpus
 #include <cstdint>
@@ -86,16 +89,47 @@ void CheckHello(std::string_view body) {
   FUZZ_CHECK(EncodeHello(h) == body);
 }
 
+void CheckFetch(std::string_view body) {
+  static const HelloRequest g = Geometry();
+  FetchRequest f;
+  const Status st = DecodeFetch(body, g.n_blocks, f);
+  if (!st.ok()) {
+    FUZZ_CHECK(!st.message().empty());
+    return;
+  }
+  uint64_t sum = 0;
+  for (const store::Run& r : f.runs) sum += r.count;
+  FUZZ_CHECK(sum == f.found_blocks);
+  FUZZ_CHECK(!f.ids.empty() && uint64_t{f.first} + f.ids.size() <= f.found_blocks);
+  for (int32_t id : f.ids) FUZZ_CHECK(id >= 0 && static_cast<uint32_t>(id) < g.n_blocks);
+  FUZZ_CHECK(f.deadline_ms >= 1 && f.deadline_ms <= 600000);
+  FUZZ_CHECK(f.slices >= 1 && f.block_bytes >= 1 && f.block_bytes % f.slices == 0);
+  FUZZ_CHECK(EncodeFetch(f) == body);
+}
+
+void CheckRead(std::string_view body) {
+  static const HelloRequest g = Geometry();
+  ReadRequest r;
+  const Status st = DecodeRead(body, g.n_blocks, r);
+  if (!st.ok()) {
+    FUZZ_CHECK(!st.message().empty());
+    return;
+  }
+  for (int32_t id : r.ids) FUZZ_CHECK(id >= 0 && static_cast<uint32_t>(id) < g.n_blocks);
+  FUZZ_CHECK(EncodeRead(r) == body);
+}
+
 }  // namespace
 }  // namespace trellis::grid
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if (data[0] % 2 == 0) {
-    trellis::grid::CheckStep(body);
-  } else {
-    trellis::grid::CheckHello(body);
+  switch (data[0] % 4) {
+    case 0: trellis::grid::CheckStep(body); break;
+    case 1: trellis::grid::CheckHello(body); break;
+    case 2: trellis::grid::CheckFetch(body); break;
+    default: trellis::grid::CheckRead(body); break;
   }
   return 0;
 }
