@@ -115,6 +115,7 @@ int RunNode(const NodeOpts& o) {
   std::fprintf(stderr, "trellis node: listening on %s:%u | model %s, layers %d-%d of 0-%d (%s, %.1f MiB) | threads %d\n",
                no.host.c_str(), (*node)->port(), o.model.c_str(), part.first_layer, part.last_layer - 1, c.n_layer - 1,
                (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20), o.threads);
+  if (!o.store.store.empty()) std::fprintf(stderr, "trellis node: prefix store %s\n", o.store.store.c_str());
   std::unique_ptr<EtcdRegistration> reg;
   if (!o.etcd.empty()) {
     auto etcd = store::Etcd::Parse(o.etcd, store::Etcd::kGridPrefix);
@@ -137,10 +138,12 @@ int RunNode(const NodeOpts& o) {
   sigwait(&sigs, &sig);
   reg.reset();
   const grid::NodeStats st = (*node)->stats();
-  std::fprintf(stderr, "trellis node: %s, stopping | %llu steps, %llu tokens, %.2f s computing, %llu hellos (%llu refused), %llu steps refused\n",
+  std::fprintf(stderr, "trellis node: %s, stopping | %llu steps, %llu tokens, %.2f s computing, %llu hellos (%llu refused), %llu steps refused | store: %llu fetches (%llu failed), %llu blocks read, %llu given for publishing\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<unsigned long long>(st.steps),
                static_cast<unsigned long long>(st.tokens), st.compute_seconds, static_cast<unsigned long long>(st.hellos),
-               static_cast<unsigned long long>(st.refused_hellos), static_cast<unsigned long long>(st.refused_steps));
+               static_cast<unsigned long long>(st.refused_hellos), static_cast<unsigned long long>(st.refused_steps),
+               static_cast<unsigned long long>(st.fetches), static_cast<unsigned long long>(st.fetch_failures),
+               static_cast<unsigned long long>(st.fetched_blocks), static_cast<unsigned long long>(st.read_blocks));
   node->reset();
   return 0;
 }

@@ -127,6 +127,12 @@ std::string GridMetricsText(const grid::GridHead& head) {
          static_cast<double>(s.bytes_received));
   metric("trellis_grid_node_failures_total", "counter", "nodes declared failed", static_cast<double>(s.node_failures));
   metric("trellis_grid_rejoins_total", "counter", "failed nodes that came back", static_cast<double>(s.rejoins));
+  metric("trellis_grid_store_node_fetches_total", "counter", "store fetches the nodes ran for the head (one per node)",
+         static_cast<double>(s.node_fetches));
+  metric("trellis_grid_store_fetch_failures_total", "counter", "store fetches some node could not complete",
+         static_cast<double>(s.node_fetch_failures));
+  metric("trellis_grid_store_gathered_bytes_total", "counter", "bytes of the nodes' layers gathered for publishing",
+         static_cast<double>(s.gathered_bytes));
   metric("trellis_grid_head_layers_seconds_total", "counter", "engine thread time in the head's own layers", s.layers_seconds);
   metric("trellis_grid_head_wait_seconds_total", "counter", "engine thread time waiting for the nodes", s.wait_seconds);
   metric("trellis_grid_head_logits_seconds_total", "counter", "engine thread time in the output head", s.logits_seconds);

@@ -52,3 +52,20 @@ post() {
 
 # metric NAME: the value of an unlabelled metric from /metrics.
 metric() { curl -s -m 5 "$base/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
+
+# start_store NAME [store options...]: sets $store_addr and $store_pid.
+start_store() {
+  local name=$1; shift
+  "$TRELLIS" store --listen 127.0.0.1:0 --mem 64M --net-devices lo "$@" >"$tmp/$name.log" 2>&1 &
+  store_pid=$!
+  srv_pids+=("$store_pid")
+  local port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's|.*listening on 127\.0\.0\.1:\([0-9]*\),.*|\1|p' "$tmp/$name.log" | head -1 || true)
+    [[ -n $port ]] && break
+    kill -0 "$store_pid" 2>/dev/null || die "store $name exited at start-up: $(cat "$tmp/$name.log")"
+    sleep 0.1
+  done
+  [[ -n $port ]] || die "store $name printed no address: $(cat "$tmp/$name.log")"
+  store_addr=127.0.0.1:$port
+}

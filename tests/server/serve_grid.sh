@@ -10,17 +10,23 @@
 #   - a node killed with SIGKILL fails requests with 503 (and an SSE error event), /health
 #     says 503 and names the node; restarted, it rejoins and answers are right again;
 #   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout;
-#   - nodes registered in etcd (`node --etcd`) are found by `serve --grid-etcd`.
+#   - nodes registered in etcd (`node --etcd`) are found by `serve --grid-etcd`;
+#   - with a prefix store (`trellis store`, nodes and head started with --store): a grid
+#     publishes a long prompt, a restarted head reads it back with every node reading its
+#     own layers (usage.cache.store), and the answers equal one process's; a
+#     single-process engine reads the grid's blocks, and the grid a single process's.
 # usage: serve_grid.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
 source "$(dirname "$0")/lib.sh"
 export UCX_NET_DEVICES=lo
 
-# start_node NAME LAYERS [PORT [MODEL]]: sets $node_port and $node_pid.
+# start_node NAME LAYERS [PORT [MODEL]]: sets $node_port and $node_pid. node_extra (an
+# array) holds more options.
+node_extra=()
 start_node() {
   local name=$1 layers=$2 port=${3:-0} m=${4:-$model}
-  "$TRELLIS" node -m "$m" --layers "$layers" --listen 127.0.0.1:"$port" --net-devices lo >"$tmp/$name.log" 2>&1 &
+  "$TRELLIS" node -m "$m" --layers "$layers" --listen 127.0.0.1:"$port" --net-devices lo "${node_extra[@]}" >"$tmp/$name.log" 2>&1 &
   node_pid=$!
   srv_pids+=("$node_pid")
   node_port=""
@@ -32,6 +38,9 @@ start_node() {
   done
   [[ -n $node_port ]] || die "node $name printed no address: $(cat "$tmp/$name.log")"
 }
+
+# A prompt of several whole blocks (what the store keeps).
+long_prompt=$(python3 -c 'print(" ".join(["the keeper of the lighthouse counted the ships that passed the northern cape"] * 8))')
 
 # ask NAME PROMPT [STATUS]: a greedy completion with logprobs into $tmp/NAME.json.
 ask() {
@@ -60,6 +69,7 @@ say "one process with the whole model: the reference"
 start_server whole
 whole_base=$base
 for i in "${!prompts[@]}"; do ask "ref$i" "${prompts[$i]}"; done
+ask refL "$long_prompt"
 stop_server
 
 for layout in 3 2; do
@@ -146,6 +156,62 @@ for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 srv_pids=()
 model=$tiny
+
+say "the store: a grid publishes; a new head reads it back, every node its own layers"
+start_store gstore
+saddr=$store_addr
+node_extra=(--store "$saddr" --store-net-devices lo)
+start_node s1 1-2; s1=$node_port
+start_node s2 3-3; s2=$node_port
+node_extra=()
+sspec=127.0.0.1:$s1=1-2,127.0.0.1:$s2=3-3
+# wait_published: until the server's publishes landed.
+wait_published() {
+  local n=0
+  for _ in $(seq 1 100); do
+    n=$(metric trellis_store_published_blocks_total)
+    [[ ${n%.*} -gt 0 ]] && break
+    sleep 0.1
+  done
+  [[ ${n%.*} -gt 0 ]] || die "$1 published nothing"
+}
+start_server shead1 --grid "$sspec" --grid-net-devices lo --store "$saddr" --store-net-devices lo
+ask sg1 "$long_prompt"
+same refL sg1
+wait_published "the grid"
+gathered=$(metric trellis_grid_store_gathered_bytes_total)
+[[ ${gathered%.*} -gt 0 ]] || die "the grid published without gathering the nodes' layers"
+ok "grid 1: computed $(jget "$tmp/sg1.json" "j['usage']['cache']['computed']") tokens, published $(metric trellis_store_published_blocks_total) blocks ($gathered bytes gathered from the nodes)"
+stop_server
+start_server shead2 --grid "$sspec" --grid-net-devices lo --store "$saddr" --store-net-devices lo
+ask sg2 "$long_prompt"
+same refL sg2
+prompt=$(jget "$tmp/sg2.json" "j['usage']['prompt_tokens']")
+stored=$(jget "$tmp/sg2.json" "j['usage']['cache']['store']")
+[[ $stored -ge $((prompt - 32)) ]] || die "the new head read $stored of $prompt tokens from the store: $(cat "$tmp/sg2.json")"
+fetches=$(metric trellis_grid_store_node_fetches_total)
+[[ ${fetches%.*} -ge 2 ]] || die "the nodes ran no fetch ($fetches)"
+ok "grid 2 (fresh pools): $stored of $prompt prompt tokens from the store, read by the head and $fetches node fetches"
+stop_server
+start_server swhole --store "$saddr" --store-net-devices lo
+ask sw "$long_prompt"
+same refL sw
+[[ $(jget "$tmp/sw.json" "j['usage']['cache']['store']") -gt 0 ]] || die "one process read nothing the grid published: $(cat "$tmp/sw.json")"
+other_prompt="a different story: $long_prompt"
+ask swo "$other_prompt"
+wait_published "one process"
+stop_server
+start_server shead3 --grid "$sspec" --grid-net-devices lo --store "$saddr" --store-net-devices lo
+ask sg3 "$other_prompt"
+same swo sg3
+[[ $(jget "$tmp/sg3.json" "j['usage']['cache']['store']") -gt 0 ]] || die "the grid read nothing one process published: $(cat "$tmp/sg3.json")"
+ok "one process reads the grid's blocks, and the grid one process's, with the same answers"
+stop_server
+for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+grep -q "store: [1-9][0-9]* fetches (0 failed)" "$tmp/s2.log" || die "node 2's stop line: $(tail -2 "$tmp/s2.log")"
+ok "$(grep -o 'store: .*' "$tmp/s2.log")"
+srv_pids=()
 
 say "a node with other layers, or another model file, is refused at start-up"
 start_node wrong 1-3; pw=$node_port
