@@ -74,7 +74,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kNodePort = 7300, kServePort = 8300, kBlock = 32;
+constexpr int kNodePort = 7300, kServePort = 8300, kStorePort = 7500, kBlock = 32;
 
 // ---- the model's geometry -------------------------------------------------------------------
 
@@ -322,18 +322,31 @@ double RssMiB(pid_t pid) {
 
 class Procs {
  public:
+  // store: a `trellis store` server on node 0 as well, and every process started with
+  // --store (a grid's nodes read their layers from it).
   static Result<std::unique_ptr<Procs>> Start(const Cluster& cl, const Config& c, const GridEvalOptions& o,
-                                               int kv_blocks, const std::string& tag) {
+                                               int kv_blocks, const std::string& tag, bool store = false) {
     auto p = std::unique_ptr<Procs>(new Procs());
     const std::string logs = o.out + "/logs/";
+    std::vector<std::string> store_flags;
+    if (store) {
+      const std::string addr = fmt::format("{}:{}", cl.host(0), kStorePort + cl.port_offset(0));
+      auto cmd = cl.On(0, {o.trellis, "store", "--listen", addr, "--mem", "2G", "--net-devices", cl.device()});
+      p->store_ = std::make_unique<ChildProcess>();
+      auto a = p->store_->Start(cmd.exe, cmd.argv, logs + tag + "-store.log", "store", 60);
+      if (!a.ok()) return a.status();
+      store_flags = {"--store", addr, "--store-net-devices", cl.device()};
+    }
     std::string spec;
     int first = c.layers[0];
     for (int i = 1; i < c.nodes; ++i) {
       const int last = first + c.layers[static_cast<size_t>(i)] - 1;
       const std::string addr = fmt::format("{}:{}", cl.host(i), kNodePort + cl.port_offset(i));
       spec += fmt::format("{}{}={}-{}", spec.empty() ? "" : ",", addr, first, last);
-      auto cmd = cl.On(i, {o.trellis, "node", "-m", o.model, "--layers", fmt::format("{}-{}", first, last), "-t",
-                           std::to_string(c.threads), "--listen", addr, "--net-devices", cl.device()});
+      std::vector<std::string> na = {o.trellis, "node", "-m", o.model, "--layers", fmt::format("{}-{}", first, last), "-t",
+                                     std::to_string(c.threads), "--listen", addr, "--net-devices", cl.device()};
+      na.insert(na.end(), store_flags.begin(), store_flags.end());
+      auto cmd = cl.On(i, na);
       p->procs_.push_back(std::make_unique<ChildProcess>());
       const std::string log = logs + fmt::format("{}-node{}.log", tag, i);
       p->node_logs_.push_back(log);
@@ -349,17 +362,25 @@ class Procs {
       a.insert(a.end(), {"--grid", spec, "--grid-net-devices", cl.device(), "--grid-depth", std::to_string(o.depth),
                          "--grid-chunk", std::to_string(o.chunk)});
     }
-    auto cmd = cl.On(0, a);
+    a.insert(a.end(), store_flags.begin(), store_flags.end());
+    p->head_cmd_ = cl.On(0, a);
+    p->head_log_ = logs + tag + "-head.log";
     p->procs_.push_back(std::make_unique<ChildProcess>());
-    auto url = p->procs_.back()->Start(cmd.exe, cmd.argv, logs + tag + "-head.log", "head", 180);
-    if (!url.ok()) return url.status();
-    p->url_ = *url;
+    TRELLIS_RETURN_IF_ERROR(p->StartHead());
     return p;
   }
   ~Procs() { Stop(); }
   void Stop() {
-    // The head first (it holds the nodes' connections), then the nodes.
+    // The head first (it holds the nodes' connections), then the nodes, then the store.
     for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->Stop();
+    if (store_) store_->Stop();
+  }
+  // A new head process, the nodes (and store) kept: its cache, and the nodes' pools, start
+  // empty.
+  Status RestartHead() {
+    procs_.back()->Stop();
+    head_log_ += ".restarted";
+    return StartHead();
   }
   const std::string& url() const { return url_; }
   // VmRSS of every process in MiB: [0] the head's, then the nodes'.
@@ -387,9 +408,18 @@ class Procs {
 
  private:
   Procs() = default;
+  Status StartHead() {
+    auto url = procs_.back()->Start(head_cmd_.exe, head_cmd_.argv, head_log_, "head", 180);
+    if (!url.ok()) return url.status();
+    url_ = *url;
+    return Status::Ok();
+  }
   std::vector<std::unique_ptr<ChildProcess>> procs_;  // nodes, then the head
+  std::unique_ptr<ChildProcess> store_;
   std::vector<std::string> node_logs_;
   std::string url_;
+  Cluster::Command head_cmd_;
+  std::string head_log_;
 };
 
 // ---- requests ----------------------------------------------------------------------------------
@@ -444,6 +474,17 @@ std::map<std::string, double> Metrics(const std::string& url) {
   }
   return m;
 }
+
+// The store runs: TTFT of L-token prompts computed (the store on: a lookup misses first,
+// the blocks are published after), then, on a new head process whose cache and nodes'
+// pools start empty, of the same prompts read from the store (each process reading its
+// layers). Medians of three prompts.
+struct StoreSample {
+  std::string link, config;
+  int nodes = 0, rep = 0;
+  double ttft_cold_ms = 0, ttft_store_ms = 0, hit = 0;
+  std::string error;
+};
 
 struct Sample {
   std::string link, config;
@@ -574,6 +615,45 @@ class Eval {
     return s;
   }
 
+  Result<StoreSample> RunStore(const Cluster& cl, const std::string& link, const Config& c, int rep) {
+    StoreSample s;
+    s.link = link, s.config = c.name, s.nodes = c.nodes, s.rep = rep;
+    const std::string tag = fmt::format("{}-{}-r{}-store", link, c.name, rep);
+    TRELLIS_ASSIGN_OR_RETURN(auto procs, Procs::Start(cl, c, o_, KvBlocks(), tag, /*store=*/true));
+    (void)Send(procs->url(), Tokens(16), 4, g_.eos);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<double> cold_ms, store_ms, hits;
+    for (int k = 0; k < 3; ++k) {
+      prompts.push_back(Tokens(o_.prompt));
+      Stream st = Send(procs->url(), prompts.back(), 1, g_.eos);
+      if (!st.error.empty()) return Internal(fmt::format("{}: TTFT cold: {}", tag, st.error));
+      cold_ms.push_back(st.t.front() * 1e3);
+    }
+    // Every prompt's whole blocks published (publishes run in the background).
+    const double want = 3.0 * ((o_.prompt - 1) / kBlock);
+    double published = 0;
+    for (int i = 0; i < 300 && published < want; ++i) {
+      const auto m = Metrics(procs->url());
+      auto it = m.find("trellis_store_published_blocks_total");
+      published = it == m.end() ? 0 : it->second;
+      if (published < want) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (published < want) return Internal(fmt::format("{}: {} of {} blocks published", tag, published, want));
+    TRELLIS_RETURN_IF_ERROR(procs->RestartHead());
+    (void)Send(procs->url(), Tokens(16), 4, g_.eos);
+    for (const auto& p : prompts) {
+      Stream st = Send(procs->url(), p, 1, g_.eos);
+      if (!st.error.empty()) return Internal(fmt::format("{}: TTFT from the store: {}", tag, st.error));
+      store_ms.push_back(st.t.front() * 1e3);
+      hits.push_back(st.prompt > 0 ? static_cast<double>(st.cached) / st.prompt : 0);
+    }
+    s.ttft_cold_ms = Median(cold_ms);
+    s.ttft_store_ms = Median(store_ms);
+    s.hit = Median(hits);
+    procs->Stop();
+    return s;
+  }
+
  private:
   const GridEvalOptions& o_;
   const Geometry& g_;
@@ -667,6 +747,26 @@ int RunGridEval(const GridEvalOptions& o) {
                            Join(s->node_compute, "{:.2f}"));
         csv.flush();
         samples.push_back(std::move(*s));
+      }
+    }
+  }
+  // The store: one process and every grid of 2 or more, alternating as above.
+  std::vector<StoreSample> store_samples;
+  if (o.store) {
+    std::ofstream sc(o.out + "/grid_store.csv");
+    sc << header << "link,config,nodes,rep,ttft_cold_ms,ttft_store_ms,hit\n";
+    for (int rep = 0; rep < o.reps; ++rep) {
+      for (const Link& l : links) {
+        for (const Config& c : configs) {
+          if (c.nodes == 1 && c.name.rfind("baseline", 0) != 0) continue;
+          std::fprintf(stderr, "bench grid: store, rep %d/%d, %s, %s\n", rep + 1, o.reps, l.name.c_str(), c.name.c_str());
+          auto s = ev.RunStore(*l.cluster, l.name, c, rep);
+          if (!s.ok()) return fail(s.status().ToString());
+          sc << fmt::format("{},{},{},{},{:.2f},{:.2f},{:.4f}\n", s->link, s->config, s->nodes, s->rep, s->ttft_cold_ms,
+                            s->ttft_store_ms, s->hit);
+          sc.flush();
+          store_samples.push_back(std::move(*s));
+        }
       }
     }
   }
@@ -794,6 +894,30 @@ int RunGridEval(const GridEvalOptions& o) {
                 100 * worst_mem, worst_mem <= 0.10 ? "yes" : "no");
     std::printf("| %s | TTFT(phi %.1f) <= (1 - hit) x cold + 5%% | worst %.2f of the bound | %s |\n", l.name.c_str(), o.phi,
                 worst_phi, phi_ok ? "yes" : "no");
+  }
+  if (!store_samples.empty()) {
+    // Medians of the per-repetition ratios, as for the targets.
+    std::printf("\n### The store: TTFT %d from the store on a new head (empty cache and pools) against computing it\n\n"
+                "| link | config | TTFT computed ms | TTFT from the store ms | store / computed | prompt from the store |\n"
+                "|---|---|---|---|---|---|\n",
+                o.prompt);
+    std::ofstream f(o.out + "/grid_store_summary.csv");
+    f << header << "link,config,nodes,ttft_cold_ms,ttft_store_ms,ratio,hit\n";
+    for (const Link& l : links) {
+      for (const Config& c : configs) {
+        std::vector<double> cold, st, ratio, hit;
+        for (const StoreSample& x : store_samples) {
+          if (x.link != l.name || x.config != c.name) continue;
+          cold.push_back(x.ttft_cold_ms), st.push_back(x.ttft_store_ms), hit.push_back(x.hit);
+          ratio.push_back(x.ttft_store_ms / std::max(x.ttft_cold_ms, 1e-9));
+        }
+        if (cold.empty()) continue;
+        std::printf("| %s | %s | %.0f | %.0f | %.2f | %.0f%% |\n", l.name.c_str(), c.name.c_str(), Median(cold), Median(st),
+                    Median(ratio), 100 * Median(hit));
+        f << fmt::format("{},{},{},{:.2f},{:.2f},{:.4f},{:.4f}\n", l.name, c.name, c.nodes, Median(cold), Median(st),
+                         Median(ratio), Median(hit));
+      }
+    }
   }
   std::fflush(stdout);
 

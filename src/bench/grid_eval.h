@@ -27,6 +27,7 @@ struct GridEvalOptions {
   int predict_nodes = 8;               // the pipeline model's extra prediction
   double predict_gbit = 10;            // ... on a link of this many Gbit/s
   bool quick = false;                  // the tiny model, fewer tokens (CI)
+  bool store = true;                   // also TTFT from a prefix store on a new head
   bool plots = true;
 };
 

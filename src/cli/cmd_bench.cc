@@ -331,6 +331,7 @@ Runner AddBenchCommand(CLI::App& app) {
   gr->add_option("--chunk", geo->chunk, "--grid-chunk")->capture_default_str();
   gr->add_option("--predict-nodes", geo->predict_nodes, "processes of the extra prediction")->capture_default_str();
   gr->add_option("--predict-gbit", geo->predict_gbit, "link of the extra prediction, Gbit/s")->capture_default_str();
+  gr->add_flag("--no-store", [geo](int64_t) { geo->store = false; }, "skip the prefix-store runs (TTFT from the store on a new head)");
   gr->add_flag("--quick", geo->quick, "the tiny model, short runs, one repetition (CI)");
   gr->add_flag("--no-plots", [geo](int64_t) { geo->plots = false; }, "skip the gnuplot PNGs");
   gr->add_option("-o,--out", geo->out, "results folder")->capture_default_str();

@@ -5,7 +5,9 @@
 # measured on every link, with positive rates and TTFTs; the phi run reused its shared
 # prefix; a grid moves 2 x n_embd x 4 bytes per token row and node (plus the steps'
 # headers and tables), one process none; every process's memory was read; the pipeline
-# model gave a prediction for every grid; nothing of the emulated cluster is left behind.
+# model gave a prediction for every grid; with a prefix store, one process and every grid
+# of 2 or more read most of each prompt from it on a new head; nothing of the emulated
+# cluster is left behind.
 # Speed is not judged here (docs/BENCHMARKS.md has the figures).
 # usage: grid_eval.sh TRELLIS
 set -euo pipefail
@@ -18,7 +20,7 @@ before=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
 after=$(ip netns list 2>/dev/null | grep -c '^trellis-b' || true)
 [[ $after -le $before ]] || { echo "network namespaces left behind:"; ip netns list; exit 1; }
 grep -q '^### Targets' "$out/log" || { cat "$out/log"; exit 1; }
-python3 - "$out/grid_eval.csv" "$out/grid_eval_summary.csv" <<'PY'
+python3 - "$out/grid_eval.csv" "$out/grid_eval_summary.csv" "$out/grid_store.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if not l.startswith('#'))]
 links = {r['link'] for r in rows}
@@ -43,5 +45,11 @@ summary = [r for r in csv.DictReader(l for l in open(sys.argv[2]) if not l.start
 for r in summary:
     if r['link'] == 'prediction' or (r['config'] not in ('baseline-2t',)):
         assert float(r['pred_decode8']) > 0 and float(r['pred_ttft_ms']) > 0, r
-print(f"bench grid --quick: {len(rows)} runs on {sorted(links)} checked")
+store = [r for r in csv.DictReader(l for l in open(sys.argv[3]) if not l.startswith('#'))]
+assert {r['config'] for r in store} == {'baseline-2t', '2-nodes', '3-nodes'}, store
+assert len(store) == 3 * len(links), store
+for r in store:
+    assert float(r['ttft_cold_ms']) > 0 and float(r['ttft_store_ms']) > 0, r
+    assert float(r['hit']) >= 0.5, f"a new head read too little from the store: {r}"
+print(f"bench grid --quick: {len(rows)} runs on {sorted(links)} checked; {len(store)} store runs")
 PY
