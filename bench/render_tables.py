@@ -373,8 +373,30 @@ def render_grid_targets(meta, rows):
     return provenance(meta) + table(["link", "target", "measured", "met"], body)
 
 
+def render_grid_store(meta, rows):
+    """`trellis bench grid`: TTFT from the prefix store on a new head against computing the prompt, per link and
+    configuration (medians over the repetitions; the ratio is taken within each repetition)."""
+    rows = grid_rows(rows)
+    prompt = re.search(r"-L (\d+)|--prompt (\d+)", meta.get("command", ""))
+    body = []
+    for link in dict.fromkeys(r["link"] for r in rows):
+        for config in dict.fromkeys(r["config"] for r in rows if r["link"] == link):
+            rs = [r for r in rows if r["link"] == link and r["config"] == config]
+            cold = statistics.median(float(r["ttft_cold_ms"]) for r in rs)
+            st = statistics.median(float(r["ttft_store_ms"]) for r in rs)
+            ratios = [float(r["ttft_store_ms"]) / float(r["ttft_cold_ms"]) for r in rs]
+            hit = statistics.median(float(r["hit"]) for r in rs)
+            body.append([link, config, f"{cold:.0f}", f"{st:.0f}",
+                         f"{statistics.median(ratios):.2f} (reps {', '.join(f'{x:.2f}' for x in ratios)})",
+                         f"{100 * hit:.0f}%"])
+    n = (prompt.group(1) or prompt.group(2)) if prompt else "512"
+    return provenance(meta) + table(["link", "config", f"TTFT {n} computed (ms)", "TTFT from the store (ms)",
+                                     "from the store / computed", "prompt read from the store"], body)
+
+
 RENDERERS = {
     "grid_eval": render_grid_eval,
+    "grid_store": render_grid_store,
     "grid_targets": render_grid_targets,
     "store_eval_context": render_store_eval_context,
     "store_eval_nodes": render_store_eval_nodes,
