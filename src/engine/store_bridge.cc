@@ -419,8 +419,8 @@ Result<size_t> StoreBridge::PublishGathered(const StorePublish& p, net::Deadline
   const size_t n = std::min(found.keys.size(), p.blocks.size());
   const size_t k = std::min(found.blocks, n);
   if (k == n) return size_t{0};
-  std::vector<uint8_t>& buf = gather_buffer_;
-  buf.resize((n - k) * p.block_bytes);
+  // Freed after each publish (large: a long prompt's increment of whole blocks).
+  std::vector<uint8_t> buf((n - k) * p.block_bytes);
   TRELLIS_RETURN_IF_ERROR(opt_.gather(p, k, n, buf.data(), deadline));
   std::vector<const void*> blocks(n, nullptr);
   for (size_t i = k; i < n; ++i) blocks[i] = buf.data() + (i - k) * p.block_bytes;

@@ -118,7 +118,6 @@ class StoreBridge : public PrefixStore {
   StoreBridgeStats st_;                     // GUARDED_BY(mu_)
   std::vector<std::thread> fetch_threads_;
   std::thread publish_thread_;
-  std::vector<uint8_t> gather_buffer_;  // publish thread only
 };
 
 // The namespace an engine's blocks are stored under (docs/store.md, "Data model").

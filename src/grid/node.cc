@@ -314,8 +314,8 @@ struct GridNode::Impl {
       g = geometry;
     }
     const ModelPart& part = model.part();
-    const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(g.block_size));
-    const uint64_t local_bytes = layout.BlockBytes();
+    // This node's layers of a block (the geometry is the accepted Hello's, when serving).
+    const uint64_t local_bytes = serving ? LocalKvLayoutFor(model, static_cast<int>(g.block_size)).BlockBytes() : 0;
     const uint64_t layer_bytes = local_bytes / static_cast<uint64_t>(model.n_local_layers());
     if (j.type == kRead) {
       ReadRequest r;
