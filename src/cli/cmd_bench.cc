@@ -27,7 +27,7 @@ namespace {
 
 struct SpeedOpts {
   std::string model, csv;
-  int threads = 2, pp = 512, tg = 64, reps = 5, block_size = 32, sessions = 1;
+  int threads = 0, pp = 512, tg = 64, reps = 5, block_size = 32, sessions = 1;  // threads 0: the physical cores
   bool json = false;
 };
 
@@ -344,7 +344,7 @@ Runner AddBenchCommand(CLI::App& app) {
   prefix->add_option("-N,--sessions", po->N, "concurrent sessions N")->capture_default_str();
   prefix->add_option("-B,--block-size", po->block_size, "KV block size B")->capture_default_str();
   prefix->add_option("-r,--reps", po->reps, "repetitions (median reported)")->capture_default_str();
-  prefix->add_option("-t,--threads", po->threads, "threads")->capture_default_str();
+  prefix->add_option("-t,--threads", po->threads, kThreadsHelp);
   prefix->add_flag("--quick", po->quick, "the tiny model, fewer lengths: seconds");
   prefix->add_flag("--json", po->json, "print every measured point as a JSON line");
   prefix->add_option("--only", po->only, "run one figure: throughput, ttft or blocksize")
@@ -352,7 +352,7 @@ Runner AddBenchCommand(CLI::App& app) {
   CLI::App* speed = app.add_subcommand("speed", "prompt processing and generation tokens/s (llama-bench style)");
   auto o = std::make_shared<SpeedOpts>();
   speed->add_option("-m,--model", o->model, "GGUF model")->required();
-  speed->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  speed->add_option("-t,--threads", o->threads, kThreadsHelp);
   speed->add_option("-p,--n-prompt", o->pp, "prompt tokens (pp test)")->capture_default_str();
   speed->add_option("-n,--n-gen", o->tg, "generated tokens (tg test)")->capture_default_str();
   speed->add_option("-r,--reps", o->reps, "repetitions (median reported)")->capture_default_str();
@@ -422,6 +422,8 @@ Runner AddBenchCommand(CLI::App& app) {
         po->model = *m;
       }
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
+      if (po->threads < 0) return Fail("bench prefix: --threads must be >= 0 (0 = the physical cores available)");
+      po->threads = ResolveThreads(po->threads, "bench prefix");
       return RunPrefixBench(*po);
     }
     if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, roofline)");
@@ -431,6 +433,8 @@ Runner AddBenchCommand(CLI::App& app) {
     // Both 0 would size an empty KV block table (table.back() on it crashed).
     if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");
     if (o->pp > (1 << 20) || o->tg > (1 << 20)) return Fail("bench: n-prompt and n-gen must be <= 1048576");
+    if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
+    o->threads = ResolveThreads(o->threads, "bench speed", o->json);
     return RunSpeed(*o);
   };
 }

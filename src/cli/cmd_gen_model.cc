@@ -11,7 +11,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     std::string shape = "tiny", type = "q4_0", vocab, out;
     bool pure = false;
     uint64_t seed = 1;
-    int threads = 2;
+    int threads = 0;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB) or ptstore (bench store's model)")->capture_default_str();
@@ -20,7 +20,7 @@ Runner AddGenModelCommand(CLI::App& app) {
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
   app.add_flag("--pure", o->pure, "quantize output.weight like the rest (llama-quantize keeps it q6_K)");
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
-  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, kThreadsHelp);
   return [o] {
     auto shape = ModelShapeByName(o->shape);
     if (!shape.ok()) return Fail(shape.status().message());
@@ -32,7 +32,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     ro.type = o->type;
     ro.pure = o->pure;
     ro.seed = o->seed;
-    ro.n_threads = o->threads;
+    ro.n_threads = ResolveThreads(o->threads, "gen-model", /*quiet=*/true);
     const double t0 = NowSeconds();
     Status s = WriteRandomModel(ro, *vocab, o->out);
     if (!s.ok()) return Fail(s.ToString());

@@ -25,7 +25,7 @@ struct NodeOpts {
   std::string listen = "127.0.0.1:0";
   std::string model;
   std::string layers;
-  int threads = 1;
+  int threads = 0;  // 0: the physical cores this process may use
   std::string tls = "tcp";
   std::string net_devices;
   uint32_t spin_us = 0;
@@ -87,7 +87,7 @@ int RunNode(const NodeOpts& o) {
   const std::string a = o.layers.substr(0, dash), b = dash == std::string::npos ? a : o.layers.substr(dash + 1);
   auto digits = [](const std::string& s) { return !s.empty() && s.size() < 7 && s.find_first_not_of("0123456789") == std::string::npos; };
   if (!digits(a) || !digits(b) || std::stoi(b) < std::stoi(a)) return Fail("--layers takes FIRST-LAST (inclusive), got '" + o.layers + "'");
-  if (o.threads < 1 || o.threads > 256) return Fail("--threads must be in 1..256");
+  if (o.threads < 0 || o.threads > 1024) return Fail("--threads must be in 1..1024 (0 = the physical cores available)");
   const ModelPart part{.first_layer = std::stoi(a), .last_layer = std::stoi(b) + 1, .embed = false, .head = false};
   auto model = Model::Load(o.model, part);
   if (!model.ok()) return Fail(model.status().ToString());
@@ -97,7 +97,8 @@ int RunNode(const NodeOpts& o) {
   grid::NodeOptions no;
   no.host = hp->first;
   no.port = hp->second;
-  no.threads = o.threads;
+  const int threads = ResolveThreads(o.threads, "trellis node");
+  no.threads = threads;
   if (o.max_kv_memory < 0) return Fail("--max-kv-memory must be >= 0");
   no.max_kv_bytes = static_cast<uint64_t>(o.max_kv_memory);
   no.max_batch_tokens = o.max_batch_tokens;
@@ -114,7 +115,7 @@ int RunNode(const NodeOpts& o) {
   const ModelConfig& c = (*model)->config();
   std::fprintf(stderr, "trellis node: listening on %s:%u | model %s, layers %d-%d of 0-%d (%s, %.1f MiB) | threads %d\n",
                no.host.c_str(), (*node)->port(), o.model.c_str(), part.first_layer, part.last_layer - 1, c.n_layer - 1,
-               (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20), o.threads);
+               (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20), threads);
   if (!o.store.store.empty()) std::fprintf(stderr, "trellis node: prefix store %s\n", o.store.store.c_str());
   std::unique_ptr<EtcdRegistration> reg;
   if (!o.etcd.empty()) {
@@ -155,7 +156,7 @@ Runner AddNodeCommand(CLI::App& app) {
   app.add_option("-m,--model", o->model, "GGUF model file (the same file as the head's)")->required();
   app.add_option("--layers", o->layers, "the layers this node holds, FIRST-LAST (inclusive, counting from 0)")->required();
   app.add_option("--listen", o->listen, "HOST:PORT the head connects to (port 0: any; the log names it)")->capture_default_str();
-  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, kThreadsHelp);
   app.add_option("--tls", o->tls, "UCX transports (UCX_TLS)")->capture_default_str();
   app.add_option("--net-devices", o->net_devices, "UCX_NET_DEVICES (e.g. lo on one host)");
   app.add_option("--spin-us", o->spin_us, "microseconds the transport polls after work before it sleeps")->capture_default_str();

@@ -17,7 +17,7 @@ namespace {
 struct RunOpts {
   std::string model, prompt, tokens, force_tokens, dump_logits, prompt_file;
   int n_predict = 64;
-  int threads = 2;
+  int threads = 0;  // 0: the physical cores this process may use
   int ctx = 0;
   int block_size = 32;
   int batch = 512;
@@ -273,7 +273,7 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_option("-p,--prompt", o->prompt, "prompt text");
   app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids (used as given, no BOS added)");
   app.add_option("-n,--n-predict", o->n_predict, "tokens to generate")->capture_default_str();
-  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, kThreadsHelp);
   app.add_option("-c,--ctx-size", o->ctx, "context size (0 = model's, capped at 4096)");
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = one full context)");
@@ -302,6 +302,8 @@ Runner AddRunCommand(CLI::App& app) {
     const int sources = !o->prompt.empty() + !o->tokens.empty() + !o->prompt_file.empty();
     if (sources == 0) return Fail("give a prompt with -p, token ids with --tokens, or --prompt-file");
     if (sources > 1) return Fail("-p, --tokens and --prompt-file are mutually exclusive");
+    if (o->threads < 0 || o->threads > 1024) return Fail("--threads must be in 1..1024 (0 = the physical cores available)");
+    o->threads = ResolveThreads(o->threads, "trellis run", o->quiet);
     return Run(*o);
   };
 }

@@ -27,7 +27,7 @@ namespace {
 struct ServeOpts {
   std::string model, host = "127.0.0.1", chat_template, alias;
   int port = 8080;
-  int threads = 2;
+  int threads = 0;  // 0: the physical cores this process may use
   int ctx = 0;
   int block_size = 32;
   int64_t kv_memory = 0;
@@ -55,7 +55,7 @@ struct ServeOpts {
 
 std::string CheckOpts(const ServeOpts& o) {
   if (o.port < 0 || o.port > 65535) return "--port must be in 0..65535 (0 = any free port)";
-  if (o.threads < 1) return "--threads must be >= 1";
+  if (o.threads < 0 || o.threads > 1024) return "--threads must be in 1..1024 (0 = the physical cores available)";
   if (o.ctx < 0) return "--ctx-size must be >= 0 (0 = the model's, capped at 4096)";
   if (o.kv_blocks < 0) return "--kv-blocks must be >= 0 (0 = from --kv-memory)";
   if (o.kv_memory < 0) return "--kv-memory must be >= 0 (0 = four full contexts)";
@@ -135,6 +135,7 @@ int Serve(const ServeOpts& opts) {
     if (!o.grid.grid.empty()) grid::AttachStore(bo, &grid_head);
   });
   if (!store.ok()) return Fail(store.status().ToString());
+  o.threads = ResolveThreads(o.threads, "trellis serve");
   ThreadPool pool(o.threads);
   SchedulerOptions so;
   so.store = store->get();
@@ -238,7 +239,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("-m,--model", o->model, "GGUF model file")->required();
   app.add_option("--host", o->host, "address to bind")->capture_default_str();
   app.add_option("--port", o->port, "port to bind (0 = any free port)")->capture_default_str();
-  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, kThreadsHelp);
   app.add_option("-c,--ctx-size", o->ctx, "context per request (0 = model's, capped at 4096)");
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = four full contexts)");

@@ -34,6 +34,11 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s, con
 // Call before starting any thread.
 sigset_t BlockStopSignals();
 
+// -t: `requested` when > 0; 0 picks the default, the physical cores this process may use
+// (affinity mask and cgroup quota respected, util/cpus.h), and says so on stderr.
+int ResolveThreads(int requested, const char* what, bool quiet = false);
+inline constexpr const char* kThreadsHelp = "compute threads (default: the physical cores this process may use)";
+
 // Prints "trellis: <message>" to stderr and returns 1.
 int Fail(const std::string& message);
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "util/cpus.h"
 
 #ifndef TRELLIS_SOURCE_DIR
 #define TRELLIS_SOURCE_DIR "."
@@ -20,6 +21,13 @@ sigset_t BlockStopSignals() {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   return sigs;
+}
+
+int ResolveThreads(int requested, const char* what, bool quiet) {
+  if (requested > 0) return requested;
+  const CpuBudget b = ProbeCpus();
+  if (!quiet) std::fprintf(stderr, "%s: %d compute thread%s (%s; -t to change)\n", what, b.threads, b.threads == 1 ? "" : "s", b.Describe().c_str());
+  return b.threads;
 }
 
 int Fail(const std::string& message) {

@@ -62,4 +62,15 @@ out=$(timeout 30 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 0 --temp 0 --print-tok
 [[ $out == '\n' ]] || die "-n 0 printed '$out', expected a single newline"
 ok "empty line"
 
+say "threads default to the physical cores the process may use: its affinity mask (taskset) is respected"
+timeout 30 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 >/dev/null 2>"$tmp/t0.err"
+all=$(sed -n 's/^trellis run: \([0-9]*\) compute thread.*/\1/p' "$tmp/t0.err")
+[[ $all =~ ^[0-9]+$ && $all -ge 1 ]] || die "no thread count printed: $(cat "$tmp/t0.err")"
+timeout 30 taskset -c 0 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 >/dev/null 2>"$tmp/t1.err"
+grep -q "^trellis run: 1 compute thread (1 physical core of 1 CPU allowed" "$tmp/t1.err" || die "taskset -c 0: $(head -2 "$tmp/t1.err")"
+timeout 30 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 -t 3 >/dev/null 2>"$tmp/t3.err"
+! grep -q "compute thread" "$tmp/t3.err" || die "-t 3 still picked a default: $(head -2 "$tmp/t3.err")"
+grep -q "threads 3" "$tmp/t3.err" || die "-t 3 not used: $(head -2 "$tmp/t3.err")"
+ok "$(head -1 "$tmp/t0.err"); under taskset -c 0: 1"
+
 echo "PASS cli_generate: $n_checks checks"
