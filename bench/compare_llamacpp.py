@@ -12,10 +12,15 @@ and pass --llama-bench PATH.
 import argparse, csv, json, os, statistics, subprocess, sys
 
 
+# The CPU model and kernel path trellis reports (bench speed --json), for every CSV row.
+TRELLIS_INFO = {}
+
+
 def run_trellis(trellis, model, threads, pp, tg, reps):
     out = subprocess.run([trellis, "bench", "speed", "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg),
                           "-r", str(reps), "--json"], check=True, capture_output=True, text=True).stdout
     j = json.loads(out.strip().splitlines()[-1])
+    TRELLIS_INFO.update({"cpu": j.get("cpu", "?"), "isa": j.get("isa", "?")})
     return j["pp_runs"], j["tg_runs"]
 
 
@@ -59,6 +64,9 @@ def main():
                       f"tg {statistics.median(tg):.1f}", file=sys.stderr)
         med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in runs.items()}
         rows.append({"model": os.path.basename(model), "threads": a.threads,
+                     "cpu": TRELLIS_INFO.get("cpu", "?"), "trellis_isa": TRELLIS_INFO.get("isa", "?"),
+                     "trellis_isa_env": " ".join(f"{k}={os.environ[k]}" for k in ("TRELLIS_ISA", "TRELLIS_AVXVNNI")
+                                                 if k in os.environ) or "-",
                      f"trellis_pp{a.p}": round(med["trellis"][0], 2), f"llamacpp_pp{a.p}": round(med["llama.cpp"][0], 2),
                      "pp_ratio": round(med["trellis"][0] / med["llama.cpp"][0], 3),
                      f"trellis_tg{a.n}": round(med["trellis"][1], 2), f"llamacpp_tg{a.n}": round(med["llama.cpp"][1], 2),

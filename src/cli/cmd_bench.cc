@@ -20,7 +20,9 @@
 #include "cli/commands.h"
 #include "engine/random_model.h"
 #include "engine/engine.h"
+#include "kernels/cpu_features.h"
 #include "util/clock.h"
+#include "util/cpus.h"
 
 namespace trellis::cli {
 namespace {
@@ -28,6 +30,7 @@ namespace {
 struct SpeedOpts {
   std::string model, csv;
   int threads = 0, pp = 512, tg = 64, reps = 5, block_size = 32, sessions = 1;  // threads 0: the physical cores
+  std::string threads_how;  // how the default thread count was chosen ("" with -t)
   bool json = false;
 };
 
@@ -151,8 +154,9 @@ int RunSpeed(const SpeedOpts& o) {
   const double tg_med = tg.empty() ? 0 : Median(tg);
   const int64_t rss = PeakRssBytes();
   const std::string type = (*model)->TypeSummary();
+  const std::string isa = KernelPathName(), cpu = CpuModelName();
   if (o.json) {
-    nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads},
+    nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads}, {"isa", isa}, {"cpu", cpu},
                         {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"reps", o.reps},
                         {"pp_tok_s", pp_med}, {"tg_tok_s", tg_med}, {"peak_rss_bytes", rss},
                         {"pp_runs", pp}, {"tg_runs", tg}};
@@ -164,6 +168,7 @@ int RunSpeed(const SpeedOpts& o) {
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
+    std::printf("cpu: %s | kernels: %s | %s\n\n", cpu.c_str(), isa.c_str(), ThreadsText(o.threads, o.threads_how).c_str());
     std::printf("| model | type | threads | test | tokens/s (median of %d) | min | max |\n|---|---|---|---|---|---|---|\n", o.reps);
     auto row = [&](const char* test, int n, const std::vector<double>& v) {
       if (v.empty()) return;
@@ -182,9 +187,11 @@ int RunSpeed(const SpeedOpts& o) {
   }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv, std::ios::app);
-    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes\n";
+    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes,isa,cpu\n";
+    std::string cpu_field = cpu;
+    std::replace(cpu_field.begin(), cpu_field.end(), ',', ';');
     f << o.model << "," << type << "," << o.threads << "," << o.pp << "," << o.tg << "," << pp_med << "," << tg_med
-      << "," << rss << "\n";
+      << "," << rss << "," << isa << "," << cpu_field << "\n";
     if (!f) return Fail("cannot write " + o.csv);
   }
   return 0;
@@ -423,7 +430,7 @@ Runner AddBenchCommand(CLI::App& app) {
       }
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
       if (po->threads < 0) return Fail("bench prefix: --threads must be >= 0 (0 = the physical cores available)");
-      po->threads = ResolveThreads(po->threads, "bench prefix");
+      po->threads = ResolveThreads(po->threads);
       return RunPrefixBench(*po);
     }
     if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, roofline)");
@@ -434,7 +441,7 @@ Runner AddBenchCommand(CLI::App& app) {
     if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");
     if (o->pp > (1 << 20) || o->tg > (1 << 20)) return Fail("bench: n-prompt and n-gen must be <= 1048576");
     if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
-    o->threads = ResolveThreads(o->threads, "bench speed", o->json);
+    o->threads = ResolveThreads(o->threads, &o->threads_how);
     return RunSpeed(*o);
   };
 }

@@ -32,7 +32,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     ro.type = o->type;
     ro.pure = o->pure;
     ro.seed = o->seed;
-    ro.n_threads = ResolveThreads(o->threads, "gen-model", /*quiet=*/true);
+    ro.n_threads = ResolveThreads(o->threads);
     const double t0 = NowSeconds();
     Status s = WriteRandomModel(ro, *vocab, o->out);
     if (!s.ok()) return Fail(s.ToString());

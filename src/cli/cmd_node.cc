@@ -97,7 +97,8 @@ int RunNode(const NodeOpts& o) {
   grid::NodeOptions no;
   no.host = hp->first;
   no.port = hp->second;
-  const int threads = ResolveThreads(o.threads, "trellis node");
+  std::string threads_how;
+  const int threads = ResolveThreads(o.threads, &threads_how);
   no.threads = threads;
   if (o.max_kv_memory < 0) return Fail("--max-kv-memory must be >= 0");
   no.max_kv_bytes = static_cast<uint64_t>(o.max_kv_memory);
@@ -113,9 +114,10 @@ int RunNode(const NodeOpts& o) {
   auto node = grid::GridNode::Start(**model, no);
   if (!node.ok()) return Fail("node: " + node.status().ToString());
   const ModelConfig& c = (*model)->config();
-  std::fprintf(stderr, "trellis node: listening on %s:%u | model %s, layers %d-%d of 0-%d (%s, %.1f MiB) | threads %d\n",
+  std::fprintf(stderr, "trellis node: listening on %s:%u | model %s, layers %d-%d of 0-%d (%s, %.1f MiB) | %s\n",
                no.host.c_str(), (*node)->port(), o.model.c_str(), part.first_layer, part.last_layer - 1, c.n_layer - 1,
-               (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20), threads);
+               (*model)->TypeSummary().c_str(), static_cast<double>((*model)->WeightBytes()) / (1 << 20),
+               ThreadsText(threads, threads_how).c_str());
   if (!o.store.store.empty()) std::fprintf(stderr, "trellis node: prefix store %s\n", o.store.store.c_str());
   std::unique_ptr<EtcdRegistration> reg;
   if (!o.etcd.empty()) {

@@ -18,6 +18,7 @@ struct RunOpts {
   std::string model, prompt, tokens, force_tokens, dump_logits, prompt_file;
   int n_predict = 64;
   int threads = 0;  // 0: the physical cores this process may use
+  std::string threads_how;  // how the default was chosen ("" with -t)
   int ctx = 0;
   int block_size = 32;
   int batch = 512;
@@ -187,9 +188,9 @@ int Run(const RunOpts& o) {
   if (!engine.ok()) return Fail(engine.status().ToString());
 
   if (!o.quiet) {
-    std::fprintf(stderr, "model: %s | %s | %d layers, %d embd, %d heads (%d kv) | vocab %d | threads %d\n",
+    std::fprintf(stderr, "model: %s | %s | %d layers, %d embd, %d heads (%d kv) | vocab %d | %s\n",
                  o.model.c_str(), (*model)->TypeSummary().c_str(), c.n_layer, c.n_embd, c.n_head, c.n_head_kv,
-                 c.n_vocab, o.threads);
+                 c.n_vocab, ThreadsText(o.threads, o.threads_how).c_str());
   }
   GenerateRequest req;
   req.prompt = prompt;
@@ -303,7 +304,7 @@ Runner AddRunCommand(CLI::App& app) {
     if (sources == 0) return Fail("give a prompt with -p, token ids with --tokens, or --prompt-file");
     if (sources > 1) return Fail("-p, --tokens and --prompt-file are mutually exclusive");
     if (o->threads < 0 || o->threads > 1024) return Fail("--threads must be in 1..1024 (0 = the physical cores available)");
-    o->threads = ResolveThreads(o->threads, "trellis run", o->quiet);
+    o->threads = ResolveThreads(o->threads, &o->threads_how);
     return Run(*o);
   };
 }

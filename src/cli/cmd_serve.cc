@@ -135,7 +135,8 @@ int Serve(const ServeOpts& opts) {
     if (!o.grid.grid.empty()) grid::AttachStore(bo, &grid_head);
   });
   if (!store.ok()) return Fail(store.status().ToString());
-  o.threads = ResolveThreads(o.threads, "trellis serve");
+  std::string threads_how;
+  o.threads = ResolveThreads(o.threads, &threads_how);
   ThreadPool pool(o.threads);
   SchedulerOptions so;
   so.store = store->get();
@@ -183,11 +184,12 @@ int Serve(const ServeOpts& opts) {
   const SchedulerOptions& eo = (*engine)->options();
   std::fprintf(stderr,
                "trellis serve: listening on http://%s:%d | model %s (%s) | ctx %d | kv %lld blocks of %d | "
-               "template %s (%s) | auth %s\n",
+               "template %s (%s) | auth %s | %s\n",
                o.host.c_str(), srv.port(), sopt.model_id.c_str(), (*model)->TypeSummary().c_str(), eo.n_ctx,
                static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
                template_source.c_str(),
-               o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str());
+               o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str(),
+               ThreadsText(o.threads, threads_how).c_str());
   if (grid_head) {
     const int here = (*model)->part().last_layer;
     const std::string mine = here == 0 ? "no layers" : fmt::format("layers 0-{}", here - 1);

@@ -35,8 +35,11 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& s, con
 sigset_t BlockStopSignals();
 
 // -t: `requested` when > 0; 0 picks the default, the physical cores this process may use
-// (affinity mask and cgroup quota respected, util/cpus.h), and says so on stderr.
-int ResolveThreads(int requested, const char* what, bool quiet = false);
+// (affinity mask and cgroup quota respected, util/cpus.h). `how`, if given, says how the
+// default was chosen ("" when -t was given); ThreadsText makes the banner's words:
+// "8 threads (default: 8 physical cores of 16 CPUs allowed)".
+int ResolveThreads(int requested, std::string* how = nullptr);
+std::string ThreadsText(int threads, const std::string& how);
 inline constexpr const char* kThreadsHelp = "compute threads (default: the physical cores this process may use)";
 
 // Prints "trellis: <message>" to stderr and returns 1.

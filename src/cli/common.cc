@@ -23,11 +23,16 @@ sigset_t BlockStopSignals() {
   return sigs;
 }
 
-int ResolveThreads(int requested, const char* what, bool quiet) {
+int ResolveThreads(int requested, std::string* how) {
+  if (how) how->clear();
   if (requested > 0) return requested;
   const CpuBudget b = ProbeCpus();
-  if (!quiet) std::fprintf(stderr, "%s: %d compute thread%s (%s; -t to change)\n", what, b.threads, b.threads == 1 ? "" : "s", b.Describe().c_str());
+  if (how) *how = "default: " + b.Describe();
   return b.threads;
+}
+
+std::string ThreadsText(int threads, const std::string& how) {
+  return std::to_string(threads) + (threads == 1 ? " thread" : " threads") + (how.empty() ? "" : " (" + how + ")");
 }
 
 int Fail(const std::string& message) {

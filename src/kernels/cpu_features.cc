@@ -88,6 +88,23 @@ const char* KernelIsaName(KernelIsa isa) {
   return "?";
 }
 
+bool AvxVnniEnabled() {
+  static const bool use = [] {
+    const char* env = std::getenv("TRELLIS_AVXVNNI");
+    return GetCpuFeatures().avxvnni && !(env != nullptr && std::strcmp(env, "0") == 0);
+  }();
+  return use;
+}
+
+const char* KernelPathName() {
+  switch (BestKernelIsa()) {
+    case KernelIsa::kAvx512: return "avx512 (VNNI, BF16)";
+    case KernelIsa::kAvx2: return AvxVnniEnabled() ? "avx2 (AVX-VNNI)" : "avx2 (no VNNI)";
+    case KernelIsa::kScalar: return "scalar";
+  }
+  return "?";
+}
+
 KernelIsa BestKernelIsa() {
   static const KernelIsa best = [] {
     KernelIsa cap = KernelIsa::kAvx512;

@@ -35,4 +35,11 @@ bool IsaSupported(KernelIsa isa);
 
 const char* KernelIsaName(KernelIsa isa);
 
+// Whether the AVX2 kernels use AVX-VNNI (the CPU has it, and TRELLIS_AVXVNNI is not "0").
+bool AvxVnniEnabled();
+
+// The kernel path this process runs, for reports: "avx512 (VNNI, BF16)", "avx2 (AVX-VNNI)",
+// "avx2 (no VNNI)" or "scalar".
+const char* KernelPathName();
+
 }  // namespace trellis

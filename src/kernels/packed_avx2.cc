@@ -9,21 +9,9 @@
 
 namespace trellis::matmul_internal {
 
-namespace {
-
 // AVX-VNNI where the CPU has it, unless TRELLIS_AVXVNNI=0 (read once).
-bool UseAvxVnni() {
-  static const bool use = [] {
-    const char* env = std::getenv("TRELLIS_AVXVNNI");
-    return GetCpuFeatures().avxvnni && !(env != nullptr && std::strcmp(env, "0") == 0);
-  }();
-  return use;
-}
-
-}  // namespace
-
 PackedKernel GetPackedKernelAvx2(GgmlType type) {
-  return UseAvxVnni() ? GetPackedKernelAvxVnni(type) : PackedKernelAvx2Family(type);
+  return AvxVnniEnabled() ? GetPackedKernelAvxVnni(type) : PackedKernelAvx2Family(type);
 }
 
 }  // namespace trellis::matmul_internal

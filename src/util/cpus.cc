@@ -125,6 +125,28 @@ CpuBudget ProbeCpus() {
   return b;
 }
 
+std::string CpuModelName() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, name, family, model, part, impl;
+  auto value = [](const std::string& l) {
+    const size_t c = l.find(':');
+    std::string v = c == std::string::npos ? "" : l.substr(c + 1);
+    while (!v.empty() && v.front() == ' ') v.erase(v.begin());
+    return v;
+  };
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0 && name.empty()) name = value(line);
+    else if (line.rfind("cpu family", 0) == 0 && family.empty()) family = value(line);
+    else if (line.rfind("model", 0) == 0 && line.rfind("model name", 0) != 0 && model.empty()) model = value(line);
+    else if (line.rfind("CPU part", 0) == 0 && part.empty()) part = value(line);
+    else if (line.rfind("CPU implementer", 0) == 0 && impl.empty()) impl = value(line);
+    if (line.empty() && (!name.empty() || !part.empty())) break;  // the first CPU is enough
+  }
+  if (!name.empty()) return family.empty() ? name : fmt::format("{} (cpu family {}, model {})", name, family, model);
+  if (!part.empty()) return fmt::format("ARM implementer {} part {}", impl, part);
+  return "unknown";
+}
+
 std::string CpuBudget::Describe() const {
   std::string s = fmt::format("{} physical core{} of {} CPU{} allowed", physical, physical == 1 ? "" : "s", logical,
                               logical == 1 ? "" : "s");

@@ -24,6 +24,10 @@ struct CpuBudget {
 // without: no topology counts every allowed CPU as a core.
 CpuBudget ProbeCpus();
 
+// The CPU's model name from /proc/cpuinfo (x86 "model name", with family and model
+// numbers when the name is generic, e.g. in a VM; ARM "CPU part" codes), or "unknown".
+std::string CpuModelName();
+
 // --- the pieces, for tests ---
 // Cores among CPUs given as (package id, core id) pairs; a CPU without topology (-1, -1)
 // counts as a core of its own.

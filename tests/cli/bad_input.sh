@@ -115,8 +115,8 @@ ok "--block-size 7 (valid here): same 40 greedy ids as --block-size 32"
 expect_fail "max batch tokens must be >= 1" -- "$T" run -m "$tiny" --tokens 1,2 -b 0 -n 2 -q
 
 say "threads, counts and sampling values"
-expect_fail "threads 0 out of range" -- "$T" run -m "$tiny" --tokens 1,2 --threads 0 -n 2 -q
-expect_fail "threads 100000 out of range" -- "$T" run -m "$tiny" --tokens 1,2 --threads 100000 -n 2 -q
+expect_fail "threads must be in 1\.\.1024" -- "$T" run -m "$tiny" --tokens 1,2 --threads -1 -n 2 -q
+expect_fail "threads must be in 1\.\.1024" -- "$T" run -m "$tiny" --tokens 1,2 --threads 100000 -n 2 -q
 expect_fail "-n -1: the number of tokens to generate must be >= 0" -- "$T" run -m "$tiny" --tokens 1,2 -n -1 -q
 expect_fail "ctx-size -5 must be >= 0" -- "$T" run -m "$tiny" --tokens 1,2 --ctx-size -5 -n 2 -q
 expect_fail "temp must be a finite number" -- "$T" run -m "$tiny" --tokens 1,2 --temp nan -n 2 -q

@@ -64,13 +64,22 @@ ok "empty line"
 
 say "threads default to the physical cores the process may use: its affinity mask (taskset) is respected"
 timeout 30 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 >/dev/null 2>"$tmp/t0.err"
-all=$(sed -n 's/^trellis run: \([0-9]*\) compute thread.*/\1/p' "$tmp/t0.err")
-[[ $all =~ ^[0-9]+$ && $all -ge 1 ]] || die "no thread count printed: $(cat "$tmp/t0.err")"
+grep -Eq "\| [0-9]+ threads? \(default: [0-9]+ physical cores? of [0-9]+ CPUs? allowed" "$tmp/t0.err" || die "no default thread count: $(cat "$tmp/t0.err")"
 timeout 30 taskset -c 0 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 >/dev/null 2>"$tmp/t1.err"
-grep -q "^trellis run: 1 compute thread (1 physical core of 1 CPU allowed" "$tmp/t1.err" || die "taskset -c 0: $(head -2 "$tmp/t1.err")"
+grep -q "| 1 thread (default: 1 physical core of 1 CPU allowed" "$tmp/t1.err" || die "taskset -c 0: $(head -2 "$tmp/t1.err")"
 timeout 30 "$TRELLIS" run -m "$m" --tokens 1,2,3 -n 1 --temp 0 -t 3 >/dev/null 2>"$tmp/t3.err"
-! grep -q "compute thread" "$tmp/t3.err" || die "-t 3 still picked a default: $(head -2 "$tmp/t3.err")"
-grep -q "threads 3" "$tmp/t3.err" || die "-t 3 not used: $(head -2 "$tmp/t3.err")"
-ok "$(head -1 "$tmp/t0.err"); under taskset -c 0: 1"
+grep -q "| 3 threads$" "$tmp/t3.err" || die "-t 3 not used as given: $(head -2 "$tmp/t3.err")"
+ok "$(grep -o '[0-9]* threads\? (default.*' "$tmp/t0.err"); under taskset -c 0: 1"
+
+say "bench speed names the CPU and the kernel path it took (TRELLIS_ISA caps the path)"
+for want in scalar native; do
+  if [[ $want == scalar ]]; then env=(TRELLIS_ISA=scalar); else env=(); fi
+  env "${env[@]}" timeout 60 "$TRELLIS" bench speed -m "$m" -p 8 -n 2 -r 1 -t 1 --json 2>/dev/null >"$tmp/speed.json" \
+    || die "bench speed ($want) failed"
+  isa=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["cpu"] and j["cpu"] != "unknown", j; print(j["isa"])' "$tmp/speed.json") \
+    || die "bench speed --json: $(cat "$tmp/speed.json")"
+  if [[ $want == scalar ]]; then [[ $isa == scalar ]] || die "TRELLIS_ISA=scalar ran '$isa'"; fi
+  ok "$want: $isa"
+done
 
 echo "PASS cli_generate: $n_checks checks"
