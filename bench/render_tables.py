@@ -394,7 +394,27 @@ def render_grid_store(meta, rows):
                                      "from the store / computed", "prompt read from the store"], body)
 
 
+def render_speed_threads(meta, rows):
+    """`trellis bench speed -t N --json` rows for several N (alternating rounds): prefill and decode against threads."""
+    by = {}
+    for r in rows:
+        by.setdefault(int(r["threads"]), []).append(r)
+    one = by.get(1)
+    pp1 = statistics.median(float(r["pp_tok_s"]) for r in one) if one else None
+    tg1 = statistics.median(float(r["tg_tok_s"]) for r in one) if one else None
+    body = []
+    for t in sorted(by):
+        pp = statistics.median(float(r["pp_tok_s"]) for r in by[t])
+        tg = statistics.median(float(r["tg_tok_s"]) for r in by[t])
+        body.append([str(t), by[t][0]["isa"], f"{pp:.1f}", f"{pp / pp1:.2f}x" if pp1 else "-", f"{tg:.1f}",
+                     f"{tg / tg1:.2f}x" if tg1 else "-", str(len(by[t]))])
+    pp_n, tg_n = rows[0]["pp_tokens"], rows[0]["tg_tokens"]
+    return provenance(meta) + table(["threads", "kernels", f"pp{pp_n} tok/s", "vs 1 thread", f"tg{tg_n} tok/s",
+                                     "vs 1 thread", "runs"], body)
+
+
 RENDERERS = {
+    "speed_threads": render_speed_threads,
     "grid_eval": render_grid_eval,
     "grid_store": render_grid_store,
     "grid_targets": render_grid_targets,
