@@ -404,6 +404,10 @@ void StoreBridge::PublishLoop() {
     } else {
       d.status = put.status();
       TRELLIS_LOG_DEBUG("store: publish of {} blocks failed: {}", p.blocks.size(), d.status.ToString());
+      // The fetch that admitted this prompt claimed the blocks this engine computed (the
+      // fetch client's claims): nobody will put them now, so let others compute them
+      // rather than wait for the claims to expire (best effort).
+      if (opt_.single_flight) (void)client_->Unclaim(ToStoreNamespace(p.ns), p.tokens, net::After(std::chrono::milliseconds(1000)));
     }
     Complete(std::move(d));
   }

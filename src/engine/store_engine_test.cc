@@ -294,6 +294,43 @@ TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
   ExpectSameOutput(got[0], RunAll(*cold, {Greedy(p, 2)})[0], "after the wait");
 }
 
+// An engine whose publish fails (here: a store too small for it) drops the claims its
+// fetch made, so another engine asking for the same prompt computes it at once instead of
+// waiting for the claims to expire (a minute, before either engine has measured its rate).
+TEST(StoreEngine, AFailedPublishGivesUpItsClaims) {
+  store::ServerOptions so;
+  so.mem_bytes = 4096;  // holds no block of this model
+  so.transport = Lo();
+  auto tiny = store::StoreServer::Start(so);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  ThreadPool pool(2);
+  auto ba = Bridge({tiny->get()}), bb = Bridge({tiny->get()});
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  std::vector<int32_t> p(200);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(3 + (i * 31 + 11) % 1000);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  {
+    auto a = Make(pool, oa);
+    RunAll(*a, {Greedy(p, 2)});
+    ba->Drain();
+    a->RunUntilIdle();
+    ASSERT_GT(a->metrics().store_publish_failures, 0);
+  }
+  auto b = Make(pool, ob);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = RunAll(*b, {Greedy(p, 2)});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(got[0].result.cache.computed, 200);
+  EXPECT_EQ(got[0].result.cache.misses[static_cast<int>(StoreMiss::kPendingTimeout)], 0);
+  EXPECT_EQ(got[0].result.cache.waited_for, 0);
+  EXPECT_LT(s, 10.0);  // not the claim's minute
+}
+
 // Destroying an engine while a fetch is in flight waits for it (bounded) and frees
 // everything: nothing writes into a pool that is gone (ASan checks this run).
 TEST(StoreEngine, ShutdownWithAFetchInFlightIsClean) {

@@ -299,6 +299,21 @@ std::string StoreClient::IndexServer(const Key& first_block) const {
   return impl_->AddressOf(impl_->OwnerOf(first_block));
 }
 
+Result<size_t> StoreClient::Unclaim(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline) {
+  std::vector<Key> keys = ChainKeys(ns, tokens);
+  if (keys.empty()) return size_t{0};
+  if (keys.size() > kMaxKeys) keys.resize(kMaxKeys);
+  WireWriter w;
+  w.U64(impl_->client_id);
+  w.U32(static_cast<uint32_t>(keys.size()));
+  for (const Key& k : keys) WriteKey(w, k);
+  TRELLIS_ASSIGN_OR_RETURN(std::string r, impl_->CallSync(impl_->OwnerOf(keys[0]), kUnclaim, w.Take(), deadline));
+  WireReader rd(r);
+  const uint32_t released = rd.U32();
+  if (!rd.Done() || released > keys.size()) return Corrupt("malformed unclaim reply");
+  return size_t{released};
+}
+
 Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline,
                                          uint32_t claim_ms) {
   LookupResult out;

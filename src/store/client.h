@@ -106,6 +106,10 @@ class StoreClient {
   Status GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
                   uint64_t block_bytes, net::Deadline deadline, GetReceipt* receipt = nullptr, ByteRange range = {});
 
+  // Drops this client's claims of `tokens`' whole blocks (it will not put them); returns
+  // how many it held. Others asking for them then compute at once instead of waiting.
+  Result<size_t> Unclaim(const Namespace& ns, std::span<const int32_t> tokens, net::Deadline deadline);
+
   // Stores `tokens`' whole blocks (blocks[i] holds block i, block_bytes each) past the
   // longest prefix already stored. cost_s: the compute time the increment saves (GDSF).
   // slices: each block is checksummed in that many equal parts (a KV block's layers), so

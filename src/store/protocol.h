@@ -46,6 +46,10 @@ enum MsgType : uint16_t {
   //    latest of those claims expires in pending_ms), then `claimed` keys this client
   //    now holds for ttl_ms (single-flight: others wait for it instead of computing).
   kLookupClaim = 10,
+  // client u64, n u32, keys[n] -> released u32: drops this client's claims of those keys
+  // (it will not put them: its publish failed), so others compute them at once instead
+  // of waiting for the claims to expire.
+  kUnclaim = 11,
 };
 
 inline constexpr uint32_t kProtocolVersion = 2;  // 2: checksums per slice of a block

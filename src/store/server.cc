@@ -409,6 +409,24 @@ void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::strin
     case kAcquire: return OnAcquire(c, rid, r);
     case kRelease: return OnRelease(c, rid, r);
     case kForget: return OnForget(c, rid, r);
+    case kUnclaim: {
+      const uint64_t client = r.U64();
+      const uint32_t n = r.Count(kMaxKeys, 16);
+      std::vector<Key> keys(r.ok() ? n : 0);
+      for (Key& k : keys) k = ReadKey(r);
+      if (!r.Done()) return Refuse(c, rid, "unclaim");
+      uint32_t released = 0;
+      for (const Key& k : keys) {
+        auto it = claims.find(k);
+        if (it != claims.end() && it->second.client == client) {
+          claims.erase(it);
+          ++released;
+        }
+      }
+      WireWriter w;
+      w.U32(released);
+      return t->Reply(c, rid, w.Take());
+    }
     case kMembers: {
       WireWriter w;
       w.U32(static_cast<uint32_t>(1 + peers.size()));

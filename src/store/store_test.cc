@@ -224,6 +224,23 @@ TEST(Store, ClaimsMakeOthersWaitUntilThePutOrTheExpiry) {
   EXPECT_EQ(s->stats().claim_waits, 2u);
 }
 
+// A client that will not put what it claimed (its publish failed) drops its claims, and
+// the next asker claims the blocks itself at once; another client's unclaim drops nothing.
+TEST(Store, AnUnclaimLetsOthersComputeAtOnce) {
+  auto s = Server();
+  auto c1 = Client({s.get()}), c2 = Client({s.get()});
+  const auto a = Tokens(24, 24, 5);  // 6 blocks
+  ASSERT_EQ(c1->Lookup(Ns(), a, net::After(5000ms), 60000)->claimed, 6u);
+  EXPECT_EQ(c2->Lookup(Ns(), a, net::After(5000ms), 60000)->pending, 6u);
+  EXPECT_EQ(*c2->Unclaim(Ns(), a, net::After(5000ms)), 0u);  // not c2's to drop
+  EXPECT_EQ(c2->Lookup(Ns(), a, net::After(5000ms), 60000)->pending, 6u);
+  EXPECT_EQ(*c1->Unclaim(Ns(), a, net::After(5000ms)), 6u);
+  auto l = c2->Lookup(Ns(), a, net::After(5000ms), 60000);
+  EXPECT_EQ(l->pending, 0u);
+  EXPECT_EQ(l->claimed, 6u);
+  EXPECT_EQ(*c1->Unclaim(Ns(), a, net::After(5000ms)), 0u);  // nothing left of c1's
+}
+
 TEST(Store, SpreadsAcrossServersAndLooksUpInOneRoundTrip) {
   auto s1 = Server(), s2 = Server(), s3 = Server();
   auto c = Client({s1.get(), s2.get(), s3.get()});

@@ -140,7 +140,7 @@ Harness& H() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Harness& h = H();
-  const uint16_t type = data[0] < 224 ? static_cast<uint16_t>(1 + data[0] % 10) : static_cast<uint16_t>(data[0] % 16);
+  const uint16_t type = data[0] < 224 ? static_cast<uint16_t>(1 + data[0] % 11) : static_cast<uint16_t>(data[0] % 16);
   std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   if (type == store::kPutData) body = h.PinRegion(body);
   auto r = h.Call(type, std::move(body));
