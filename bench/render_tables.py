@@ -70,7 +70,11 @@ SPEED_TARGETS = {"q4_0": (">= 1.5", ">= 1"), "q4_k_m": (">= 1.2", ">= 1"), "f16"
 SPEED_LABELS = {"q4_0": "Q4_0 (Q6_K output)", "q4_k_m": "Q4_K_M", "f16": "F16", "bf16": "BF16", "q5_k_m": "Q5_K_M"}
 
 
-def render_speed_llamacpp(meta, rows):
+# Issue 14's targets on an AVX2-only run, for every type.
+SPEED_TARGETS_AVX2 = {k: (">= 1.5", ">= 1.05") for k in ("q4_0", "q4_k_m", "q5_k_m", "q8_0", "f16")}
+
+
+def render_speed_llamacpp(meta, rows, targets=SPEED_TARGETS):
     if not rows:
         raise RenderError("no rows")
     pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
@@ -80,11 +84,12 @@ def render_speed_llamacpp(meta, rows):
         kind = re.sub(r"\.gguf$", "", r["model"]).split("-")[-1]
         size = int(r["model_bytes"]) / 1e9
         label = f"{SPEED_LABELS.get(kind, kind)}, " + (f"{size:.1f} GB" if size >= 1 else f"{size * 1e3:.0f} MB")
-        t_pp, t_tg = SPEED_TARGETS.get(kind, ("-", "-"))
+        t_pp, t_tg = targets.get(kind, ("-", "-"))
         out.append([label, f(r[f"trellis_{pp}"], 1), f(r[f"llamacpp_{pp}"], 1), f"**{f(r['pp_ratio'], 2)}**", t_pp,
                     f(r[f"trellis_{tg}"], 1), f(r[f"llamacpp_{tg}"], 1), f"**{f(r['tg_ratio'], 2)}**", t_tg])
     runs = rows[0]["runs_each"]
-    return provenance(meta) + f"Medians of {runs} runs per tool and test (tokens/s).\n\n" + table(
+    env = f" Environment: `{meta['env']}`." if "env" in meta else ""
+    return provenance(meta) + f"Medians of {runs} runs per tool and test (tokens/s).{env}\n\n" + table(
         ["model", f"trellis {pp}", f"llama.cpp {pp}", "ratio", "target", f"trellis {tg}", f"llama.cpp {tg}", "ratio",
          "target"], out)
 
@@ -414,6 +419,7 @@ def render_speed_threads(meta, rows):
 
 
 RENDERERS = {
+    "speed_llamacpp_avx2": lambda meta, rows: render_speed_llamacpp(meta, rows, SPEED_TARGETS_AVX2),
     "speed_threads": render_speed_threads,
     "grid_eval": render_grid_eval,
     "grid_store": render_grid_store,
