@@ -67,7 +67,7 @@ def f(x, digits):
 # Issue 3 targets (trellis / llama.cpp), by weight type.
 SPEED_TARGETS = {"q4_0": (">= 1.5", ">= 1"), "q4_k_m": (">= 1.2", ">= 1"), "f16": (">= 1.2", ">= 1"),
                  "bf16": ("-", "-"), "q5_k_m": ("-", "-")}
-SPEED_LABELS = {"q4_0": "Q4_0 (Q6_K output)", "q4_k_m": "Q4_K_M", "f16": "F16", "bf16": "BF16", "q5_k_m": "Q5_K_M"}
+SPEED_LABELS = {"q4_0": "Q4_0 (Q6_K output)", "q4_k_m": "Q4_K_M", "f16": "F16", "bf16": "BF16", "q5_k_m": "Q5_K_M", "q8_0": "Q8_0"}
 
 
 # Issue 14's targets on an AVX2-only run, for every type.
