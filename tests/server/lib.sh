@@ -13,20 +13,28 @@ timeout 30 "$TRELLIS" gen-model --shape tiny --type q4_0 -o "$model" >/dev/null 
 
 # start_server NAME [serve options...]: starts a server, waits for /health, sets $base
 # (http://127.0.0.1:PORT) and $srv_pid; the log is $tmp/NAME.log.
+# wait_port NAME PID SED_EXPR: the port a process prints in $tmp/NAME.log (SED_EXPR
+# captures it as \1), waiting up to 20 s; dies if the process exits or prints none.
+wait_port() {
+  local name=$1 pid=$2 expr=$3 port=""
+  for _ in $(seq 1 200); do
+    port=$(sed -n "s|$expr|\\1|p" "$tmp/$name.log" | head -1 || true)
+    [[ -n $port ]] && break
+    kill -0 "$pid" 2>/dev/null || die "$name exited at start-up: $(cat "$tmp/$name.log")"
+    sleep 0.1
+  done
+  [[ -n $port ]] || die "$name printed no address: $(cat "$tmp/$name.log")"
+  echo "$port"
+}
+
 start_server() {
   local name=$1; shift
   : >"$tmp/$name.log"
   "$TRELLIS" serve -m "$model" --port 0 "$@" >"$tmp/$name.log" 2>&1 &
   srv_pid=$!
   srv_pids+=("$srv_pid")
-  local port=""
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$tmp/$name.log" | head -1 || true)
-    [[ -n $port ]] && break
-    kill -0 "$srv_pid" 2>/dev/null || die "server $name exited at start-up: $(cat "$tmp/$name.log")"
-    sleep 0.1
-  done
-  [[ -n $port ]] || die "server $name printed no address: $(cat "$tmp/$name.log")"
+  local port
+  port=$(wait_port "$name" "$srv_pid" '.*listening on http://127\.0\.0\.1:\([0-9]*\).*') || exit 1
   base=http://127.0.0.1:$port
   curl -sf --retry 20 --retry-delay 0 --retry-connrefused -m 5 "$base/health" >/dev/null || die "server $name: /health did not answer"
 }
@@ -59,13 +67,7 @@ start_store() {
   "$TRELLIS" store --listen 127.0.0.1:0 --mem 64M --net-devices lo "$@" >"$tmp/$name.log" 2>&1 &
   store_pid=$!
   srv_pids+=("$store_pid")
-  local port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's|.*listening on 127\.0\.0\.1:\([0-9]*\),.*|\1|p' "$tmp/$name.log" | head -1 || true)
-    [[ -n $port ]] && break
-    kill -0 "$store_pid" 2>/dev/null || die "store $name exited at start-up: $(cat "$tmp/$name.log")"
-    sleep 0.1
-  done
-  [[ -n $port ]] || die "store $name printed no address: $(cat "$tmp/$name.log")"
+  local port
+  port=$(wait_port "$name" "$store_pid" '.*listening on 127\.0\.0\.1:\([0-9]*\),.*') || exit 1
   store_addr=127.0.0.1:$port
 }

@@ -29,14 +29,7 @@ start_node() {
   "$TRELLIS" node -m "$m" --layers "$layers" --listen 127.0.0.1:"$port" --net-devices lo "${node_extra[@]}" >"$tmp/$name.log" 2>&1 &
   node_pid=$!
   srv_pids+=("$node_pid")
-  node_port=""
-  for _ in $(seq 1 100); do
-    node_port=$(sed -n 's|.*listening on 127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/$name.log" | head -1 || true)
-    [[ -n $node_port ]] && break
-    kill -0 "$node_pid" 2>/dev/null || die "node $name exited at start-up: $(cat "$tmp/$name.log")"
-    sleep 0.1
-  done
-  [[ -n $node_port ]] || die "node $name printed no address: $(cat "$tmp/$name.log")"
+  node_port=$(wait_port "$name" "$node_pid" '.*listening on 127\.0\.0\.1:\([0-9]*\) .*') || exit 1
 }
 
 # A prompt of several whole blocks (what the store keeps).
