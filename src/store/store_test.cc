@@ -661,13 +661,22 @@ TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
   auto s1 = Server();
   auto s2 = Server();
   auto c = Client({s1.get(), s2.get()});
-  std::vector<std::vector<int32_t>> seqs;
-  for (int r = 0; r < 8; ++r) seqs.push_back(Tokens(16, 16, r + 50));
-  for (auto& t : seqs) {
-    Blocks b(t);
-    ASSERT_TRUE(c->Put(Ns(), t, b.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
-  }
+  // A sequence lives on the server indexing its first block (placement hashes the
+  // servers' random ports): store until both servers hold some, so the test does not
+  // depend on where the ring happened to put 8 sequences.
   const std::string dead = Addr(*s2);
+  std::vector<std::vector<int32_t>> seqs;
+  int on_dead = 0;
+  for (int r = 0; r < 200 && (seqs.size() < 8 || on_dead == 0 || on_dead == static_cast<int>(seqs.size())); ++r) {
+    seqs.push_back(Tokens(16, 16, r + 50));
+    Blocks b(seqs.back());
+    ASSERT_TRUE(c->Put(Ns(), seqs.back(), b.cptr, kBlockBytes, 1.0, net::After(5000ms)).ok());
+    auto f = c->Lookup(Ns(), seqs.back(), net::After(5000ms));
+    ASSERT_TRUE(f.ok() && !f->keys.empty());
+    on_dead += c->IndexServer(f->keys[0]) == dead;
+  }
+  ASSERT_GT(on_dead, 0);
+  ASSERT_LT(on_dead, static_cast<int>(seqs.size()));
   s2.reset();  // gone, as a killed process would be
   int served = 0, missed = 0;
   for (auto& t : seqs) {
