@@ -1,4 +1,4 @@
-// Weight layouts repacked at load time for the AVX-512 VNNI (and AVX2) matmul kernels.
+// Weight layouts repacked at load time for the AVX-512 VNNI and AVX2 matmul kernels.
 //
 // GGUF stores a Q4_0 / Q8_0 matrix row by row, 32-element blocks one after the other.
 // A kernel over that layout vectorizes along a row: per 64 elements it needs one int8 dot
@@ -54,9 +54,8 @@ inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 
-// True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI: Q4_0, Q8_0, Q4_K,
-// Q5_K, Q6_K, F16, BF16; AVX2: Q4_0, Q4_K, Q5_K, Q6_K, and Q8_0 with AVX-VNNI), so packing it
-// at load time pays off.
+// True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI and AVX2, with or
+// without AVX-VNNI: every packable type), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).

@@ -1,5 +1,5 @@
-// AVX2 kernels over the x16 packed Q4_0, Q4_K, Q5_K and Q6_K layouts (packed.h), for CPUs without
-// AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
+// AVX2 kernels over the x16 packed layouts (packed.h: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16,
+// BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
 // saturating, <= 30480) and by packed_avxvnni.cc (AVX-VNNI, e.g. Intel Alder Lake and
@@ -151,10 +151,13 @@ void HalfQ4_0(const PackedArgs& p, int h) {
   StoreHalf(p, h, acc);
 }
 
-#if TRELLIS_PACKED_AVXVNNI
-// Q8_0 (AVX-VNNI only: plain AVX2 would need a sign trick costing as much as the
-// row-major tiles): weights stored as q + 128, so 8 vpdpbusd per block from
-// -128 * sum(a), then one convert + FMA per block.
+// Q8_0: weights stored as q + 128. With AVX-VNNI, 8 vpdpbusd per block from
+// -128 * sum(a). Plain AVX2 cannot use q + 128 against int8 activations (vpmaddubsw's
+// pair of 255 * 127 products saturates int16), so it takes the signed weight (q + 128
+// xor 0x80), its absolute value as the unsigned operand and the activation with the
+// weight's sign (vpsignb); pairs of up to 128 * 127 fit int16, vpmaddwd widens each dot.
+// The weight's xor and abs are paid once per line for every token of the tile. Then one
+// convert + FMA per block.
 template <int NT>
 void HalfQ8_0(const PackedArgs& p, int h) {
   const uint8_t* arow[NT];
@@ -169,15 +172,29 @@ void HalfQ8_0(const PackedArgs& p, int h) {
   for (int64_t b = 0; b < p.nb; ++b) {
     const uint8_t* wb = p.g + b * 512 + 32 * h;
     __m256i isum[NT];
+#if TRELLIS_PACKED_AVXVNNI
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-128 * asum[t][b]);
+#else
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+#endif
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * j + 1024), _MM_HINT_T0);
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * j));
+#if TRELLIS_PACKED_AVXVNNI
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
         isum[t] = _mm256_dpbusd_avx_epi32(isum[t], w, _mm256_set1_epi32(Load32(arow[t] + 32 * b + 4 * j)));
       }
+#else
+      const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256i wa = _mm256_abs_epi8(ws);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const __m256i as = _mm256_sign_epi8(_mm256_set1_epi32(Load32(arow[t] + 32 * b + 4 * j)), ws);
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, as), _mm256_set1_epi16(1)));
+      }
+#endif
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
 #pragma GCC unroll 4
@@ -187,7 +204,6 @@ void HalfQ8_0(const PackedArgs& p, int h) {
   }
   StoreHalf(p, h, acc);
 }
-#endif
 
 // Q4_K (layout in packed.h), llama.cpp's Q8_K activations: per 32-element sub-block the
 // same int16 sums as Q4_0, then acc += f(isum) * (d * sc_j)[rows] * da[t] -
@@ -320,12 +336,10 @@ template <int NT>
 struct Q5_KHalf {
   static void Run(const PackedArgs& p, int h) { HalfQ4_K<true, NT>(p, h); }
 };
-#if TRELLIS_PACKED_AVXVNNI
 template <int NT>
 struct Q8_0Half {
   static void Run(const PackedArgs& p, int h) { HalfQ8_0<NT>(p, h); }
 };
-#endif
 template <int NT>
 struct Q6_KHalf {
   static void Run(const PackedArgs& p, int h) { HalfQ6_K<NT>(p, h); }
@@ -345,6 +359,137 @@ void DispatchHalves(const PackedArgs& p) {
   }
 }
 
+// F16 and BF16 (packed.h): outer products. Per column, a group's 16 weights widen to f32
+// in two ymm (8 rows each) and meet every token's activation broadcast: 2 x G x NT FMAs
+// per 2 x G conversions. F16: vcvtph2ps of 16 bytes; the activations are the f16-rounded
+// f32 scratch. BF16: a 32-byte load holds 8 rows x columns (k, k+1) as u16 pairs, whose
+// f32 values are the pair shifted left by 16 (column k) and masked to its high half
+// (column k+1); the activations are bf16 pairs, widened the same way. Tiles keep every
+// accumulator in the 16 ymm registers: a decode token runs 3 groups (F16; 2 for BF16) for
+// 6 (4) independent FMA chains; batches run one group x up to 6 (F16) or 4 (BF16)
+// tokens, so each weight conversion serves 12 (8) FMAs.
+constexpr int kFloatGroups = 3;
+constexpr int64_t kFloatPrefetchCols = 64;  // 2 KiB ahead per group stream
+
+// Stores acc (rows [row0, row0 + 8) of the tile's first group) for NT tokens; rows at or
+// past p.nr are left untouched.
+template <int NT>
+__attribute__((always_inline)) inline void StoreRows8(const PackedArgs& p, int row0, const __m256 (&acc)[NT]) {
+  alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(p.nr - row0),
+                                          _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + row0, mask, acc[t]);
+}
+
+// Groups [g0, g0 + G) of the tile x NT tokens.
+template <bool kBf16, int G, int NT>
+void TileFloat(const PackedArgs& p, int g0) {
+  const uint16_t* w[G];
+  for (int g = 0; g < G; ++g) w[g] = reinterpret_cast<const uint16_t*>(p.g + (g0 + g) * p.group_bytes);
+  const uint8_t* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = p.a + t * p.a_stride;
+  __m256 acc[G][2][NT];
+  for (int g = 0; g < G; ++g)
+    for (int hh = 0; hh < 2; ++hh)
+      for (int t = 0; t < NT; ++t) acc[g][hh][t] = _mm256_setzero_ps();
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t k = 0; k < p.cols; k += 2) {
+#pragma GCC unroll 3
+    for (int g = 0; g < G; ++g) _mm_prefetch(reinterpret_cast<const char*>(w[g] + 16 * (k + kFloatPrefetchCols)), _MM_HINT_T0);
+    if constexpr (kBf16) {
+      __m256 w0[G][2], w1[G][2];
+#pragma GCC unroll 3
+      for (int g = 0; g < G; ++g) {
+        for (int hh = 0; hh < 2; ++hh) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 16 * k + 16 * hh));
+          w0[g][hh] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+          w1[g][hh] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        }
+      }
+#pragma GCC unroll 6
+      for (int t = 0; t < NT; ++t) {
+        const __m256i pair = _mm256_set1_epi32(Load32(x[t] + 2 * k));
+        const __m256 x0 = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+        const __m256 x1 = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+#pragma GCC unroll 3
+        for (int g = 0; g < G; ++g) {
+          for (int hh = 0; hh < 2; ++hh) {
+            acc[g][hh][t] = _mm256_fmadd_ps(w0[g][hh], x0, acc[g][hh][t]);
+            acc[g][hh][t] = _mm256_fmadd_ps(w1[g][hh], x1, acc[g][hh][t]);
+          }
+        }
+      }
+    } else {
+#pragma GCC unroll 2
+      for (int kk = 0; kk < 2; ++kk) {
+        __m256 wv[G][2];
+#pragma GCC unroll 3
+        for (int g = 0; g < G; ++g) {
+          for (int hh = 0; hh < 2; ++hh) {
+            wv[g][hh] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(w[g] + 16 * (k + kk) + 8 * hh)));
+          }
+        }
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; ++t) {
+          const __m256 xv = _mm256_broadcast_ss(reinterpret_cast<const float*>(x[t]) + k + kk);
+#pragma GCC unroll 3
+          for (int g = 0; g < G; ++g) {
+            for (int hh = 0; hh < 2; ++hh) acc[g][hh][t] = _mm256_fmadd_ps(wv[g][hh], xv, acc[g][hh][t]);
+          }
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int hh = 0; hh < 2; ++hh) StoreRows8(p, kPackRows * (g0 + g) + 8 * hh, acc[g][hh]);
+  }
+}
+
+// Groups per tile for a chunk of nt tokens (the register budget above), and the largest chunk.
+constexpr int FloatMaxGroups(bool bf16, int nt) { return nt == 1 ? (bf16 ? 2 : 3) : (nt == 2 && !bf16 ? 2 : 1); }
+constexpr int FloatMaxTokens(bool bf16) { return bf16 ? 4 : 6; }
+
+template <bool kBf16, int G, int NT>
+constexpr void (*FloatTileOrNull())(const PackedArgs&, int) {
+  if constexpr (NT <= FloatMaxTokens(kBf16) && G <= FloatMaxGroups(kBf16, NT)) {
+    return TileFloat<kBf16, G, NT>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <bool kBf16>
+struct FloatTiles {
+  using Fn = void (*)(const PackedArgs&, int);
+  static constexpr int kMaxTokens = FloatMaxTokens(kBf16);
+  static constexpr Fn kFns[3][6] = {
+      {FloatTileOrNull<kBf16, 1, 1>(), FloatTileOrNull<kBf16, 1, 2>(), FloatTileOrNull<kBf16, 1, 3>(),
+       FloatTileOrNull<kBf16, 1, 4>(), FloatTileOrNull<kBf16, 1, 5>(), FloatTileOrNull<kBf16, 1, 6>()},
+      {FloatTileOrNull<kBf16, 2, 1>(), FloatTileOrNull<kBf16, 2, 2>(), nullptr, nullptr, nullptr, nullptr},
+      {FloatTileOrNull<kBf16, 3, 1>(), nullptr, nullptr, nullptr, nullptr, nullptr}};
+};
+
+// The driver hands up to kFloatGroups groups x kPackedMaxTokens tokens: chunks of tokens
+// (7 or 8 split evenly), each over the groups in tiles the chunk's size allows.
+template <bool kBf16>
+void DispatchFloat(const PackedArgs& p) {
+  using T = FloatTiles<kBf16>;
+  PackedArgs q = p;
+  for (int t0 = 0; t0 < p.nt;) {
+    int nt = p.nt - t0;
+    if (nt > T::kMaxTokens) nt = std::min(T::kMaxTokens, (nt + 1) / 2);
+    q.a = p.a + t0 * p.a_stride;
+    q.y = p.y + t0 * p.y_stride;
+    const int gmax = FloatMaxGroups(kBf16, nt);
+    for (int g0 = 0; g0 < p.ng;) {
+      const int ng = std::min(gmax, p.ng - g0);
+      T::kFns[ng - 1][nt - 1](q, g0);
+      g0 += ng;
+    }
+    t0 += nt;
+  }
+}
+
 }  // namespace
 
 // The packed kernel for `type` built by the including file ({} if none).
@@ -354,9 +499,9 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
     case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1};
     case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1};
-#if TRELLIS_PACKED_AVXVNNI
     case GgmlType::kQ8_0: return {DispatchHalves<Q8_0Half>, 1};
-#endif
+    case GgmlType::kF16: return {DispatchFloat<false>, kFloatGroups};
+    case GgmlType::kBF16: return {DispatchFloat<true>, kFloatGroups};
     default: return {};
   }
 }

@@ -146,11 +146,11 @@ void PoisonRowMajor(Packed& m) { std::fill(m.bytes.begin(), m.bytes.end(), uint8
 // Types whose packed kernel the ISA must have; the tests fail if one is missing, rather
 // than skipping it and passing with nothing run.
 std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
-  if (isa == KernelIsa::kAvx512) {
+  if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kAvx2) {
     return {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
             GgmlType::kF16, GgmlType::kBF16};
   }
-  return {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};  // + Q8_0 with AVX-VNNI
+  return {};
 }
 
 // Runs `check(type)` for every type with a packed kernel for `isa`; fails if a required
@@ -176,7 +176,10 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
   struct Shape {
     int64_t rows, cols, n_tokens;
   };
-  const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17}};
+  // Every token count 1..8 of a tile, with 1-3 groups and partial groups (the float
+  // kernels choose their tiles by both).
+  const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17},
+                          {40, 256, 2}, {48, 256, 4}, {33, 256, 5}, {47, 512, 6}, {35, 512, 7}};
   ThreadPool pool(2);
   uint32_t seed = 10;
   ForEachPackedType(isa, [&](GgmlType type) {
