@@ -4,7 +4,10 @@
 #   2. ASan + UBSan build, the unit tests again (label `unit`) and the server load test;
 #   3. libFuzzer builds (clang) of the GGUF reader, the HTTP request reader, the JSON
 #      request readers, the store's request handlers and a grid node's message decoding:
-#      corpus replay plus a bounded run of each.
+#      corpus replay plus a bounded run of each;
+#   4. (on x86-64) the aarch64 cross build of util, model, kernels, kv and engine, whose
+#      tests (NEON kernels, dotprod and not, and the llama.cpp reference logits) run
+#      under qemu-user.
 # Benchmarks are programs (trellis bench ...), not tests: they do not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +15,11 @@ scripts/setup.sh
 jobs=${JOBS:-$(nproc)}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 
-echo "== [1/3] release build + all tests" >&2
+echo "== [1/4] release build + all tests" >&2
 scripts/build.sh release
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
 
-echo "== [2/3] ASan + UBSan build + unit tests" >&2
+echo "== [2/4] ASan + UBSan build + unit tests" >&2
 scripts/build.sh asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 1800
@@ -25,7 +28,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 TRELLIS_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -R '^server_(load|hostile)$' --timeout 900
 
-echo "== [3/3] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages (${FUZZ_SECONDS}s each)" >&2
+echo "== [3/4] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages (${FUZZ_SECONDS}s each)" >&2
 scripts/build.sh fuzz
 # fuzz NAME CORPUS MAX_LEN [flags...]: replays the committed corpus, then fuzzes for
 # FUZZ_SECONDS into a scratch directory (new inputs never go into the committed corpus).
@@ -41,4 +44,10 @@ fuzz http_fuzz tests/data/http_corpus 16384 -dict=tests/data/http_corpus.dict
 fuzz api_fuzz tests/data/api_corpus 65536 -dict=tests/data/api_corpus.dict
 UCX_NET_DEVICES=lo LSAN_OPTIONS=suppressions=tests/fuzz/store_fuzz.lsan.supp fuzz store_fuzz tests/data/store_corpus 4096
 fuzz grid_fuzz tests/data/grid_corpus 4096
+
+if [[ $(uname -m) == x86_64 ]]; then
+  echo "== [4/4] aarch64 cross build + tests under qemu-user" >&2
+  scripts/build.sh aarch64
+  ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" --timeout 1800
+fi
 echo "== all test stages passed" >&2

@@ -2,6 +2,8 @@
 // kernel and the dense reference.
 #include "kernels/attention.h"
 
+#include "kernels/cpu_features.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -62,11 +64,13 @@ void KvWriteRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, con
 
 void KvWrite(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, const float* k,
              int64_t k_stride, const float* v, int64_t v_stride) {
+#if TRELLIS_X86
   if (internal::BestSimdLevel() != internal::SimdLevel::kScalar) {
     KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, internal::F32ToF16Avx2);
-  } else {
-    KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, F32ToF16Scalar);
+    return;
   }
+#endif
+  KvWriteWith(kv, layer, seqs, k, k_stride, v, v_stride, F32ToF16Scalar);
 }
 
 size_t AttentionScratchFloats(int n_threads, int head_dim, int block_size) {
@@ -147,8 +151,12 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
   const int hd = L.head_dim, bs = L.block_size;
   const bool simd_shape = hd % 8 == 0 && bs % 8 == 0;
   void (*kernel)(const AttnTile&) = AttnTileScalar;
+#if TRELLIS_X86
   if (simd_shape && level == SimdLevel::kAvx512) kernel = AttnTileAvx512;
   if (simd_shape && level == SimdLevel::kAvx2) kernel = AttnTileAvx2;
+#else
+  (void)simd_shape;
+#endif
 
   // Item = (sequence, row tile, KV head, chunk of the group's query heads).
   const int n_rep = n_head / L.n_head_kv;

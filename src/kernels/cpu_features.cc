@@ -1,6 +1,12 @@
 #include "kernels/cpu_features.h"
 
+#if TRELLIS_X86
 #include <cpuid.h>
+#endif
+#if TRELLIS_ARM64
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +16,7 @@
 namespace trellis {
 namespace {
 
+#if TRELLIS_X86
 uint64_t ReadXcr0() {
   uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -58,6 +65,29 @@ bool HasAvx512Dq() {
   return dq;
 }
 
+#elif TRELLIS_ARM64
+CpuFeatures DetectCpuFeatures() {
+  CpuFeatures f;
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.neon = (hw & HWCAP_ASIMD) != 0;
+  f.neon_dotprod = (hw & HWCAP_ASIMDDP) != 0;
+  f.neon_fp16 = (hw & HWCAP_ASIMDHP) != 0;
+#ifdef HWCAP2_I8MM
+  f.neon_i8mm = (hw2 & HWCAP2_I8MM) != 0;
+#endif
+#ifdef HWCAP2_BF16
+  f.neon_bf16 = (hw2 & HWCAP2_BF16) != 0;
+#endif
+  (void)hw2;
+  return f;
+}
+
+bool HasAvx512Dq() { return false; }
+#else
+CpuFeatures DetectCpuFeatures() { return {}; }
+bool HasAvx512Dq() { return false; }
+#endif
+
 }  // namespace
 
 const CpuFeatures& GetCpuFeatures() {
@@ -75,6 +105,8 @@ bool IsaSupported(KernelIsa isa) {
     case KernelIsa::kAvx512:
       return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni &&
              f.avx512bf16 && HasAvx512Dq();
+    case KernelIsa::kNeon:
+      return TRELLIS_ARM64 && f.neon;
   }
   return false;
 }
@@ -84,6 +116,7 @@ const char* KernelIsaName(KernelIsa isa) {
     case KernelIsa::kScalar: return "scalar";
     case KernelIsa::kAvx2: return "avx2";
     case KernelIsa::kAvx512: return "avx512";
+    case KernelIsa::kNeon: return "neon";
   }
   return "?";
 }
@@ -96,10 +129,19 @@ bool AvxVnniEnabled() {
   return use;
 }
 
+bool NeonDotprodEnabled() {
+  static const bool use = [] {
+    const char* env = std::getenv("TRELLIS_NEON_DOTPROD");
+    return GetCpuFeatures().neon_dotprod && !(env != nullptr && std::strcmp(env, "0") == 0);
+  }();
+  return use;
+}
+
 const char* KernelPathName() {
   switch (BestKernelIsa()) {
     case KernelIsa::kAvx512: return "avx512 (VNNI, BF16)";
     case KernelIsa::kAvx2: return AvxVnniEnabled() ? "avx2 (AVX-VNNI)" : "avx2 (no VNNI)";
+    case KernelIsa::kNeon: return NeonDotprodEnabled() ? "neon (dotprod)" : "neon (no dotprod)";
     case KernelIsa::kScalar: return "scalar";
   }
   return "?";
@@ -107,13 +149,15 @@ const char* KernelPathName() {
 
 KernelIsa BestKernelIsa() {
   static const KernelIsa best = [] {
-    KernelIsa cap = KernelIsa::kAvx512;
+    // Widest first; TRELLIS_ISA names where to start (scalar: none of them).
+    std::initializer_list<KernelIsa> order = {KernelIsa::kAvx512, KernelIsa::kAvx2, KernelIsa::kNeon};
+    const KernelIsa* from = order.begin();
     if (const char* env = std::getenv("TRELLIS_ISA")) {
-      if (std::strcmp(env, "scalar") == 0) cap = KernelIsa::kScalar;
-      else if (std::strcmp(env, "avx2") == 0) cap = KernelIsa::kAvx2;
+      if (std::strcmp(env, "scalar") == 0) from = order.end();
+      else if (std::strcmp(env, "avx2") == 0) from = order.begin() + 1;
     }
-    for (KernelIsa isa : {KernelIsa::kAvx512, KernelIsa::kAvx2}) {
-      if (static_cast<int>(isa) <= static_cast<int>(cap) && IsaSupported(isa)) return isa;
+    for (const KernelIsa* isa = from; isa != order.end(); ++isa) {
+      if (IsaSupported(*isa)) return *isa;
     }
     return KernelIsa::kScalar;
   }();

@@ -315,11 +315,13 @@ int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
-      if (isa == KernelIsa::kScalar) {
-        QuantizeActRow(type, x + t * x_stride, cols, s + t * a_stride);
-      } else {
+#if TRELLIS_X86
+      if (isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512) {
         QuantizeActRowAvx2(type, x + t * x_stride, cols, s + t * a_stride);
+        continue;
       }
+#endif
+      QuantizeActRow(type, x + t * x_stride, cols, s + t * a_stride);
     }
   };
   // A decode-sized batch takes ~1 us per row to convert: cheaper here than a round trip
@@ -334,22 +336,32 @@ int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_
 
 }  // namespace
 
+TileKernel GetTileKernel(KernelIsa isa, GgmlType type, int64_t n_tokens) {
+  TileKernel k;
+#if TRELLIS_X86
+  if (isa == KernelIsa::kAvx512) k = GetTileKernelAvx512(type, n_tokens);
+  if (k.fn == nullptr && (isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512)) k = GetTileKernelAvx2(type, n_tokens);
+#endif
+#if TRELLIS_ARM64
+  if (isa == KernelIsa::kNeon) k = GetTileKernelNeon(type, n_tokens);
+#endif
+  if (k.fn == nullptr) k = GetTileKernelScalar(type);
+  return k;
+}
+
 PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type) {
-  switch (isa) {
-    case KernelIsa::kAvx512: return GetPackedKernelAvx512(type);
-    case KernelIsa::kAvx2: return GetPackedKernelAvx2(type);
-    default: return {};
-  }
+#if TRELLIS_X86
+  if (isa == KernelIsa::kAvx512) return GetPackedKernelAvx512(type);
+  if (isa == KernelIsa::kAvx2) return GetPackedKernelAvx2(type);
+#endif
+  return {};
 }
 
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
                    int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
   TRELLIS_CHECK(IsaSupported(isa));
   TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
-  TileKernel k;
-  if (isa == KernelIsa::kAvx512) k = GetTileKernelAvx512(w.type, n_tokens);
-  if (k.fn == nullptr && isa != KernelIsa::kScalar) k = GetTileKernelAvx2(w.type, n_tokens);
-  if (k.fn == nullptr) k = GetTileKernelScalar(w.type);
+  const TileKernel k = GetTileKernel(isa, w.type, n_tokens);
   TRELLIS_CHECK(k.fn != nullptr);
   const PackedKernel pk = w.packed != nullptr ? GetPackedKernel(isa, w.type) : PackedKernel{};
   if (n_tokens <= 0 || w.rows <= 0) return;

@@ -96,6 +96,11 @@ TileKernel GetTileKernelAvx2(GgmlType type, int64_t n_tokens);  // matmul_avx2.c
 inline constexpr int64_t kGemvMaxTokens = 8;
 // The AVX-512 tile for a weight type and a batch of n_tokens rows (matmul_avx512.cc).
 TileKernel GetTileKernelAvx512(GgmlType type, int64_t n_tokens);
+// The aarch64 NEON tile ({} for a type without one): matmul_neon.cc, with the dotprod
+// build (matmul_neondot.cc) where the CPU has it.
+TileKernel GetTileKernelNeon(GgmlType type, int64_t n_tokens);
+// The tile `isa` runs for a type: its own, else a narrower family's, else scalar.
+TileKernel GetTileKernel(KernelIsa isa, GgmlType type, int64_t n_tokens);
 
 // Packed (x16, packed.h) kernels: y for ng consecutive groups of 16 weight rows x nt tokens.
 struct PackedArgs {
@@ -119,7 +124,7 @@ struct PackedKernel {
 };
 // Packed kernels read the same activation scratch as the row-major ones (layout above).
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
-// packed_avx2.cc (Q4_0, Q4_K, Q5_K, Q6_K; Q8_0 with AVX-VNNI): the AVX-VNNI build where the CPU has it and
+// packed_avx2.cc (the same types as AVX-512): the AVX-VNNI build where the CPU has it and
 // TRELLIS_AVXVNNI is not 0, else plain AVX2.
 PackedKernel GetPackedKernelAvx2(GgmlType type);
 // REQUIRES: GetCpuFeatures().avxvnni.

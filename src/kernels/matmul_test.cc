@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
@@ -48,7 +49,7 @@ ThreadPool& Pool(int n) {
 
 std::vector<KernelIsa> AvailableIsas() {
   std::vector<KernelIsa> v;
-  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kNeon}) {
     if (IsaSupported(isa)) v.push_back(isa);
   }
   return v;
@@ -154,6 +155,7 @@ TEST(MatMulTest, OddColumnCountsMatchReference) {
   }
 }
 
+#if TRELLIS_X86
 TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
   if (!IsaSupported(KernelIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
   const int64_t cols = 1024;
@@ -171,6 +173,7 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
     EXPECT_EQ(a, b) << GetGgmlTypeTraits(t).name;
   }
 }
+#endif
 
 TEST(MatMulTest, PublicEntryPointAndGetRow) {
   const TestMatrix m = MakeMatrix(GgmlType::kQ4_K, 9, 512, 7);
@@ -199,6 +202,15 @@ TEST(CpuFeaturesTest, BestIsaIsSupported) {
   if (f.avx512vnni) {
     EXPECT_TRUE(f.avx512f);
   }
+#if TRELLIS_ARM64
+  // Advanced SIMD is part of ARMv8-A: every aarch64 CPU runs the NEON kernels.
+  EXPECT_TRUE(f.neon);
+  if (std::getenv("TRELLIS_ISA") == nullptr) {
+    EXPECT_EQ(BestKernelIsa(), KernelIsa::kNeon);
+  }
+#else
+  EXPECT_FALSE(IsaSupported(KernelIsa::kNeon));
+#endif
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ SimdLevel BestSimdLevel() {
   switch (BestKernelIsa()) {
     case KernelIsa::kAvx512: return SimdLevel::kAvx512;
     case KernelIsa::kAvx2: return SimdLevel::kAvx2;
+    case KernelIsa::kNeon: return SimdLevel::kScalar;  // no NEON norm/softmax/attention yet
     case KernelIsa::kScalar: return SimdLevel::kScalar;
   }
   return SimdLevel::kScalar;
@@ -35,27 +36,27 @@ bool CpuSupports(SimdLevel level) { return IsaSupported(ToIsa(level)); }
 
 void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, float eps,
                float* out) {
-  switch (level) {
-    case SimdLevel::kAvx512: return RmsNormAvx512(x, weight, n, eps, out);
-    case SimdLevel::kAvx2: return RmsNormAvx2(x, weight, n, eps, out);
-    case SimdLevel::kScalar: return RmsNormRef(x, weight, n, eps, out);
-  }
+#if TRELLIS_X86
+  if (level == SimdLevel::kAvx512) return RmsNormAvx512(x, weight, n, eps, out);
+  if (level == SimdLevel::kAvx2) return RmsNormAvx2(x, weight, n, eps, out);
+#endif
+  return RmsNormRef(x, weight, n, eps, out);
 }
 
 void SoftmaxAt(SimdLevel level, float* x, int64_t n) {
-  switch (level) {
-    case SimdLevel::kAvx512: return SoftmaxAvx512(x, n);
-    case SimdLevel::kAvx2: return SoftmaxAvx2(x, n);
-    case SimdLevel::kScalar: return SoftmaxRef(x, n);
-  }
+#if TRELLIS_X86
+  if (level == SimdLevel::kAvx512) return SoftmaxAvx512(x, n);
+  if (level == SimdLevel::kAvx2) return SoftmaxAvx2(x, n);
+#endif
+  return SoftmaxRef(x, n);
 }
 
 void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n) {
-  switch (level) {
-    case SimdLevel::kAvx512: return SwiGluAvx512(gate, up, out, n);
-    case SimdLevel::kAvx2: return SwiGluAvx2(gate, up, out, n);
-    case SimdLevel::kScalar: return SwiGluRef(gate, up, out, n);
-  }
+#if TRELLIS_X86
+  if (level == SimdLevel::kAvx512) return SwiGluAvx512(gate, up, out, n);
+  if (level == SimdLevel::kAvx2) return SwiGluAvx2(gate, up, out, n);
+#endif
+  return SwiGluRef(gate, up, out, n);
 }
 
 }  // namespace internal

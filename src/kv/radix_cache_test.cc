@@ -476,7 +476,12 @@ class RandomizedTest {
   Tokens Gen() {
     const Tokens& stem = stems_[static_cast<size_t>(Rand(static_cast<int>(stems_.size())))];
     Tokens t(stem.begin(), stem.begin() + Rand(static_cast<int>(stem.size()) + 1));
-    if (!t.empty() && Rand(4) == 0) t[static_cast<size_t>(Rand(static_cast<int>(t.size())))] = Rand(3);
+    if (!t.empty() && Rand(4) == 0) {
+      // Two draws in one statement would leave their order to the compiler (it differed
+      // between the x86-64 and aarch64 builds): one statement each.
+      const size_t at = static_cast<size_t>(Rand(static_cast<int>(t.size())));
+      t[at] = Rand(3);
+    }
     const int tail = Rand(4) == 0 ? Rand(3 * bs_ + 1) : 0;
     for (int i = 0; i < tail; ++i) t.push_back(Rand(2));
     return t;
@@ -583,9 +588,15 @@ class RandomizedTest {
     }
     Rederive();
     // Locked paths are intact, and their handles still name the end of the locked prefix.
+    // (A lock on an empty match holds a root: the shared one of namespaces with nothing
+    // cached, which the namespace's own root replaces once something is inserted in it.
+    // Whether a run gets there depends on its random ops.)
     for (const auto& l : locks_) {
       std::vector<int32_t> ids;
-      EXPECT_EQ(cache_.MatchPrefix(l.ns, l.prefix, &ids), l.node);
+      const NodeId node = cache_.MatchPrefix(l.ns, l.prefix, &ids);
+      if (!l.prefix.empty()) {
+        EXPECT_EQ(node, l.node);
+      }
       EXPECT_EQ(ids.size() * static_cast<size_t>(bs_), l.prefix.size());
     }
   }

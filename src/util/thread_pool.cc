@@ -10,6 +10,8 @@ namespace {
 inline void CpuRelax() {
 #if defined(__x86_64__)
   _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
 #endif
 }
 
