@@ -90,7 +90,7 @@ Paths ChoosePaths() {
   p.avx512 = cap >= 2 && f.avx512f;
   p.vnni512 = p.avx512 && f.avx512vnni;
   p.bf16_512 = p.avx512 && f.avx512bf16;
-  p.avxvnni = p.avx2 && f.avxvnni;
+  p.avxvnni = p.avx2 && AvxVnniEnabled();  // TRELLIS_AVXVNNI=0: the kernels' plain AVX2 path
   return p;
 }
 
