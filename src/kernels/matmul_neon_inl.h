@@ -77,6 +77,7 @@ void DotRowQ(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, floa
 // 16-bit shift); F32 weights f32 activations.
 enum class FloatKind { kF16, kBf16, kF32 };
 
+// 8 values of kind kKind from p + c (elements) widened to f32.
 template <FloatKind kKind>
 inline void LoadW8(const uint8_t* w, int64_t c, float32x4_t& lo, float32x4_t& hi) {
   if constexpr (kKind == FloatKind::kF16) {
@@ -94,29 +95,15 @@ inline void LoadW8(const uint8_t* w, int64_t c, float32x4_t& lo, float32x4_t& hi
 }
 
 template <FloatKind kKind>
-inline void LoadA8(const uint8_t* a, int64_t c, float32x4_t& lo, float32x4_t& hi) {
-  if constexpr (kKind == FloatKind::kBf16) {
-    const uint16x8_t h = vld1q_u16(reinterpret_cast<const uint16_t*>(a) + c);
-    lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
-    hi = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(h), 16));
-  } else {
-    lo = vld1q_f32(reinterpret_cast<const float*>(a) + c);
-    hi = vld1q_f32(reinterpret_cast<const float*>(a) + c + 4);
-  }
-}
-
-template <FloatKind kKind>
 inline float ScalarW(const uint8_t* w, int64_t c) {
   if constexpr (kKind == FloatKind::kF16) return Fp16ToFp32(reinterpret_cast<const uint16_t*>(w)[c]);
   else if constexpr (kKind == FloatKind::kBf16) return Bf16ToFp32(reinterpret_cast<const uint16_t*>(w)[c]);
   else return reinterpret_cast<const float*>(w)[c];
 }
 
+// The activations' kind for kKind weights: bf16 for BF16, f32 (f16-rounded for F16) else.
 template <FloatKind kKind>
-inline float ScalarA(const uint8_t* a, int64_t c) {
-  if constexpr (kKind == FloatKind::kBf16) return Bf16ToFp32(reinterpret_cast<const uint16_t*>(a)[c]);
-  else return reinterpret_cast<const float*>(a)[c];
-}
+inline constexpr FloatKind kActKind = kKind == FloatKind::kBf16 ? FloatKind::kBf16 : FloatKind::kF32;
 
 template <FloatKind kKind, int NT>
 void DotRowFloat(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
@@ -128,14 +115,14 @@ void DotRowFloat(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, 
     LoadW8<kKind>(w, c, wl, wh);
     for (int t = 0; t < NT; ++t) {
       float32x4_t al, ah;
-      LoadA8<kKind>(a[t], c, al, ah);
+      LoadW8<kActKind<kKind>>(a[t], c, al, ah);
       acc0[t] = vfmaq_f32(acc0[t], wl, al);
       acc1[t] = vfmaq_f32(acc1[t], wh, ah);
     }
   }
   for (int t = 0; t < NT; ++t) {
     float s = vaddvq_f32(vaddq_f32(acc0[t], acc1[t]));
-    for (int64_t k = c; k < cols; ++k) s += ScalarW<kKind>(w, k) * ScalarA<kKind>(a[t], k);
+    for (int64_t k = c; k < cols; ++k) s += ScalarW<kKind>(w, k) * ScalarW<kActKind<kKind>>(a[t], k);
     out[t] = s;
   }
 }
