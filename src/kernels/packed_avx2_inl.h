@@ -37,7 +37,7 @@ __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, con
                                                           int64_t offset, __m256i (&sum)[NT]) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int i = 0; i < 4; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
@@ -186,7 +186,7 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
 #else
       for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
 #endif
-#pragma GCC unroll 8
+#pragma GCC unroll 2
       for (int j = 0; j < 8; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * j + 1024), _MM_HINT_T0);
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * j));
