@@ -1,5 +1,5 @@
 // aarch64 NEON tile kernels for MatMul over the GGUF (row-major) layouts, for Q4_0, Q8_0,
-// F16, BF16 and F32 weights; the K-quants run the scalar tiles on ARM for now. Included by
+// Q4_K, Q5_K, Q6_K, F16, BF16 and F32 weights. Included by
 // matmul_neon.cc (ARMv8-A: an int8 dot of 16 lanes is vmull_s8 + vmlal_s8 into int16
 // pairs, at most 2 x 128 x 127 = 32512, then vpadalq_s16 into int32) and by
 // matmul_neondot.cc (ARMv8.2 dotprod: one sdot per 16 lanes), which defines
@@ -70,6 +70,133 @@ void DotRowQ(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, floa
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = vaddvq_f32(acc[t]);
+}
+
+// The K-quants against Q8_K activations (matmul_internal.h): per super-block the int32
+// sums are exact (each sub-block's dot in int32 lanes, times its integer scale, lanes
+// added at the end), then folded into the f32 result with the scalar reference's
+// expression, so a row's result does not depend on the tile it ran in.
+struct Q8KRow {
+  const int8_t* qs;
+  const float* d;
+  const int16_t* bsums;
+};
+
+template <int NT>
+inline void Q8KRows(const uint8_t* const (&a)[NT], int64_t cols, Q8KRow (&out)[NT]) {
+  for (int t = 0; t < NT; ++t) {
+    out[t].qs = reinterpret_cast<const int8_t*>(a[t]);
+    out[t].d = reinterpret_cast<const float*>(a[t] + cols);
+    out[t].bsums = reinterpret_cast<const int16_t*>(a[t] + Q8KBsumsOffset(cols));
+  }
+}
+
+// Q4_K (kQ5 false) and Q5_K rows: sub-block j's weights are nibbles of qs[32 (j / 2) ..]
+// (low for even j), plus for Q5_K bit j of qh[l] as bit 4.
+template <bool kQ5, int NT>
+void DotRowQ45K(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+  Q8KRow act[NT];
+  Q8KRows(a, cols, act);
+  float sum[NT] = {};
+  const int64_t nb = cols / kQkK;
+  const uint8x16_t m4 = vdupq_n_u8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* scales;
+    const uint8_t* qs;
+    const uint8_t* qh = nullptr;
+    uint16_t d16, dmin16;
+    if constexpr (kQ5) {
+      const BlockQ5_K& blk = reinterpret_cast<const BlockQ5_K*>(w)[b];
+      scales = blk.scales, qs = blk.qs, qh = blk.qh, d16 = blk.d, dmin16 = blk.dmin;
+    } else {
+      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b];
+      scales = blk.scales, qs = blk.qs, d16 = blk.d, dmin16 = blk.dmin;
+    }
+    int32_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t s, m;
+      GetScaleMinK4(j, scales, &s, &m);
+      sc[j] = s, mn[j] = m;
+    }
+    int32x4_t isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = vdupq_n_s32(0);
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+    if constexpr (kQ5) h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+    for (int c = 0; c < 4; ++c) {
+      const uint8x16_t q0 = vld1q_u8(qs + 32 * c), q1 = vld1q_u8(qs + 32 * c + 16);
+      uint8x16_t lo0 = vandq_u8(q0, m4), lo1 = vandq_u8(q1, m4);
+      uint8x16_t hi0 = vshrq_n_u8(q0, 4), hi1 = vshrq_n_u8(q1, 4);
+      if constexpr (kQ5) {
+        const uint8x16_t b4 = vdupq_n_u8(0x10);
+        const uint8x16_t bl = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * c)));
+        const uint8x16_t bh = vdupq_n_u8(static_cast<uint8_t>(2u << (2 * c)));
+        lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, bl), b4));
+        lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, bl), b4));
+        hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, bh), b4));
+        hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, bh), b4));
+      }
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q8 = act[t].qs + kQkK * b + 64 * c;
+        int32x4_t dlo = Dot16(vdupq_n_s32(0), vreinterpretq_s8_u8(lo0), vld1q_s8(q8));
+        dlo = Dot16(dlo, vreinterpretq_s8_u8(lo1), vld1q_s8(q8 + 16));
+        int32x4_t dhi = Dot16(vdupq_n_s32(0), vreinterpretq_s8_u8(hi0), vld1q_s8(q8 + 32));
+        dhi = Dot16(dhi, vreinterpretq_s8_u8(hi1), vld1q_s8(q8 + 48));
+        isum[t] = vmlaq_n_s32(isum[t], dlo, sc[2 * c]);
+        isum[t] = vmlaq_n_s32(isum[t], dhi, sc[2 * c + 1]);
+      }
+    }
+    const float d = Fp16ToFp32(d16), dmin = Fp16ToFp32(dmin16);
+    for (int t = 0; t < NT; ++t) {
+      const int16_t* bs = act[t].bsums + 16 * b;
+      int32_t msum = 0;
+      for (int j = 0; j < 8; ++j) msum += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+      const float da = act[t].d[b];
+      sum[t] += d * da * static_cast<float>(vaddvq_s32(isum[t])) - dmin * da * static_cast<float>(msum);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
+}
+
+// Q6_K rows: per half h of a super-block, ql[64 h ..] and qh[32 h ..] give four runs of
+// 32 elements (low/high nibbles of ql[l] and ql[l + 32], qh bits 0-1, 2-3, 4-5, 6-7), minus
+// 32; each run is two 16-element groups with their own int8 scale.
+template <int NT>
+void DotRowQ6K(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+  Q8KRow act[NT];
+  Q8KRows(a, cols, act);
+  float sum[NT] = {};
+  const int64_t nb = cols / kQkK;
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(0x03);
+  const int8x16_t m32 = vdupq_n_s8(32);
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b];
+    int32x4_t isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = vdupq_n_s32(0);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      for (int half = 0; half < 2; ++half) {  // l in [16 half, 16 half + 16)
+        const uint8x16_t la = vld1q_u8(ql + 16 * half), lb = vld1q_u8(ql + 32 + 16 * half);
+        const uint8x16_t hb = vld1q_u8(qh + 16 * half);
+        int8x16_t q[4];
+        q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(la, m4), vshlq_n_u8(vandq_u8(hb, m3), 4))), m32);
+        q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(lb, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4))), m32);
+        q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4))), m32);
+        q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), m32);
+        for (int r = 0; r < 4; ++r) {
+          const int e = 128 * h + 32 * r + 16 * half;  // first element of this group
+          const int32_t scale = blk.scales[e / 16];
+          for (int t = 0; t < NT; ++t) {
+            const int32x4_t dot = Dot16(vdupq_n_s32(0), q[r], vld1q_s8(act[t].qs + kQkK * b + e));
+            isum[t] = vmlaq_n_s32(isum[t], dot, scale);
+          }
+        }
+      }
+    }
+    const float d = Fp16ToFp32(blk.d);
+    for (int t = 0; t < NT; ++t) sum[t] += d * act[t].d[b] * static_cast<float>(vaddvq_s32(isum[t]));
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
 }
 
 // Float weights: 8 columns a step into two f32x4 accumulators per token. F16 weights meet
@@ -166,6 +293,24 @@ struct RowQ8_0 {
     DotRowQ<false, NT>(w, a, cols, out);
   }
 };
+template <int NT>
+struct RowQ4_K {
+  static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+    DotRowQ45K<false, NT>(w, a, cols, out);
+  }
+};
+template <int NT>
+struct RowQ5_K {
+  static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+    DotRowQ45K<true, NT>(w, a, cols, out);
+  }
+};
+template <int NT>
+struct RowQ6_K {
+  static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+    DotRowQ6K<NT>(w, a, cols, out);
+  }
+};
 template <FloatKind kKind>
 struct RowFloat {
   template <int NT>
@@ -183,6 +328,9 @@ inline TileKernel TileKernelNeonFamily(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return {NeonTile<RowQ4_0>, 4, 4};
     case GgmlType::kQ8_0: return {NeonTile<RowQ8_0>, 4, 4};
+    case GgmlType::kQ4_K: return {NeonTile<RowQ4_K>, 4, 4};
+    case GgmlType::kQ5_K: return {NeonTile<RowQ5_K>, 4, 4};
+    case GgmlType::kQ6_K: return {NeonTile<RowQ6_K>, 4, 4};
     case GgmlType::kF16: return {NeonTile<RowFloat<FloatKind::kF16>::Of>, 4, 4};
     case GgmlType::kBF16: return {NeonTile<RowFloat<FloatKind::kBf16>::Of>, 4, 4};
     case GgmlType::kF32: return {NeonTile<RowFloat<FloatKind::kF32>::Of>, 4, 4};

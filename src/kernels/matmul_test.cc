@@ -195,6 +195,20 @@ TEST(MatMulTest, ScratchBytesIsPureAndSized) {
   EXPECT_EQ(MatMulScratchBytes(GgmlType::kQ6_K, 2048, 4) % 64, 0u);
 }
 
+// Every weight type MatMulTest covers has a NEON tile of its own on aarch64 (with and
+// without dotprod: the matmul_neon_nodotprod test runs this again), so MatMulTest's
+// "neon" runs test NEON code, not the scalar fallback.
+#if TRELLIS_ARM64
+TEST(MatMulTest, NeonHasATileForEveryType) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (int64_t n_tokens : {int64_t{1}, int64_t{64}}) {
+      EXPECT_NE(matmul_internal::GetTileKernelNeon(type, n_tokens).fn, nullptr) << GetGgmlTypeTraits(type).name;
+    }
+  }
+}
+#endif
+
 TEST(CpuFeaturesTest, BestIsaIsSupported) {
   EXPECT_TRUE(IsaSupported(BestKernelIsa()));
   EXPECT_TRUE(IsaSupported(KernelIsa::kScalar));
