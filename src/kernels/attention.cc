@@ -154,6 +154,8 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
 #if TRELLIS_X86
   if (simd_shape && level == SimdLevel::kAvx512) kernel = AttnTileAvx512;
   if (simd_shape && level == SimdLevel::kAvx2) kernel = AttnTileAvx2;
+#elif TRELLIS_ARM64
+  if (simd_shape && level == SimdLevel::kNeon) kernel = AttnTileNeon;
 #else
   (void)simd_shape;
 #endif

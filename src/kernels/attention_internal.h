@@ -57,6 +57,8 @@ void AttnTileScalar(const AttnTile& t);
 void AttnTileAvx2(const AttnTile& t);
 // REQUIRES: head_dim % 8 == 0 and block_size % 8 == 0.
 void AttnTileAvx512(const AttnTile& t);
+// REQUIRES: head_dim % 8 == 0 and block_size % 8 == 0. aarch64 only (attention_neon.cc).
+void AttnTileNeon(const AttnTile& t);
 
 // x: [n] f32 -> y: [n] f16 with F16C (round to nearest even).
 void F32ToF16Avx2(const float* x, uint16_t* y, int64_t n);

@@ -1,11 +1,12 @@
 // The SIMD tile kernel of PagedAttention, written once over the vector traits of
-// ops_simd_inl.h and instantiated by attention_avx2.cc (V256) and attention_avx512.cc
-// (V512, and V256 for shapes that are not multiples of 16).
+// ops_simd_inl.h and instantiated by attention_avx2.cc (V256), attention_avx512.cc (V512,
+// and V256 for shapes that are not multiples of 16) and attention_neon.cc (V128).
 //
-// INCLUDE ONLY from *_avx2.cc / *_avx512.cc (anonymous namespace; see ops_simd_inl.h).
+// INCLUDE ONLY from *_avx2.cc / *_avx512.cc / *_neon.cc (anonymous namespace; see
+// ops_simd_inl.h).
 //
 // Per block of block_size positions the kernel:
-//   1. converts the K tile f16 -> f32 *transposed* into kt[d][t] (8x8 transposes), so a
+//   1. converts the K tile f16 -> f32 *transposed* into kt[d][t] (8x8 tiles), so a
 //      query's scores for W slots are W-lane FMAs of broadcast q[d] with kt[d][...] and
 //      need no horizontal sums; all queries of the tile (rows x GQA heads) reuse it;
 //   2. converts the V tile f16 -> f32 into vt[t][d];
@@ -138,21 +139,13 @@ void AttnTileT(const internal::AttnTile& t) {
     const uint16_t* blk = reinterpret_cast<const uint16_t*>(
         t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
     const int nvalid = std::min(bs, kv_end - p0);
-    const int nkt = (nvalid + W - 1) / W * W;  // K slots converted (<= bs); extra are masked
+    // K slots converted (<= bs, whole 8x8 tiles and whole vectors); extra are masked.
+    constexpr int kSlots = W > 8 ? W : 8;
+    const int nkt = (nvalid + kSlots - 1) / kSlots * kSlots;
     // 1. K tile -> kt[d][t], transposed 8x8 at a time.
     const uint16_t* kblk = blk + t.k_off;
     for (int t0 = 0; t0 < nkt; t0 += 8) {
-      for (int d0 = 0; d0 < hd; d0 += 8) {
-        __m256 r[8];
-        TRELLIS_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          r[i] = _mm256_cvtph_ps(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(kblk + (t0 + i) * hd + d0)));
-        }
-        Transpose8x8(r);
-        TRELLIS_UNROLL
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(kt + (d0 + j) * bs + t0, r[j]);
-      }
+      for (int d0 = 0; d0 < hd; d0 += 8) V::KTile8x8(kblk + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
     }
     // 2. V tile -> vt[t][d] (valid slots only: unwritten slots may hold NaN bits).
     const uint16_t* vblk = blk + t.v_off;

@@ -20,7 +20,7 @@ using internal::SimdLevel;
 
 std::vector<SimdLevel> SupportedLevels() {
   std::vector<SimdLevel> levels;
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kNeon}) {
     if (internal::CpuSupports(l)) levels.push_back(l);
   }
   return levels;

@@ -16,6 +16,7 @@ KernelIsa ToIsa(SimdLevel level) {
     case SimdLevel::kScalar: return KernelIsa::kScalar;
     case SimdLevel::kAvx2: return KernelIsa::kAvx2;
     case SimdLevel::kAvx512: return KernelIsa::kAvx512;
+    case SimdLevel::kNeon: return KernelIsa::kNeon;
   }
   return KernelIsa::kScalar;
 }
@@ -26,7 +27,7 @@ SimdLevel BestSimdLevel() {
   switch (BestKernelIsa()) {
     case KernelIsa::kAvx512: return SimdLevel::kAvx512;
     case KernelIsa::kAvx2: return SimdLevel::kAvx2;
-    case KernelIsa::kNeon: return SimdLevel::kScalar;  // no NEON norm/softmax/attention yet
+    case KernelIsa::kNeon: return SimdLevel::kNeon;
     case KernelIsa::kScalar: return SimdLevel::kScalar;
   }
   return SimdLevel::kScalar;
@@ -39,6 +40,8 @@ void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, 
 #if TRELLIS_X86
   if (level == SimdLevel::kAvx512) return RmsNormAvx512(x, weight, n, eps, out);
   if (level == SimdLevel::kAvx2) return RmsNormAvx2(x, weight, n, eps, out);
+#elif TRELLIS_ARM64
+  if (level == SimdLevel::kNeon) return RmsNormNeon(x, weight, n, eps, out);
 #endif
   return RmsNormRef(x, weight, n, eps, out);
 }
@@ -47,6 +50,8 @@ void SoftmaxAt(SimdLevel level, float* x, int64_t n) {
 #if TRELLIS_X86
   if (level == SimdLevel::kAvx512) return SoftmaxAvx512(x, n);
   if (level == SimdLevel::kAvx2) return SoftmaxAvx2(x, n);
+#elif TRELLIS_ARM64
+  if (level == SimdLevel::kNeon) return SoftmaxNeon(x, n);
 #endif
   return SoftmaxRef(x, n);
 }
@@ -55,6 +60,8 @@ void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, i
 #if TRELLIS_X86
   if (level == SimdLevel::kAvx512) return SwiGluAvx512(gate, up, out, n);
   if (level == SimdLevel::kAvx2) return SwiGluAvx2(gate, up, out, n);
+#elif TRELLIS_ARM64
+  if (level == SimdLevel::kNeon) return SwiGluNeon(gate, up, out, n);
 #endif
   return SwiGluRef(gate, up, out, n);
 }

@@ -50,7 +50,7 @@ void SwiGluRef(const float* gate, const float* up, float* out, int64_t n);
 namespace internal {
 
 // SIMD level a kernel runs at. Tests force each level the CPU supports.
-enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3 };
 
 // Best level for this CPU (honours env TRELLIS_ISA through the CPU feature probe).
 SimdLevel BestSimdLevel();
@@ -63,13 +63,17 @@ void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, 
 void SoftmaxAt(SimdLevel level, float* x, int64_t n);
 void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n);
 
-// ISA-specific kernels (ops_avx2.cc, ops_avx512.cc). Call only if CpuSupports().
+// ISA-specific kernels (ops_avx2.cc, ops_avx512.cc on x86-64, ops_neon.cc on aarch64).
+// Call only if CpuSupports().
 void RmsNormAvx2(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxAvx2(float* x, int64_t n);
 void SwiGluAvx2(const float* gate, const float* up, float* out, int64_t n);
 void RmsNormAvx512(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxAvx512(float* x, int64_t n);
 void SwiGluAvx512(const float* gate, const float* up, float* out, int64_t n);
+void RmsNormNeon(const float* x, const float* weight, int64_t n, float eps, float* out);
+void SoftmaxNeon(float* x, int64_t n);
+void SwiGluNeon(const float* gate, const float* up, float* out, int64_t n);
 
 }  // namespace internal
 }  // namespace trellis

@@ -1,17 +1,19 @@
 // SIMD vector traits shared by the ISA-specific kernel files (ops_avx2.cc,
-// ops_avx512.cc, attention_avx2.cc, attention_avx512.cc).
+// ops_avx512.cc, attention_avx2.cc, attention_avx512.cc on x86-64; ops_neon.cc and
+// attention_neon.cc on aarch64).
 //
-// INCLUDE ONLY from *_avx2.cc / *_avx512.cc files: everything here lives in an
-// anonymous namespace so each translation unit gets its own copy compiled for its own
-// ISA flags (no ODR clash between the AVX2 and AVX-512 builds of the same helper).
+// INCLUDE ONLY from those files: everything here lives in an anonymous namespace so each
+// translation unit gets its own copy compiled for its own ISA flags (no ODR clash between
+// the AVX2 and AVX-512 builds of the same helper).
 //
-// V256 (AVX2 + FMA + F16C, 8 lanes) is always defined; V512 (AVX-512F, 16 lanes) only
-// when compiled with -mavx512f. Both expose the same static interface so kernels can
-// be written once as templates over the traits type.
+// V256 (AVX2 + FMA + F16C, 8 lanes) is defined on x86-64; V512 (AVX-512F, 16 lanes) only
+// when compiled with -mavx512f; V128 (NEON, 4 lanes) on aarch64. They expose the same
+// static interface so kernels can be written once as templates over the traits type.
 //
 // Thread safety: stateless.
 #pragma once
 
+#if defined(__x86_64__) || defined(_M_X64)
 // GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics (the
 // _mm512_undefined_* placeholders). The warning is located in <immintrin.h>, so it must be
 // silenced before that header is first included; these files are only included by the
@@ -26,11 +28,48 @@
 #endif
 
 #include <immintrin.h>
+#define TRELLIS_SIMD_X86 1
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define TRELLIS_SIMD_X86 0
+#else
+#error "ops_simd_inl.h: no vector traits for this architecture"
+#endif
 
 #include <cstdint>
 
 namespace trellis {
 namespace {
+
+#if TRELLIS_SIMD_X86
+
+// In-register transpose of an 8x8 float tile: r[i][j] <-> r[j][i].
+inline void Transpose8x8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+  const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+  const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+  const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
 
 struct V256 {
   using F = __m256;
@@ -74,6 +113,16 @@ struct V256 {
     const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
     return _mm256_blendv_ps(_mm256_set1_ps(fill), v, keep);
   }
+  // dst[j * dst_stride + i] = f32(src[i * src_stride + j]) for i, j < 8: an 8x8 tile of
+  // f16 rows, converted and transposed.
+  static void KTile8x8(const uint16_t* src, int src_stride, float* dst, int dst_stride) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = LoadHalf(src + i * src_stride);
+    Transpose8x8(r);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * dst_stride, r[j]);
+  }
 };
 
 #ifdef __AVX512F__
@@ -111,8 +160,67 @@ struct V512 {
     const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
     return _mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), v);
   }
+  static void KTile8x8(const uint16_t* src, int src_stride, float* dst, int dst_stride) {
+    V256::KTile8x8(src, src_stride, dst, dst_stride);
+  }
 };
 #endif
+
+#else  // aarch64
+
+struct V128 {
+  using F = float32x4_t;
+  static constexpr int kW = 4;
+  static F Load(const float* p) { return vld1q_f32(p); }
+  static void Store(float* p, F v) { vst1q_f32(p, v); }
+  // p: [4] IEEE f16.
+  static F LoadHalf(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  static F Set1(float x) { return vdupq_n_f32(x); }
+  static F Zero() { return vdupq_n_f32(0.0f); }
+  static F Add(F a, F b) { return vaddq_f32(a, b); }
+  static F Sub(F a, F b) { return vsubq_f32(a, b); }
+  static F Mul(F a, F b) { return vmulq_f32(a, b); }
+  static F Div(F a, F b) { return vdivq_f32(a, b); }
+  static F Max(F a, F b) { return vmaxq_f32(a, b); }
+  static F Min(F a, F b) { return vminq_f32(a, b); }
+  static F Fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }  // a * b + c
+  static float HSum(F v) { return vaddvq_f32(v); }
+  static float HMax(F v) { return vmaxvq_f32(v); }
+  static F Round(F x) { return vrndnq_f32(x); }  // to nearest, ties to even
+  // 2^n for integral-valued n in [-126, 127].
+  static F Pow2(F n) {
+    const int32x4_t i = vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127));
+    return vreinterpretq_f32_s32(vshlq_n_s32(i, 23));
+  }
+  // Lanes i >= n (n <= 4) set to `fill`.
+  static F MaskTail(F v, int n, float fill) {
+    static constexpr int32_t kIdx[4] = {0, 1, 2, 3};
+    const uint32x4_t keep = vcltq_s32(vld1q_s32(kIdx), vdupq_n_s32(n));
+    return vbslq_f32(keep, v, vdupq_n_f32(fill));
+  }
+  // As V256::KTile8x8: four 4x4 transposes.
+  static void KTile8x8(const uint16_t* src, int src_stride, float* dst, int dst_stride) {
+#pragma GCC unroll 2
+    for (int bi = 0; bi < 2; ++bi) {
+#pragma GCC unroll 2
+      for (int bj = 0; bj < 2; ++bj) {
+        F r[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) r[i] = LoadHalf(src + (4 * bi + i) * src_stride + 4 * bj);
+        const F t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
+        const F t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
+        float* d = dst + 4 * bj * dst_stride + 4 * bi;
+        vst1q_f32(d, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
+        vst1q_f32(d + dst_stride, vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
+        vst1q_f32(d + 2 * dst_stride, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2))));
+        vst1q_f32(d + 3 * dst_stride, vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3))));
+      }
+    }
+  }
+};
+
+#endif  // TRELLIS_SIMD_X86
+
 
 // exp(x) lane-wise, relative error ~2e-7 for x in [-87, 88]; inputs are clamped to
 // that range (so exp(-inf) gives ~1.6e-38, not 0: callers that need an exact 0 mask).
@@ -131,34 +239,6 @@ inline typename V::F ExpV(typename V::F x) {
   p = V::Fma(p, r, V::Set1(5.0000001201e-1f));
   p = V::Fma(p, V::Mul(r, r), V::Add(r, V::Set1(1.0f)));
   return V::Mul(p, V::Pow2(n));
-}
-
-// In-register transpose of an 8x8 float tile: r[i][j] <-> r[j][i].
-inline void Transpose8x8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
-  const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
-  const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
-  const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
-  const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
 // Row kernels written once over the traits (the public wrappers live in ops_*.cc).

@@ -21,7 +21,7 @@ std::vector<float> RandomVec(int64_t n, std::mt19937& rng, float lo = -2.0f, flo
 
 std::vector<SimdLevel> SupportedLevels() {
   std::vector<SimdLevel> levels;
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kNeon}) {
     if (internal::CpuSupports(l)) levels.push_back(l);
   }
   return levels;
