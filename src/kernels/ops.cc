@@ -94,9 +94,10 @@ void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int
                        std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
         if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
         const double c = std::cos(theta), s = std::sin(theta);
-        const double x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = static_cast<float>(x0 * c - x1 * s);
-        v[2 * i + 1] = static_cast<float>(x0 * s + x1 * c);
+        const int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + p.n_dims / 2 : 2 * i + 1;
+        const double x0 = v[i0], x1 = v[i1];
+        v[i0] = static_cast<float>(x0 * c - x1 * s);
+        v[i1] = static_cast<float>(x0 * s + x1 * c);
       }
     }
   }
@@ -126,10 +127,19 @@ void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_
     }
     for (int h = 0; h < n_head; ++h) {
       float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
-      for (int i = 0; i < n_pairs; ++i) {
-        const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
-        v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+      if (p.neox) {
+        float* w = v + n_pairs;
+        for (int i = 0; i < n_pairs; ++i) {
+          const float x0 = v[i], x1 = w[i];
+          v[i] = x0 * cos_t[i] - x1 * sin_t[i];
+          w[i] = x0 * sin_t[i] + x1 * cos_t[i];
+        }
+      } else {
+        for (int i = 0; i < n_pairs; ++i) {
+          const float x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+          v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+        }
       }
     }
   }

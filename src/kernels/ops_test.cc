@@ -127,6 +127,52 @@ TEST(RopeTest, MatchesRef) {
   }
 }
 
+// NeoX mode pairs dim i with dim i + n_dims/2. Checked against the definition: the
+// llama-mode rotation of the same values laid out as adjacent pairs (x[i], x[i + n/2]) ->
+// (y[2i], y[2i+1]), for both Rope and RopeRef, with partial rotation and freq factors.
+TEST(RopeTest, NeoxPairsEachDimWithTheOneHalfAHeadAway) {
+  std::mt19937 rng(6);
+  const int n_head = 3, head_dim = 64;
+  const int64_t n_tokens = 5, stride = n_head * head_dim;
+  const std::vector<float> ff = RandomVec(head_dim / 2, rng, 1.0f, 8.0f);
+  const std::vector<int32_t> pos = {0, 1, 17, 511, 2900};
+  for (int variant = 0; variant < 3; ++variant) {
+    RopeParams p{variant == 2 ? 32 : head_dim, variant ? 1000000.0f : 10000.0f};
+    if (variant == 1) p.freq_factors = ff.data();
+    const int half = p.n_dims / 2;
+    const auto x = RandomVec(n_tokens * stride, rng);
+    // Interleave each head's first n_dims dims as adjacent pairs.
+    std::vector<float> adj = x;
+    for (int64_t r = 0; r < n_tokens * n_head; ++r) {
+      for (int i = 0; i < half; ++i) {
+        adj[r * head_dim + 2 * i] = x[r * head_dim + i];
+        adj[r * head_dim + 2 * i + 1] = x[r * head_dim + i + half];
+      }
+    }
+    RopeRef(adj.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
+    std::vector<float> want = x;
+    for (int64_t r = 0; r < n_tokens * n_head; ++r) {
+      for (int i = 0; i < half; ++i) {
+        want[r * head_dim + i] = adj[r * head_dim + 2 * i];
+        want[r * head_dim + i + half] = adj[r * head_dim + 2 * i + 1];
+      }
+    }
+    RopeParams pn = p;
+    pn.neox = true;
+    auto ref = x, got = x;
+    RopeRef(ref.data(), stride, n_tokens, pos.data(), n_head, head_dim, pn);
+    Rope(got.data(), stride, n_tokens, pos.data(), n_head, head_dim, pn);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(ref[i], want[i]) << variant << " " << i;
+      ASSERT_NEAR(got[i], want[i], 2e-3f) << variant << " " << i;
+    }
+    // Not the llama mode: some dim moved differently.
+    auto norm = x;
+    RopeRef(norm.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
+    EXPECT_NE(norm, ref) << variant;
+  }
+}
+
 TEST(RopeTest, PositionZeroIsIdentityAndNormPreserved) {
   std::mt19937 rng(5);
   const int n_head = 2, head_dim = 32;
