@@ -44,8 +44,7 @@ __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, con
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-  for (int i = 0; i < 4; ++i) {
+  auto line = [&](int i) __attribute__((always_inline)) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i lo = _mm256_and_si256(packed, m4);
@@ -61,6 +60,15 @@ __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, con
       sum[t] = _mm256_add_epi16(sum[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load32(a + 4))));
 #endif
     }
+  };
+  // Decode tiles (1-2 tokens) take all 4 lines at once (more loads in flight; measured
+  // ~3 % faster Q4_K_M decode than 2); batch tiles 2 at a time, or GCC spills the sums.
+  if constexpr (NT <= 2) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) line(i);
+  } else {
+#pragma GCC unroll 2
+    for (int i = 0; i < 4; ++i) line(i);
   }
 }
 
