@@ -30,10 +30,8 @@
 
 #include "kernels/attention_internal.h"
 #include "kernels/ops_simd_inl.h"
+#include "kernels/unroll.h"
 
-// Fixed-trip-count register loops must be fully unrolled or GCC -O2 keeps the
-// accumulator arrays in memory.
-#define TRELLIS_UNROLL _Pragma("GCC unroll 16")
 
 namespace trellis {
 namespace {

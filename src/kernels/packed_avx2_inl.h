@@ -7,10 +7,9 @@
 // TRELLIS_PACKED_AVXVNNI 1. A ymm holds one half of a group (8 rows); a tile is one half x
 // up to 4 tokens (16 ymm registers: 4 sums, 4 f32 accumulators, weights).
 //
-// Every loop over a tile's tokens, halves or groups is unrolled by pragma: GCC -O2 left
-// some of them rolled, which kept the accumulator arrays addressable, so the tiles stored
-// every accumulator to the stack on each pass of the inner loop (TileFloat<F16, 1, 6>:
-// 12 stores per 24 FMAs). Line loops unroll by 2: at 4 or 8, GCC hoisted all the lines'
+// Every loop over a tile's tokens, halves or groups is TRELLIS_UNROLL (kernels/unroll.h):
+// rolled, they kept the accumulator arrays in memory and the F16 6-token tile stored its 12
+// accumulators on every pass of the inner loop (12 stores per 24 FMAs). Line loops unroll by 2: at 4 or 8, GCC hoisted all the lines'
 // products ahead of their adds and spilled them.
 //
 // Thread safety: pure functions.
@@ -24,6 +23,7 @@
 
 #include "kernels/matmul_internal.h"
 #include "kernels/packed.h"
+#include "kernels/unroll.h"
 
 #ifndef TRELLIS_PACKED_AVXVNNI
 #define TRELLIS_PACKED_AVXVNNI 0
@@ -42,7 +42,7 @@ template <int NT>
 __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, const uint8_t* const (&arow)[NT],
                                                           int64_t offset, __m256i (&sum)[NT]) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
   auto line = [&](int i) __attribute__((always_inline)) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
@@ -99,11 +99,11 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m10 = _mm256_set1_epi8(0x10);
   const __m256i high = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 256));
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
 #if !TRELLIS_PACKED_AVXVNNI
   __m256i pairs[NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) pairs[t] = _mm256_setzero_si256();
 #endif
   auto line = [&](auto i_const) {
@@ -113,7 +113,7 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(packed, m4), _mm256_and_si256(BitTo4<2 * i>(high), m10));
     const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4),
                                        _mm256_and_si256(BitTo4<2 * i + 1>(high), m10));
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) {
       const uint8_t* a = arow[t] + offset + 8 * i;
 #if TRELLIS_PACKED_AVXVNNI
@@ -141,7 +141,7 @@ __attribute__((always_inline)) inline void StoreHalf(const PackedArgs& p, int h,
   alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(p.nr - 8 * h),
                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
 }
 
@@ -156,9 +156,9 @@ void HalfQ4_0(const PackedArgs& p, int h0) {
   RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 256);
   __m256 acc[NH][NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh)
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < p.nb; ++b) {
 #pragma GCC unroll 2
@@ -174,7 +174,7 @@ void HalfQ4_0(const PackedArgs& p, int h0) {
       }
     }
   }
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
@@ -195,9 +195,9 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
   RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 512);
   __m256 acc[NH][NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh)
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < p.nb; ++b) {
 #pragma GCC unroll 2
@@ -206,10 +206,10 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
       const uint8_t* wb = p.g + b * 512 + 32 * h;
       __m256i isum[NT];
 #if TRELLIS_PACKED_AVXVNNI
-      #pragma GCC unroll 8
+      TRELLIS_UNROLL
       for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-128 * asum[t][b]);
 #else
-      #pragma GCC unroll 8
+      TRELLIS_UNROLL
       for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
 #endif
 #pragma GCC unroll 2
@@ -238,7 +238,7 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
       }
     }
   }
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
@@ -255,9 +255,9 @@ void HalfQ4_K(const PackedArgs& p, int h0) {
   RowFields(p.a, p.a_stride, p.cols, da);
   RowFields(p.a, p.a_stride, Q8KDsum32Offset(p.cols), dsum);
   __m256 acc[NH][NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh)
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
     constexpr int64_t kSub = kQ5 ? 320 : 256;  // bytes per sub-block
@@ -290,7 +290,7 @@ void HalfQ4_K(const PackedArgs& p, int h0) {
       }
     }
   }
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
@@ -310,14 +310,14 @@ void HalfQ6_K(const PackedArgs& p, int h) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   __m256 acc[NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
     const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * 384 + 256 + 16 * h)));
     __m256i isum[NT];
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
@@ -358,7 +358,7 @@ void HalfQ6_K(const PackedArgs& p, int h) {
         }
       }
     }
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[t]);
     }
@@ -448,7 +448,7 @@ __attribute__((always_inline)) inline void StoreRows8(const PackedArgs& p, int r
   alignas(32) static constexpr int32_t kLane[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(p.nr - row0),
                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(kLane)));
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + row0, mask, acc[t]);
 }
 
@@ -456,17 +456,17 @@ __attribute__((always_inline)) inline void StoreRows8(const PackedArgs& p, int r
 template <bool kBf16, int G, int NT>
 void TileFloat(const PackedArgs& p, int g0) {
   const uint16_t* w[G];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int g = 0; g < G; ++g) w[g] = reinterpret_cast<const uint16_t*>(p.g + (g0 + g) * p.group_bytes);
   const uint8_t* x[NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) x[t] = p.a + t * p.a_stride;
   __m256 acc[G][2][NT];
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int g = 0; g < G; ++g)
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int hh = 0; hh < 2; ++hh)
-      #pragma GCC unroll 8
+      TRELLIS_UNROLL
       for (int t = 0; t < NT; ++t) acc[g][hh][t] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   for (int64_t k = 0; k < p.cols; k += 2) {
@@ -476,7 +476,7 @@ void TileFloat(const PackedArgs& p, int g0) {
       __m256 w0[G][2], w1[G][2];
 #pragma GCC unroll 3
       for (int g = 0; g < G; ++g) {
-        #pragma GCC unroll 8
+        TRELLIS_UNROLL
         for (int hh = 0; hh < 2; ++hh) {
           const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 16 * k + 16 * hh));
           w0[g][hh] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -490,7 +490,7 @@ void TileFloat(const PackedArgs& p, int g0) {
         const __m256 x1 = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
 #pragma GCC unroll 3
         for (int g = 0; g < G; ++g) {
-          #pragma GCC unroll 8
+          TRELLIS_UNROLL
           for (int hh = 0; hh < 2; ++hh) {
             acc[g][hh][t] = _mm256_fmadd_ps(w0[g][hh], x0, acc[g][hh][t]);
             acc[g][hh][t] = _mm256_fmadd_ps(w1[g][hh], x1, acc[g][hh][t]);
@@ -503,7 +503,7 @@ void TileFloat(const PackedArgs& p, int g0) {
         __m256 wv[G][2];
 #pragma GCC unroll 3
         for (int g = 0; g < G; ++g) {
-          #pragma GCC unroll 8
+          TRELLIS_UNROLL
           for (int hh = 0; hh < 2; ++hh) {
             wv[g][hh] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(w[g] + 16 * (k + kk) + 8 * hh)));
           }
@@ -513,16 +513,16 @@ void TileFloat(const PackedArgs& p, int g0) {
           const __m256 xv = _mm256_broadcast_ss(reinterpret_cast<const float*>(x[t]) + k + kk);
 #pragma GCC unroll 3
           for (int g = 0; g < G; ++g) {
-            #pragma GCC unroll 8
+            TRELLIS_UNROLL
             for (int hh = 0; hh < 2; ++hh) acc[g][hh][t] = _mm256_fmadd_ps(wv[g][hh], xv, acc[g][hh][t]);
           }
         }
       }
     }
   }
-  #pragma GCC unroll 8
+  TRELLIS_UNROLL
   for (int g = 0; g < G; ++g) {
-    #pragma GCC unroll 8
+    TRELLIS_UNROLL
     for (int hh = 0; hh < 2; ++hh) StoreRows8(p, kPackRows * (g0 + g) + 8 * hh, acc[g][hh]);
   }
 }
