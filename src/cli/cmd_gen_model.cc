@@ -8,13 +8,17 @@ namespace trellis::cli {
 
 Runner AddGenModelCommand(CLI::App& app) {
   struct Opts {
-    std::string shape = "tiny", type = "q4_0", vocab, out;
+    std::string shape = "tiny", type = "q4_0", arch = "llama", vocab, out;
+    int head_dim = 0, rope_dims = 0;
     bool pure = false;
     uint64_t seed = 1;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB) or ptstore (bench store's model)")->capture_default_str();
+  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB), ptstore (bench store's model) or ref-a (tests/data/reference)")->capture_default_str();
+  app.add_option("--arch", o->arch, "llama, llama3.2 (tied output, llama3 rope_freqs), qwen2 (QKV bias), qwen3 (Q/K norm), phi3 (fused QKV and gate/up, LongRoPE)")->capture_default_str();
+  app.add_option("--head-dim", o->head_dim, "head dim other than n_embd / n_head (written as attention.key_length)");
+  app.add_option("--rope-dims", o->rope_dims, "rotated dims per head, fewer than the head dim for partial rotary");
   app.add_option("--type", o->type, "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k")->capture_default_str();
   app.add_option("--vocab", o->vocab, "GGUF whose tokenizer.* metadata is copied (default: the shipped LLaMA SPM vocab)");
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
@@ -29,6 +33,9 @@ Runner AddGenModelCommand(CLI::App& app) {
     if (!vocab.ok()) return Fail(vocab.status().ToString());
     RandomModelOptions ro;
     ro.shape = *shape;
+    if (o->head_dim > 0) ro.shape.head_dim = o->head_dim;
+    if (o->rope_dims > 0) ro.shape.n_rot = o->rope_dims;
+    ro.arch = o->arch;
     ro.type = o->type;
     ro.pure = o->pure;
     ro.seed = o->seed;
@@ -36,7 +43,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     const double t0 = NowSeconds();
     Status s = WriteRandomModel(ro, *vocab, o->out);
     if (!s.ok()) return Fail(s.ToString());
-    std::fprintf(stderr, "gen-model: wrote %s (%s, %s) in %.1f s\n", o->out.c_str(), o->shape.c_str(), o->type.c_str(),
+    std::fprintf(stderr, "gen-model: wrote %s (%s, %s, %s) in %.1f s\n", o->out.c_str(), o->arch.c_str(), o->shape.c_str(), o->type.c_str(),
                  NowSeconds() - t0);
     return 0;
   };

@@ -28,7 +28,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Model& model, const EngineO
   if (o.block_size < 1 || o.block_size > 4096 || (o.block_size * c.head_dim) % 32 != 0) {
     return InvalidArgument(fmt::format("block size {} is not usable (1..4096, block_size x head_dim a multiple of 32)", o.block_size));
   }
-  if (o.n_ctx <= 0) o.n_ctx = std::min(c.n_ctx_train, 4096);
+  if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
   if (!model.whole()) return InvalidArgument("the engine runs a whole model, not a part of one");
   const KvLayout layout = KvLayoutFor(c, o.block_size);
@@ -43,7 +43,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Model& model, const EngineO
   std::unique_ptr<Engine> e(new Engine(model, o));
   TRELLIS_ASSIGN_OR_RETURN(e->pool_, BlockPool::Create(layout, static_cast<int32_t>(blocks)));
   const int logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : (o.all_logits ? o.max_batch_tokens : 1);
-  e->forward_ = std::make_unique<Forward>(model, e->pool_->view(), o.max_batch_tokens, logit_rows, e->threads_);
+  e->forward_ = std::make_unique<Forward>(model, e->pool_->view(), o.max_batch_tokens, logit_rows, e->threads_, o.n_ctx);
   return e;
 }
 

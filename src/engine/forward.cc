@@ -10,7 +10,7 @@
 namespace trellis {
 
 Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows,
-                 ThreadPool& pool)
+                 ThreadPool& pool, int n_ctx)
     : model_(model), kv_(kv), pool_(pool), max_tokens_(std::max(1, max_batch_tokens)),
       max_logit_rows_(std::max(1, max_logit_rows)),
       n_vocab_(static_cast<size_t>(model.config().n_vocab)) {
@@ -48,7 +48,9 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   rope_.n_dims = c.n_rot;
   rope_.freq_base = c.rope_freq_base;
   rope_.freq_scale = c.rope_freq_scale;
-  rope_.freq_factors = model.rope_freqs().empty() ? nullptr : model.rope_freqs().data();
+  rope_.freq_factors = model.RopeFactors(n_ctx > 0 ? n_ctx : c.DefaultContext());
+  rope_.neox = c.rope_neox;
+  rope_.attn_factor = c.rope_attn_factor;
 }
 
 namespace {
@@ -64,6 +66,32 @@ void Forward::RowsRmsNorm(const float* in, const std::vector<float>& w, float* o
     for (int64_t r = b; r < e; ++r) RmsNorm(in + r * n, w.data(), n, eps, out + r * n);
   };
   if (n_rows * n < kMinParallelFloats) {
+    rows(0, n_rows, 0);
+  } else {
+    pool_.ParallelFor(n_rows, rows);
+  }
+}
+
+void Forward::AddBias(float* x, int64_t width, const std::vector<float>& b, int n_rows) {
+  if (b.empty()) return;
+  for (int r = 0; r < n_rows; ++r) {
+    float* row = x + r * width;
+    for (int64_t i = 0; i < width; ++i) row[i] += b[static_cast<size_t>(i)];
+  }
+}
+
+void Forward::HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w, int n_heads, int n_rows) {
+  const int D = model_.config().head_dim;
+  const float eps = model_.config().rms_eps;
+  auto rows = [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) {
+      for (int h = 0; h < n_heads; ++h) {
+        float* head = x + r * width + static_cast<int64_t>(h) * D;
+        RmsNorm(head, w.data(), D, eps, head);
+      }
+    }
+  };
+  if (static_cast<int64_t>(n_rows) * width < kMinParallelFloats) {
     rows(0, n_rows, 0);
   } else {
     pool_.ParallelFor(n_rows, rows);
@@ -173,6 +201,13 @@ void Forward::RunLayers() {
     RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
     const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
     MatMulShared(qkv, xn_.data(), E, n_rows, pool_, scratch_);
+    AddBias(q_.data(), QD, l.bq, n_rows);
+    AddBias(k_.data(), KD, l.bk, n_rows);
+    AddBias(v_.data(), KD, l.bv, n_rows);
+    if (c.qk_norm) {
+      HeadsRmsNorm(q_.data(), QD, l.q_norm, c.n_head, n_rows);
+      HeadsRmsNorm(k_.data(), KD, l.k_norm, c.n_head_kv, n_rows);
+    }
     Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope_);
     Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope_);
     KvWrite(kv_, kv_layer, attn_seqs_, k_.data(), KD, v_.data(), KD);

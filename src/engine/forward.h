@@ -8,7 +8,9 @@
 //
 // The pass reads top to bottom like the model (see Run in forward.cc):
 //   x = embd[token]
-//   per layer: x += Wo . attn(rope(Wq . norm(x)), rope(Wk . norm(x)), Wv . norm(x))
+//   per layer: q, k, v = Wq . norm(x) (+ bq), Wk . norm(x) (+ bk), Wv . norm(x) (+ bv)
+//              q, k = headnorm(q), headnorm(k)       (qwen3)
+//              x += Wo . attn(rope(q), rope(k), v)
 //              x += Wdown . (silu(Wgate . norm(x)) * (Wup . norm(x)))
 //   logits = Wout . norm(x)   (only for the rows a sequence asks for)
 //
@@ -43,9 +45,10 @@ struct SeqBatch {
 
 class Forward {
  public:
-  // max_logit_rows bounds the sum of n_logits over a batch.
+  // max_logit_rows bounds the sum of n_logits over a batch. n_ctx, the per-session
+  // context (0: config().DefaultContext()), selects LongRoPE's factor set.
   Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows,
-          ThreadPool& pool);
+          ThreadPool& pool, int n_ctx = 0);
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
 
@@ -80,6 +83,10 @@ class Forward {
  private:
   void RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows);
   void AddInPlace(float* x, const float* y, int64_t n);
+  // Rows of `width` floats: x[r] += b (nothing if b is empty).
+  void AddBias(float* x, int64_t width, const std::vector<float>& b, int n_rows);
+  // Each head_dim run of each row RMS-normed with weight w (Qwen3's Q/K norm).
+  void HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w, int n_heads, int n_rows);
   void ProjectLogits(int n_rows);  // tmp_[0, n_rows) -> logits_
 
   const Model& model_;

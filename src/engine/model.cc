@@ -61,7 +61,34 @@ Result<std::vector<float>> GetVector(const GgufFile& g, const std::string& name,
   return out;
 }
 
+// A tensor the architecture may or may not have: absent leaves *out empty; present, it is
+// checked like any other.
+Status GetOptionalVector(const GgufFile& g, const std::string& name, int64_t n, std::vector<float>* out) {
+  if (!g.FindTensor(name)) return Status::Ok();
+  TRELLIS_ASSIGN_OR_RETURN(*out, GetVector(g, name, n));
+  return Status::Ok();
+}
+
+// Rows [row0, row0 + rows) of w, a view into the same bytes.
+WeightMatrix RowSlice(const WeightMatrix& w, int64_t row0, int64_t rows) {
+  return WeightMatrix{w.type, static_cast<const uint8_t*>(w.data) + row0 * w.row_bytes, rows, w.cols, w.row_bytes};
+}
+
 }  // namespace
+
+const float* Model::RopeFactors(int n_ctx) const {
+  if (!rope_freqs_.empty()) return rope_freqs_.data();
+  if (!rope_long_.empty() && n_ctx > config_.n_ctx_orig) return rope_long_.data();
+  if (!rope_short_.empty()) return rope_short_.data();
+  return nullptr;
+}
+
+uint64_t Model::KvFingerprint(int n_ctx) const {
+  // Long and short factors rotate K differently: K/V made under one set must never be
+  // served to an engine running the other.
+  if (!rope_long_.empty() && RopeFactors(n_ctx) == rope_long_.data()) return fingerprint_ ^ 0x4c6f6e67526f5045ull;
+  return fingerprint_;
+}
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const ModelPart& part) {
   TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path));
@@ -92,21 +119,54 @@ Status Model::Init() {
     output_ = token_embd_;
     tied_output_ = true;
   }
-  if (gguf_.FindTensor("rope_freqs.weight")) {
-    TRELLIS_ASSIGN_OR_RETURN(rope_freqs_, GetVector(gguf_, "rope_freqs.weight", c.head_dim / 2));
-  }
+  TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, "rope_freqs.weight", c.n_rot / 2, &rope_freqs_));
+  TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, "rope_factors_long.weight", c.n_rot / 2, &rope_long_));
+  TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, "rope_factors_short.weight", c.n_rot / 2, &rope_short_));
   layers_.resize(static_cast<size_t>(c.n_layer));
   for (int i = 0; i < c.n_layer; ++i) {
     LayerWeights& l = layers_[static_cast<size_t>(i)];
     const std::string p = fmt::format("blk.{}.", i);
     TRELLIS_ASSIGN_OR_RETURN(l.attn_norm, GetVector(gguf_, p + "attn_norm.weight", c.n_embd));
-    TRELLIS_ASSIGN_OR_RETURN(l.wq, GetMatrix(gguf_, p + "attn_q.weight", c.n_embd, c.n_head * c.head_dim));
-    TRELLIS_ASSIGN_OR_RETURN(l.wk, GetMatrix(gguf_, p + "attn_k.weight", c.n_embd, c.kv_dim()));
-    TRELLIS_ASSIGN_OR_RETURN(l.wv, GetMatrix(gguf_, p + "attn_v.weight", c.n_embd, c.kv_dim()));
+    const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim, KD = c.kv_dim();
+    if (gguf_.FindTensor(p + "attn_qkv.weight")) {
+      // Fused Q/K/V (Phi-3; llama.cpp accepts it for any architecture): rows [Q; K; V],
+      // taken as three views of the one matrix, so the forward pass is unchanged.
+      TRELLIS_ASSIGN_OR_RETURN(WeightMatrix qkv, GetMatrix(gguf_, p + "attn_qkv.weight", c.n_embd, QD + 2 * KD));
+      l.wq = RowSlice(qkv, 0, QD);
+      l.wk = RowSlice(qkv, QD, KD);
+      l.wv = RowSlice(qkv, QD + KD, KD);
+      std::vector<float> b;
+      TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, p + "attn_qkv.bias", QD + 2 * KD, &b));
+      if (!b.empty()) {
+        l.bq.assign(b.begin(), b.begin() + QD);
+        l.bk.assign(b.begin() + QD, b.begin() + QD + KD);
+        l.bv.assign(b.begin() + QD + KD, b.end());
+      }
+    } else {
+      TRELLIS_ASSIGN_OR_RETURN(l.wq, GetMatrix(gguf_, p + "attn_q.weight", c.n_embd, QD));
+      TRELLIS_ASSIGN_OR_RETURN(l.wk, GetMatrix(gguf_, p + "attn_k.weight", c.n_embd, KD));
+      TRELLIS_ASSIGN_OR_RETURN(l.wv, GetMatrix(gguf_, p + "attn_v.weight", c.n_embd, KD));
+      // Biases: Qwen2 has them; llama.cpp loads them for every architecture when present.
+      TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, p + "attn_q.bias", QD, &l.bq));
+      TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, p + "attn_k.bias", KD, &l.bk));
+      TRELLIS_RETURN_IF_ERROR(GetOptionalVector(gguf_, p + "attn_v.bias", KD, &l.bv));
+    }
+    if (c.qk_norm) {
+      TRELLIS_ASSIGN_OR_RETURN(l.q_norm, GetVector(gguf_, p + "attn_q_norm.weight", c.head_dim));
+      TRELLIS_ASSIGN_OR_RETURN(l.k_norm, GetVector(gguf_, p + "attn_k_norm.weight", c.head_dim));
+    }
     TRELLIS_ASSIGN_OR_RETURN(l.wo, GetMatrix(gguf_, p + "attn_output.weight", c.n_head * c.head_dim, c.n_embd));
     TRELLIS_ASSIGN_OR_RETURN(l.ffn_norm, GetVector(gguf_, p + "ffn_norm.weight", c.n_embd));
-    TRELLIS_ASSIGN_OR_RETURN(l.w_gate, GetMatrix(gguf_, p + "ffn_gate.weight", c.n_embd, c.n_ff));
-    TRELLIS_ASSIGN_OR_RETURN(l.w_up, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, c.n_ff));
+    if (!gguf_.FindTensor(p + "ffn_gate.weight") && gguf_.FindTensor(p + "ffn_up.weight") &&
+        gguf_.FindTensor(p + "ffn_up.weight")->dims.size() == 2 && gguf_.FindTensor(p + "ffn_up.weight")->dims[1] == 2 * c.n_ff) {
+      // Fused gate/up (Phi-3): rows [gate; up], SwiGLU of the first half times the second.
+      TRELLIS_ASSIGN_OR_RETURN(WeightMatrix gu, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, 2 * int64_t{c.n_ff}));
+      l.w_gate = RowSlice(gu, 0, c.n_ff);
+      l.w_up = RowSlice(gu, c.n_ff, c.n_ff);
+    } else {
+      TRELLIS_ASSIGN_OR_RETURN(l.w_gate, GetMatrix(gguf_, p + "ffn_gate.weight", c.n_embd, c.n_ff));
+      TRELLIS_ASSIGN_OR_RETURN(l.w_up, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, c.n_ff));
+    }
     TRELLIS_ASSIGN_OR_RETURN(l.w_down, GetMatrix(gguf_, p + "ffn_down.weight", c.n_ff, c.n_embd));
   }
   // Every tensor must belong to a layer the model declares: a block_count smaller than
@@ -115,11 +175,14 @@ Status Model::Init() {
     if (t.name.rfind("blk.", 0) != 0) continue;
     const int layer = std::atoi(t.name.c_str() + 4);
     if (layer >= c.n_layer) {
-      return InvalidArgument(fmt::format("tensor '{}' belongs to layer {}, but llama.block_count is {}", t.name, layer, c.n_layer));
+      return InvalidArgument(fmt::format("tensor '{}' belongs to layer {}, but {}.block_count is {}", t.name, layer, c.arch, c.n_layer));
     }
   }
   uint64_t h = 0xcbf29ce484222325ull;
-  const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv};
+  // The architecture too: the same tensors under another architecture (llama and qwen2
+  // without biases) compute other K/V, which must never be shared through the store.
+  h = Fnv1a(h, c.arch.data(), c.arch.size());
+  const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv, c.head_dim};
   h = Fnv1a(h, cfg, sizeof(cfg));
   for (const GgufTensorInfo& t : gguf_.tensors()) {
     h = Fnv1a(h, t.name.data(), t.name.size());

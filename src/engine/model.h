@@ -1,4 +1,5 @@
-// Model: a llama-family model's config and weights, loaded from a GGUF file.
+// Model: a model's config and weights, loaded from a GGUF file (the architectures are
+// listed in model/model_config.h).
 //
 // Weight matrices are borrowed views into the read-only mmapped file: loading copies
 // nothing but the small norm vectors (converted to f32), except where the CPU has faster
@@ -26,10 +27,12 @@ namespace trellis {
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
-  WeightMatrix wq;               // (n_embd rows, n_embd cols): q = wq . x
+  WeightMatrix wq;               // (n_head * head_dim rows, n_embd cols): q = wq . x
   WeightMatrix wk;               // (kv_dim, n_embd)
   WeightMatrix wv;               // (kv_dim, n_embd)
-  WeightMatrix wo;               // (n_embd, n_embd)
+  std::vector<float> bq, bk, bv;  // attn_{q,k,v}.bias, added after the matmul; empty if absent
+  std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (config.qk_norm)
+  WeightMatrix wo;               // (n_embd, n_head * head_dim)
   std::vector<float> ffn_norm;   // [n_embd]
   WeightMatrix w_gate;           // (n_ff, n_embd)
   WeightMatrix w_up;             // (n_ff, n_embd)
@@ -70,8 +73,15 @@ class Model {
   bool has_layer(int i) const { return i >= part_.first_layer && i < part_.last_layer; }
   int n_local_layers() const { return part_.last_layer - part_.first_layer; }
   bool whole() const { return part_.embed && part_.head && part_.first_layer == 0 && part_.last_layer == config_.n_layer; }
-  // Llama 3.1 style rope frequency factors [head_dim / 2], or empty.
+  // Llama 3.1 style rope frequency factors [n_rot / 2], or empty.
   const std::vector<float>& rope_freqs() const { return rope_freqs_; }
+  // The frequency divisors RoPE uses in a context of n_ctx positions per session, or null:
+  // rope_freqs if present, else LongRoPE's long factors when n_ctx exceeds the original
+  // context (config().n_ctx_orig) and its short ones otherwise, as llama.cpp chooses.
+  const float* RopeFactors(int n_ctx) const;
+  // fingerprint(), changed when n_ctx selects LongRoPE's long factors: what names K/V in
+  // the prefix cache and the store, which differ between the two factor sets.
+  uint64_t KvFingerprint(int n_ctx) const;
 
   // "q4_0 (q6_K output)": the dominant weight type, for banners and benchmarks.
   std::string TypeSummary() const;
@@ -102,6 +112,7 @@ class Model {
   bool tied_output_ = false;
   std::vector<LayerWeights> layers_;
   std::vector<float> rope_freqs_;
+  std::vector<float> rope_long_, rope_short_;  // Phi-3 LongRoPE, [n_rot / 2] each
   uint64_t fingerprint_ = 0;
   std::unique_ptr<uint8_t, FreeDeleter> packed_;
   size_t packed_bytes_ = 0;

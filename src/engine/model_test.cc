@@ -45,6 +45,106 @@ TEST(ModelTest, EveryWeightTypeLoadsAndRuns) {
   }
 }
 
+TEST(ModelTest, EveryArchitectureLoadsAndRuns) {
+  for (const char* arch : {"llama", "llama3.2", "qwen2", "qwen3", "phi3"}) {
+    const std::string path = WriteSmallModel(std::string("a_") + arch + ".gguf", "q8_0", "", arch);
+    auto m = Model::Load(path);
+    ASSERT_TRUE(m.ok()) << arch << ": " << m.status().ToString();
+    const ModelConfig& c = (*m)->config();
+    EXPECT_EQ(c.arch, std::string(arch) == "llama3.2" ? "llama" : arch);
+    EXPECT_EQ(c.rope_neox, std::string(arch).rfind("qwen", 0) == 0 || std::string(arch) == "phi3") << arch;
+    EXPECT_EQ(c.qk_norm, std::string(arch) == "qwen3") << arch;
+    EXPECT_EQ(c.head_dim, std::string(arch) == "qwen3" ? 128 : 64) << arch;
+    EXPECT_EQ((*m)->tied_output(), std::string(arch) == "llama3.2") << arch;
+    EXPECT_EQ((*m)->layer(0).bq.empty(), std::string(arch) != "qwen2") << arch;
+    EXPECT_EQ(Greedy(**m, {1, 5, 9}, 4).size(), 4u) << arch;
+  }
+}
+
+// Phi-3's LongRoPE: the short factors up to the original context, the long ones beyond
+// (as llama.cpp chooses, by the context size), and K/V of the two never share a name.
+TEST(ModelTest, LongRopeFactorsFollowTheContextSize) {
+  const std::string path = WriteSmallModel("phi3_rope.gguf", "f16", "", "phi3");
+  auto m = Model::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.n_ctx_orig, 256);
+  EXPECT_FLOAT_EQ(c.rope_attn_factor, 1.19f);
+  const float* shrt = (*m)->RopeFactors(256);
+  const float* lng = (*m)->RopeFactors(257);
+  ASSERT_NE(shrt, nullptr);
+  ASSERT_NE(lng, nullptr);
+  EXPECT_NE(shrt, lng);
+  EXPECT_EQ((*m)->KvFingerprint(100), (*m)->fingerprint());
+  EXPECT_NE((*m)->KvFingerprint(4096), (*m)->fingerprint());
+  // The factor set changes the computation.
+  auto run = [&](int n_ctx) {
+    auto e = Engine::Create(**m, EngineOptions{.n_ctx = n_ctx, .all_logits = true});
+    EXPECT_TRUE(e.ok());
+    GenerateRequest r;
+    r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+    r.n_predict = 1;
+    r.sampling.temperature = 0;
+    auto res = (*e)->Generate(r);
+    EXPECT_TRUE(res.ok());
+    return res.ok() ? res->prompt_logits : std::vector<float>{};
+  };
+  EXPECT_NE(run(200), run(400));
+}
+
+// The same tensors under two architectures compute different K/V (here: NeoX against
+// llama RoPE), so the fingerprint that keys the shared prefix store must differ.
+TEST(ModelTest, ArchitectureIsPartOfTheFingerprint) {
+  const std::string src = WriteSmallModel("fp_q2.gguf", "f16", "", "qwen2");
+  const std::string q2 = TempPath("fp_q2_nobias.gguf"), ll = TempPath("fp_llama.gguf");
+  auto no_bias = [](GgufTensorInfo& t) { return t.name.find(".bias") == std::string::npos; };
+  RewriteGguf(src, q2, {.tensor = no_bias});
+  std::vector<std::pair<std::string, GgufValue>> renamed;
+  RewriteGguf(src, ll, {.metadata =
+                            [&](const std::string& k, GgufValue& v) {
+                              if (k == "general.architecture") v.str = "llama";
+                              if (k.rfind("qwen2.", 0) != 0) return true;
+                              renamed.emplace_back("llama." + k.substr(6), v);
+                              return false;
+                            },
+                        .tensor = no_bias,
+                        .extra = [&](GgufWriter& w) {
+                          for (const auto& [k, v] : renamed) w.SetValue(k, v);
+                        }});
+  auto a = Model::Load(q2);
+  auto b = Model::Load(ll);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->config().arch, "llama");
+  EXPECT_NE((*a)->fingerprint(), (*b)->fingerprint());
+  EXPECT_NE(Greedy(**a, {1, 5, 9, 200, 17, 3}, 6), Greedy(**b, {1, 5, 9, 200, 17, 3}, 6));
+}
+
+TEST(ModelTest, ArchitectureTensorsAreChecked) {
+  // Qwen3 without its Q norm, and Qwen2 with a bias of the wrong length.
+  const std::string q3 = WriteSmallModel("chk_q3.gguf", "f16", "", "qwen3");
+  const std::string q3_bad = TempPath("chk_q3_bad.gguf");
+  RewriteGguf(q3, q3_bad, {.tensor = [](GgufTensorInfo& t) { return t.name != "blk.1.attn_q_norm.weight"; }});
+  ExpectLoadError(q3_bad, StatusCode::kNotFound, "blk.1.attn_q_norm.weight");
+  const std::string q2 = WriteSmallModel("chk_q2.gguf", "f16", "", "qwen2");
+  const std::string q2_bad = TempPath("chk_q2_bad.gguf");
+  RewriteGguf(q2, q2_bad, {.tensor = [](GgufTensorInfo& t) { return t.name != "blk.0.attn_k.bias"; },
+                           .extra = [](GgufWriter& w) {
+                             std::vector<float> b(100, 0.0f);
+                             ASSERT_TRUE(w.AddTensorData("blk.0.attn_k.bias", {100}, GgmlType::kF32,
+                                                         {reinterpret_cast<const uint8_t*>(b.data()), b.size() * 4})
+                                             .ok());
+                           }});
+  ExpectLoadError(q2_bad, StatusCode::kInvalidArgument, "blk.0.attn_k.bias");
+  // key_length and value_length must agree (MLA-style models are not supported).
+  const std::string q3_kv = TempPath("chk_q3_kv.gguf");
+  RewriteGguf(q3, q3_kv, {.metadata = [](const std::string& k, GgufValue& v) {
+                            if (k == "qwen3.attention.value_length") v.u64 = v.i64 = 64;
+                            return true;
+                          }});
+  ExpectLoadError(q3_kv, StatusCode::kUnsupported, "value_length");
+}
+
 TEST(ModelTest, UnsupportedArchitectureIsNamed) {
   const std::string src = WriteSmallModel("arch_src.gguf");
   const std::string dst = TempPath("arch.gguf");

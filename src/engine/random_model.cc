@@ -77,13 +77,34 @@ Status FillRandom(std::span<uint8_t> dst, GgmlType type, int64_t rows, int64_t c
   return Status::Ok();
 }
 
+// Llama 3's rope_freqs: the factor theta_i is divided by, from the converter's formula
+// (factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192).
+std::vector<float> Llama3RopeFactors(int head_dim, float theta) {
+  constexpr double kFactor = 32, kLow = 1, kHigh = 4, kOrig = 8192;
+  std::vector<float> f;
+  for (int i = 0; i < head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(static_cast<double>(theta), static_cast<double>(i) / head_dim);
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < kOrig / kHigh) {
+      f.push_back(1.0f);
+    } else if (wavelen > kOrig / kLow) {
+      f.push_back(static_cast<float>(kFactor));
+    } else {
+      const double smooth = (kOrig / wavelen - kLow) / (kHigh - kLow);
+      f.push_back(static_cast<float>(1.0 / ((1 - smooth) / kFactor + smooth)));
+    }
+  }
+  return f;
+}
+
 }  // namespace
 
 Result<ModelShape> ModelShapeByName(const std::string& name) {
   if (name == "tinyllama") return ModelShape{"tinyllama", 22, 2048, 32, 4, 5632, 2048, 10000.0f, 1e-5f};
   if (name == "tiny") return ModelShape{"tiny", 4, 256, 4, 2, 768, 2048, 10000.0f, 1e-5f};
   if (name == "ptstore") return ModelShape{"ptstore", 4, 1024, 16, 16, 2816, 16384, 10000.0f, 1e-5f};
-  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny, ptstore)", name));
+  if (name == "ref-a") return ModelShape{"ref-a", 2, 256, 4, 2, 768, 2048, 10000.0f, 1e-5f};
+  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny, ptstore, ref-a)", name));
 }
 
 Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, const std::string& path) {
@@ -91,26 +112,49 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   TRELLIS_ASSIGN_OR_RETURN(const GgufValue* tokens, vocab.GetArray("tokenizer.ggml.tokens", GgufValueType::kString));
   const ModelShape& s = o.shape;
   const int n_vocab = static_cast<int>(tokens->count);
+  const int64_t q_dim = static_cast<int64_t>(s.n_head) * (s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head);
   for (GgmlType t : {tc.main, tc.output, tc.more_bits}) {
     const int64_t be = GetGgmlTypeTraits(t).block_elems;
-    if (s.n_embd % be || s.n_ff % be) {
+    if (s.n_embd % be || s.n_ff % be || q_dim % be) {
       return InvalidArgument(fmt::format("shape {} does not fit {} blocks of {}", s.name, GetGgmlTypeTraits(t).name, be));
     }
   }
 
+  const std::string& arch = o.arch;
+  if (arch != "llama" && arch != "llama3.2" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
+    return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3)", arch));
+  }
+  const std::string gguf_arch = arch == "llama3.2" ? "llama" : arch;
+  const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
+  if (head_dim % 2 != 0 || (s.head_dim == 0 && s.n_embd % s.n_head != 0)) {
+    return InvalidArgument(fmt::format("shape {}: head dim {} does not divide evenly", s.name, head_dim));
+  }
+
   GgufWriter w;
-  w.SetString("general.architecture", "llama");
+  const std::string k = gguf_arch + ".";
+  w.SetString("general.architecture", gguf_arch);
+  // Not the architecture: llama.cpp keys tokenizer quirks on names containing "phi3".
   w.SetString("general.name", fmt::format("trellis-random-{}-{}", s.name, o.type));
-  w.SetUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
-  w.SetUint32("llama.context_length", static_cast<uint32_t>(s.n_ctx));
-  w.SetUint32("llama.embedding_length", static_cast<uint32_t>(s.n_embd));
-  w.SetUint32("llama.block_count", static_cast<uint32_t>(s.n_layer));
-  w.SetUint32("llama.feed_forward_length", static_cast<uint32_t>(s.n_ff));
-  w.SetUint32("llama.attention.head_count", static_cast<uint32_t>(s.n_head));
-  w.SetUint32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
-  w.SetUint32("llama.rope.dimension_count", static_cast<uint32_t>(s.n_embd / s.n_head));
-  w.SetFloat32("llama.rope.freq_base", s.rope_theta);
-  w.SetFloat32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
+  w.SetUint32(k + "vocab_size", static_cast<uint32_t>(n_vocab));
+  w.SetUint32(k + "context_length", static_cast<uint32_t>(s.n_ctx));
+  w.SetUint32(k + "embedding_length", static_cast<uint32_t>(s.n_embd));
+  w.SetUint32(k + "block_count", static_cast<uint32_t>(s.n_layer));
+  w.SetUint32(k + "feed_forward_length", static_cast<uint32_t>(s.n_ff));
+  w.SetUint32(k + "attention.head_count", static_cast<uint32_t>(s.n_head));
+  w.SetUint32(k + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
+  if (s.head_dim > 0) {
+    w.SetUint32(k + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.SetUint32(k + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  const int n_rot = s.n_rot > 0 ? s.n_rot : head_dim;
+  if (n_rot > head_dim || n_rot % 2 != 0) return InvalidArgument(fmt::format("rotated dims {} do not fit head dim {}", n_rot, head_dim));
+  w.SetUint32(k + "rope.dimension_count", static_cast<uint32_t>(n_rot));
+  if (arch == "phi3") {
+    w.SetFloat32(k + "rope.scaling.attn_factor", 1.19f);
+    w.SetUint32(k + "rope.scaling.original_context_length", 256);
+  }
+  w.SetFloat32(k + "rope.freq_base", s.rope_theta);
+  w.SetFloat32(k + "attention.layer_norm_rms_epsilon", s.rms_eps);
   for (const auto& [key, value] : vocab.metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.SetValue(key, value);
   }
@@ -136,24 +180,68 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       return Status::Ok();
     });
   };
-  const int64_t E = s.n_embd, F = s.n_ff, KD = static_cast<int64_t>(s.n_head_kv) * (E / s.n_head);
+  // f32 vectors of uniform values in [center - half, center + half].
+  auto add_vector = [&](const std::string& name, int64_t n, float center, float half) -> Status {
+    const uint64_t seed = ++tensor_seed * 0x9e3779b97f4a7c15ull;
+    return w.AddTensor(name, {n}, GgmlType::kF32, [=](std::span<uint8_t> dst) {
+      std::vector<float> v(static_cast<size_t>(n));
+      uint64_t st = seed;
+      for (float& x : v) {
+        const double u = static_cast<double>(SplitMix(st) >> 11) * (1.0 / 9007199254740992.0);
+        x = center + static_cast<float>((2.0 * u - 1.0) * half);
+      }
+      std::memcpy(dst.data(), v.data(), dst.size());
+      return Status::Ok();
+    });
+  };
+  const int64_t E = s.n_embd, F = s.n_ff, D = head_dim;
+  const int64_t QD = static_cast<int64_t>(s.n_head) * D, KD = static_cast<int64_t>(s.n_head_kv) * D;
   // Embeddings get unit-scale rows, as trained embeddings roughly have.
   TRELLIS_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", {E, n_vocab}, tc.main, [&, seed = o.seed](std::span<uint8_t> dst) {
     return FillRandom(dst, tc.main, n_vocab, E, 1.0f, seed ^ 0xE1, o.n_threads);
   }));
   TRELLIS_RETURN_IF_ERROR(add_ones("output_norm.weight", E));
-  TRELLIS_RETURN_IF_ERROR(add_matrix("output.weight", E, n_vocab, tc.output));
+  if (arch == "phi3") {
+    TRELLIS_RETURN_IF_ERROR(add_vector("rope_factors_long.weight", n_rot / 2, 4.5f, 3.5f));
+    TRELLIS_RETURN_IF_ERROR(add_vector("rope_factors_short.weight", n_rot / 2, 1.25f, 0.25f));
+  }
+  if (arch == "llama3.2") {
+    const std::vector<float> f = Llama3RopeFactors(n_rot, s.rope_theta);
+    TRELLIS_RETURN_IF_ERROR(w.AddTensor("rope_freqs.weight", {n_rot / 2}, GgmlType::kF32, [f](std::span<uint8_t> dst) {
+      std::memcpy(dst.data(), f.data(), dst.size());
+      return Status::Ok();
+    }));
+  } else {
+    TRELLIS_RETURN_IF_ERROR(add_matrix("output.weight", E, n_vocab, tc.output));
+  }
   for (int i = 0; i < s.n_layer; ++i) {
     const std::string p = fmt::format("blk.{}.", i);
     const GgmlType vt = UseMoreBits(i, s.n_layer) ? tc.more_bits : tc.main;
     TRELLIS_RETURN_IF_ERROR(add_ones(p + "attn_norm.weight", E));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_q.weight", E, E, tc.main));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", E, KD, tc.main));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", E, KD, vt));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", E, E, tc.main));
+    if (arch == "phi3") {
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_qkv.weight", E, QD + 2 * KD, tc.main));
+    } else {
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_q.weight", E, QD, tc.main));
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", E, KD, tc.main));
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", E, KD, vt));
+    }
+    if (arch == "qwen2") {
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_q.bias", QD, 0.0f, 0.5f * std::sqrt(3.0f)));
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_v.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
+    }
+    if (arch == "qwen3") {
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_q_norm.weight", D, 1.0f, 0.5f));
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k_norm.weight", D, 1.0f, 0.5f));
+    }
+    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", QD, E, tc.main));
     TRELLIS_RETURN_IF_ERROR(add_ones(p + "ffn_norm.weight", E));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_gate.weight", E, F, tc.main));
-    TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, F, tc.main));
+    if (arch == "phi3") {
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, 2 * F, tc.main));
+    } else {
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_gate.weight", E, F, tc.main));
+      TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, F, tc.main));
+    }
     TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_down.weight", F, E, vt));
   }
   return w.WriteFile(path);

@@ -16,6 +16,8 @@ struct ModelShape {
   std::string name;
   int n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx;
   float rope_theta, rms_eps;
+  int head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length/value_length
+  int n_rot = 0;     // rotated dims per head; 0: all of them
 };
 
 // "tinyllama": TinyLlama-1.1B's dimensions (22 layers, 2048 wide, 32 heads, 4 KV heads,
@@ -23,11 +25,23 @@ struct ModelShape {
 // heads, 768 FFN). "ptstore": the distributed-store benchmark's model (4 layers, 1024
 // wide, 16 heads, all of them KV heads, 2816 FFN, 16k context): no grouped-query
 // attention, so its KV is large against its compute (16 KiB per token), as the PTStore
-// evaluation's Mistral-7B's is against an A100 (bench/store_eval.cc says why).
+// evaluation's Mistral-7B's is against an A100 (bench/store_eval.cc says why). "ref-a":
+// tests/data/reference's ref-a (2 layers, 256 wide, 4 heads, 2 KV heads, 768 FFN).
 Result<ModelShape> ModelShapeByName(const std::string& name);
 
 struct RandomModelOptions {
   ModelShape shape;
+  // What llama.cpp's converter writes for that family, with random weights:
+  //   "llama"     the llama architecture, separate output matrix, norms of ones;
+  //   "llama3.2"  llama with Llama 3.2's tied output (no output.weight) and rope_freqs
+  //               (llama3 scaling: factor 32, low 1, high 4, original context 8192);
+  //   "qwen2"     Q/K/V biases (random, std 0.5);
+  //   "qwen3"     attn_q_norm / attn_k_norm (random weights in [0.5, 1.5]);
+  //   "phi3"      fused attn_qkv and ffn_up (gate rows then up rows), LongRoPE:
+  //               rope_factors_long (random in [1, 8]) and _short ([1, 1.5]),
+  //               rope.scaling.attn_factor 1.19 and an original context of 256, so
+  //               any context over 256 positions runs on the long factors.
+  std::string arch = "llama";
   // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k". As llama-quantize
   // does, q4_0, q4_k_m and q5_k_m keep output.weight in q6_K unless `pure`; the K_M types
   // also use q6_K for attn_v and ffn_down in the layers llama.cpp gives more bits.

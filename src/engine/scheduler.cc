@@ -78,7 +78,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (o.block_size < 1 || o.block_size > 4096 || (o.block_size * c.head_dim) % 32 != 0) {
     return InvalidArgument(fmt::format("block size {} is not usable (1..4096, block_size x head_dim a multiple of 32)", o.block_size));
   }
-  if (o.n_ctx <= 0) o.n_ctx = std::min(c.n_ctx_train, 4096);
+  if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
   if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");
   if (o.max_running < 1) return InvalidArgument("max running sessions must be >= 1");
@@ -100,6 +100,11 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
 
   std::unique_ptr<Scheduler> s(new Scheduler(model, o, pool));
   if (!model.whole() && !o.executor) return InvalidArgument("a part of a model needs an executor for the rest (a grid)");
+  if (o.executor && model.RopeFactors(o.n_ctx) != model.RopeFactors(c.DefaultContext())) {
+    // A grid's nodes run their layers at the default context's RoPE factor set.
+    return Unsupported(fmt::format("a grid runs this LongRoPE model only at contexts using the default context's "
+                                   "factor set ({} positions; asked: {})", c.DefaultContext(), o.n_ctx));
+  }
   if (!model.whole() && o.store && !o.store->handles_layer_split()) {
     return Unsupported("this prefix store cannot serve a grid (its blocks' layers are spread over processes)");
   }
@@ -110,7 +115,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
     TRELLIS_ASSIGN_OR_RETURN(s->executor_, o.executor(s->pool_->view(), static_cast<int32_t>(blocks), o.max_batch_tokens,
                                                       o.max_running, pool));
   } else {
-    s->executor_ = std::make_unique<LocalExecutor>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool);
+    s->executor_ = std::make_unique<LocalExecutor>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool, o.n_ctx);
   }
   s->epoch_ = s->executor_->epoch();
   s->flights_.resize(static_cast<size_t>(std::max(1, s->executor_->depth())));
@@ -133,7 +138,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
 }
 
 uint64_t Scheduler::Namespace(const Session& s) const {
-  return RadixCache::NamespaceKey(model_.fingerprint(), s.req.cache_salt);
+  return RadixCache::NamespaceKey(model_.KvFingerprint(opts_.n_ctx), s.req.cache_salt);
 }
 
 Status Scheduler::Validate(const Request& req) const {
@@ -284,7 +289,7 @@ bool Scheduler::Admit(Session& s) {
 
 StoreNamespace Scheduler::StoreNs(const Session& s) const {
   StoreNamespace ns;
-  ns.model_fingerprint = model_.fingerprint();
+  ns.model_fingerprint = model_.KvFingerprint(opts_.n_ctx);
   ns.block_tokens = static_cast<uint32_t>(opts_.block_size);
   ns.kv_dtype = 0;  // f16
   ns.layout_version = 1;

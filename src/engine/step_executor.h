@@ -48,8 +48,9 @@ class StepExecutor {
 // Runs the whole model in this process.
 class LocalExecutor final : public StepExecutor {
  public:
-  LocalExecutor(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows, ThreadPool& pool)
-      : forward_(model, kv, max_batch_tokens, max_logit_rows, pool) {}
+  LocalExecutor(const Model& model, const PagedKv& kv, int max_batch_tokens, int max_logit_rows, ThreadPool& pool,
+                int n_ctx = 0)
+      : forward_(model, kv, max_batch_tokens, max_logit_rows, pool, n_ctx) {}
   int depth() const override { return 1; }
   Status Launch(std::span<const SeqBatch> seqs) override { return forward_.Run(seqs); }
   Status Collect() override { return Status::Ok(); }

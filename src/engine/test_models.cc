@@ -52,13 +52,16 @@ std::string TempPath(const std::string& name) {
   return dir + "/trellis_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + "_" + name;
 }
 
-std::string WriteSmallModel(const std::string& name, const std::string& type, const std::string& vocab_path) {
+std::string WriteSmallModel(const std::string& name, const std::string& type, const std::string& vocab_path,
+                            const std::string& arch) {
   auto vocab = GgufFile::Open(vocab_path.empty() ? std::string(TRELLIS_TEST_DATA) + "/reference/ref-a-f16.gguf" : vocab_path);
   EXPECT_TRUE(vocab.ok()) << vocab.status().ToString();
   RandomModelOptions o;
   // 256 wide so every quantized type (256-element super-blocks) fits.
   o.shape = ModelShape{"small", 2, 256, 4, 2, 512, 512, 10000.0f, 1e-5f};
+  if (arch == "qwen3") o.shape.head_dim = 128;
   o.type = type;
+  o.arch = arch;
   o.seed = 7;
   const std::string path = TempPath(name);
   Status s = WriteRandomModel(o, *vocab, path);

@@ -33,10 +33,11 @@ inline double Worse(double worst, double x) { return std::isnan(worst) || x <= w
 // A unique path under the test temp dir.
 std::string TempPath(const std::string& name);
 
-// A 2-layer, 64-wide random model (4 heads, 2 KV heads) with the 1024-token vocab of
-// the reference models; type as in RandomModelOptions.
+// A 2-layer, 256-wide random model (4 heads, 2 KV heads) with the 1024-token vocab of
+// the reference models; type and arch as in RandomModelOptions (qwen3 gets head dim 128,
+// so its Q is wider than n_embd, as in the real Qwen3 models).
 std::string WriteSmallModel(const std::string& name, const std::string& type = "f32",
-                            const std::string& vocab_path = "");
+                            const std::string& vocab_path = "", const std::string& arch = "llama");
 
 struct RewriteHooks {
   // Return false to drop the key / tensor.

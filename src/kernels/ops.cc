@@ -93,7 +93,7 @@ void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int
         double theta = static_cast<double>(pos[t]) * p.freq_scale *
                        std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
         if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
-        const double c = std::cos(theta), s = std::sin(theta);
+        const double c = std::cos(theta) * p.attn_factor, s = std::sin(theta) * p.attn_factor;
         const int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + p.n_dims / 2 : 2 * i + 1;
         const double x0 = v[i0], x1 = v[i1];
         v[i0] = static_cast<float>(x0 * c - x1 * s);
@@ -122,8 +122,8 @@ void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_
     const float position = static_cast<float>(pos[t]);
     for (int i = 0; i < n_pairs; ++i) {
       const float theta = position * inv_freq[i];
-      cos_t[i] = std::cos(theta);
-      sin_t[i] = std::sin(theta);
+      cos_t[i] = std::cos(theta) * p.attn_factor;
+      sin_t[i] = std::sin(theta) * p.attn_factor;
     }
     for (int h = 0; h < n_head; ++h) {
       float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;

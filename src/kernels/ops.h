@@ -29,13 +29,17 @@ struct RopeParams {
   // Which dims pair up: false (llama, GGML's "norm" mode) rotates (x[2i], x[2i+1]);
   // true (GPT-NeoX mode: Qwen2/3, Gemma, Phi-3) rotates (x[i], x[i + n_dims/2]).
   bool neox = false;
+  // Multiplies cos and sin (so both rotated halves): LongRoPE's magnitude correction
+  // (Phi-3's rope.scaling.attn_factor, ggml's attn_factor / mscale). 1 elsewhere.
+  float attn_factor = 1.0f;
 };
 
 // Rotates x in place: x is [n_tokens] rows (row stride `stride` floats), each
 // [n_head][head_dim]; token t is at position pos[t] (pos: [n_tokens]).
 // theta_i = pos * freq_scale * freq_base^(-2i/n_dims) / ff[i]; pair i is (x[2i], x[2i+1]),
 // or (x[i], x[i + n_dims/2]) with p.neox;
-// (x0,x1) -> (x0 cos - x1 sin, x0 sin + x1 cos). Dims >= n_dims are left unchanged.
+// (x0,x1) -> (x0 cos - x1 sin, x0 sin + x1 cos), cos and sin times p.attn_factor.
+// Dims >= n_dims are left unchanged (partial rotary, e.g. Phi-4-mini).
 // REQUIRES: n_dims even, n_dims <= head_dim.
 void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
           int head_dim, const RopeParams& p);

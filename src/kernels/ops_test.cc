@@ -173,6 +173,35 @@ TEST(RopeTest, NeoxPairsEachDimWithTheOneHalfAHeadAway) {
   }
 }
 
+// attn_factor scales the rotated dims only (cos and sin both), in both modes; the
+// unrotated tail of a partial rotation is left alone.
+TEST(RopeTest, AttnFactorScalesTheRotatedDims) {
+  std::mt19937 rng(7);
+  const int n_head = 2, head_dim = 64, n_dims = 48;
+  const int64_t n_tokens = 3, stride = n_head * head_dim;
+  const std::vector<int32_t> pos = {0, 5, 300};
+  for (bool neox : {false, true}) {
+    RopeParams p{n_dims, 10000.0f};
+    p.neox = neox;
+    RopeParams scaled = p;
+    scaled.attn_factor = 1.25f;
+    const auto x = RandomVec(n_tokens * stride, rng);
+    auto a = x, b = x, ra = x, rb = x;
+    Rope(a.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
+    Rope(b.data(), stride, n_tokens, pos.data(), n_head, head_dim, scaled);
+    RopeRef(ra.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
+    RopeRef(rb.data(), stride, n_tokens, pos.data(), n_head, head_dim, scaled);
+    for (int64_t r = 0; r < n_tokens * n_head; ++r) {
+      for (int d = 0; d < head_dim; ++d) {
+        const size_t i = static_cast<size_t>(r * head_dim + d);
+        const float want = d < n_dims ? 1.25f * a[i] : x[i];
+        ASSERT_NEAR(b[i], want, 1e-5f) << neox << " " << i;
+        ASSERT_NEAR(rb[i], d < n_dims ? 1.25f * ra[i] : x[i], 1e-5f) << neox << " " << i;
+      }
+    }
+  }
+}
+
 TEST(RopeTest, PositionZeroIsIdentityAndNormPreserved) {
   std::mt19937 rng(5);
   const int n_head = 2, head_dim = 32;

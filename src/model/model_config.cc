@@ -19,9 +19,17 @@ Result<int> GetPositiveInt(const GgufFile& g, const std::string& key, uint64_t m
 Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   ModelConfig c;
   TRELLIS_ASSIGN_OR_RETURN(c.arch, g.GetString("general.architecture"));
-  if (c.arch != "llama") {
-    return Unsupported(fmt::format("architecture '{}' is not supported (Trellis runs llama-family models: "
-                                   "TinyLlama, Llama 2/3, Mistral)", c.arch));
+  if (c.arch == "qwen2") {
+    c.rope_neox = true;
+  } else if (c.arch == "qwen3") {
+    c.rope_neox = true;
+    c.qk_norm = true;
+  } else if (c.arch == "phi3") {
+    c.rope_neox = true;
+  } else if (c.arch != "llama") {
+    return Unsupported(fmt::format("architecture '{}' is not supported (supported: llama (TinyLlama, Llama 2/3, "
+                                   "Mistral, SmolLM), qwen2 (Qwen2, Qwen2.5), qwen3, phi3 (Phi-3, Phi-3.5, Phi-4-mini))",
+                                   c.arch));
   }
   if (auto n = g.GetString("general.name"); n.ok()) c.name = *n;
   const std::string p = c.arch + ".";
@@ -37,19 +45,30 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   if (g.Has(p + "context_length")) {
     TRELLIS_ASSIGN_OR_RETURN(c.n_ctx_train, GetPositiveInt(g, p + "context_length", 1 << 24));
   }
-  if (c.n_embd % c.n_head != 0) {
-    return InvalidArgument(fmt::format("embedding_length {} is not a multiple of head_count {}", c.n_embd, c.n_head));
-  }
   if (c.n_head % c.n_head_kv != 0) {
     return InvalidArgument(fmt::format("head_count {} is not a multiple of head_count_kv {}", c.n_head, c.n_head_kv));
   }
-  c.head_dim = c.n_embd / c.n_head;
+  if (g.Has(p + "attention.key_length")) {
+    TRELLIS_ASSIGN_OR_RETURN(c.head_dim, GetPositiveInt(g, p + "attention.key_length", 1024));
+  } else if (c.n_embd % c.n_head != 0) {
+    return InvalidArgument(fmt::format("embedding_length {} is not a multiple of head_count {}", c.n_embd, c.n_head));
+  } else {
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  if (c.head_dim % 2 != 0) return InvalidArgument(fmt::format("head dim {} is odd (RoPE rotates pairs)", c.head_dim));
+  if (g.Has(p + "attention.value_length")) {
+    TRELLIS_ASSIGN_OR_RETURN(int v, GetPositiveInt(g, p + "attention.value_length", 1024));
+    if (v != c.head_dim) {
+      return Unsupported(fmt::format("attention.value_length {} differs from key_length {}", v, c.head_dim));
+    }
+  }
   c.n_rot = c.head_dim;
   if (g.Has(p + "rope.dimension_count")) {
     TRELLIS_ASSIGN_OR_RETURN(c.n_rot, GetPositiveInt(g, p + "rope.dimension_count", 1 << 16));
   }
-  if (c.n_rot != c.head_dim) {
-    return Unsupported(fmt::format("partial rotary embedding (rope.dimension_count {} != head dim {})", c.n_rot, c.head_dim));
+  // Partial rotary (Phi-4-mini rotates 96 of 128 dims): the rest pass through unrotated.
+  if (c.n_rot > c.head_dim || c.n_rot % 2 != 0) {
+    return InvalidArgument(fmt::format("rope.dimension_count {} must be even and at most the head dim {}", c.n_rot, c.head_dim));
   }
   if (g.Has(p + "rope.freq_base")) {
     TRELLIS_ASSIGN_OR_RETURN(double b, g.GetFloat(p + "rope.freq_base"));
@@ -69,6 +88,15 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scale_linear"));
     if (f > 0) c.rope_freq_scale = static_cast<float>(1.0 / f);
   }
+  c.n_ctx_orig = c.n_ctx_train;
+  if (g.Has(p + "rope.scaling.original_context_length")) {
+    TRELLIS_ASSIGN_OR_RETURN(c.n_ctx_orig, GetPositiveInt(g, p + "rope.scaling.original_context_length", 1 << 24));
+  }
+  if (g.Has(p + "rope.scaling.attn_factor")) {
+    TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.attn_factor"));
+    if (!(f > 0 && f < 16)) return InvalidArgument(fmt::format("rope.scaling.attn_factor {} out of range (0, 16)", f));
+    c.rope_attn_factor = static_cast<float>(f);
+  }
   if (g.Has(p + "attention.layer_norm_rms_epsilon")) {
     TRELLIS_ASSIGN_OR_RETURN(double e, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
     if (!(e > 0 && e < 1)) return InvalidArgument(fmt::format("layer_norm_rms_epsilon {} out of range", e));
@@ -80,7 +108,7 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   } else if (auto toks = g.GetArray("tokenizer.ggml.tokens", GgufValueType::kString); toks.ok()) {
     c.n_vocab = static_cast<int>((*toks)->count);
   } else {
-    return InvalidArgument("neither llama.vocab_size nor tokenizer.ggml.tokens is present");
+    return InvalidArgument(fmt::format("neither {}vocab_size nor tokenizer.ggml.tokens is present", p));
   }
   return c;
 }

@@ -1,8 +1,18 @@
-// ModelConfig: the hyperparameters of a llama-family model, read from GGUF metadata.
+// ModelConfig: the hyperparameters of a model, read from GGUF metadata.
 //
-// TinyLlama, Llama 2, Llama 3 and Mistral all use general.architecture = "llama" in
-// GGUF; they differ only in values read here (GQA ratio, rope theta, vocab, rope
-// scaling). Anything else is rejected with an error naming the architecture.
+// The architectures are decoder-only transformers that differ in a few switches kept
+// here, so the forward pass is one pass with branches, not one per family:
+//   llama  TinyLlama, Llama 2/3/3.2, Mistral, SmolLM: the base (general.architecture
+//          "llama"); Llama 3.x adds rope_freqs and, at 1B/3B, a tied output.
+//   qwen2  Qwen2/2.5: Q/K/V biases, NeoX RoPE.
+//   qwen3  Qwen3: per-head RMSNorm of Q and K before RoPE, NeoX RoPE, head_dim from
+//          attention.key_length (not n_embd / n_head).
+//   phi3   Phi-3/3.5, Phi-4-mini: fused attn_qkv and ffn_up (gate and up in one matrix),
+//          NeoX RoPE, LongRoPE (rope_factors_long/short chosen by the context size, and
+//          rope.scaling.attn_factor), partial rotary (Phi-4-mini).
+// Optional tensors any of them may carry (biases, a tied output) are the model's
+// business (engine/model.h). Anything else is rejected with an error naming the
+// architecture and listing the supported ones.
 //
 // Thread safety: plain value type.
 #pragma once
@@ -16,7 +26,7 @@
 namespace trellis {
 
 struct ModelConfig {
-  std::string arch;        // "llama"
+  std::string arch;        // general.architecture: "llama", "qwen2", "qwen3", "phi3"
   std::string name;        // general.name, informational
   int n_vocab = 0;
   int n_ctx_train = 0;     // context length the model was trained with
@@ -25,17 +35,24 @@ struct ModelConfig {
   int n_ff = 0;
   int n_head = 0;
   int n_head_kv = 0;
-  int head_dim = 0;        // n_embd / n_head
-  int n_rot = 0;           // rotated dims per head (llama.rope.dimension_count)
+  int head_dim = 0;        // attention.key_length, else n_embd / n_head
+  int n_rot = 0;           // rotated dims per head (rope.dimension_count)
+  bool rope_neox = false;  // RoPE pairs dim i with i + n_rot/2 (qwen2, qwen3, phi3)
+  bool qk_norm = false;    // per-head RMSNorm of Q and K (attn_q_norm / attn_k_norm)
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / llama.rope.scaling.factor for "linear" scaling
+  float rope_attn_factor = 1.0f; // rope.scaling.attn_factor (LongRoPE), multiplies cos/sin
+  int n_ctx_orig = 0;            // rope.scaling.original_context_length, else n_ctx_train:
+                                 // a context longer than this selects rope_factors_long
   float rms_eps = 1e-5f;
 
-  // Reads and validates the llama.* keys. Errors name the missing or bad key.
+  // Reads and validates the ARCH.* keys. Errors name the missing or bad key.
   static Result<ModelConfig> FromGguf(const GgufFile& gguf);
 
   // K/V floats per token per layer (n_head_kv * head_dim).
   int kv_dim() const { return n_head_kv * head_dim; }
+  // The per-session context when none is asked for: the trained one, at most 4096.
+  int DefaultContext() const { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
 };
 
 }  // namespace trellis
