@@ -51,6 +51,10 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   rope_.freq_factors = model.RopeFactors(n_ctx > 0 ? n_ctx : c.DefaultContext());
   rope_.neox = c.rope_neox;
   rope_.attn_factor = c.rope_attn_factor;
+  // Sliding-window layers (Gemma): their own base, no frequency scaling.
+  rope_swa_ = rope_;
+  rope_swa_.freq_base = c.rope_freq_base_swa;
+  rope_swa_.freq_scale = 1.0f;
 }
 
 namespace {
@@ -177,6 +181,9 @@ Status Forward::Prepare(std::span<const SeqBatch> seqs, const float* hidden_in) 
     for (const SeqBatch& sb : seqs) {
       for (int32_t t : sb.tokens) GetRow(model_.token_embd(), t, x_.data() + static_cast<int64_t>(r++) * E);
     }
+    if (c.embd_scale > 0) {  // Gemma: x *= sqrt(n_embd)
+      for (int64_t i = 0; i < static_cast<int64_t>(n_rows) * E; ++i) x_[static_cast<size_t>(i)] *= c.embd_scale;
+    }
   }
   n_rows_ = n_rows;
   n_logit_rows_ = n_logits;
@@ -191,12 +198,15 @@ void Forward::RunLayers() {
   const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t KD = c.kv_dim();
   const int64_t F = c.n_ff;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int first = model_.part().first_layer;
 
   for (int li = first; li < model_.part().last_layer; ++li) {
     const LayerWeights& l = model_.layer(li);
     const int kv_layer = li - first;  // the pool holds this part's layers only
+    const bool swa = c.IsSwaLayer(li);
+    const RopeParams& rope = swa ? rope_swa_ : rope_;
+    const AttnOptions attn_opt{c.attn_softcap, swa ? c.n_swa : 0};
     // Attention block.
     RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
     const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
@@ -208,12 +218,13 @@ void Forward::RunLayers() {
       HeadsRmsNorm(q_.data(), QD, l.q_norm, c.n_head, n_rows);
       HeadsRmsNorm(k_.data(), KD, l.k_norm, c.n_head_kv, n_rows);
     }
-    Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope_);
-    Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope_);
+    Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope);
+    Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope);
     KvWrite(kv_, kv_layer, attn_seqs_, k_.data(), KD, v_.data(), KD);
     PagedAttention(kv_, kv_layer, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
-                   attn_scratch_.data());
+                   attn_scratch_.data(), attn_opt);
     MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
+    if (c.post_norms) RowsRmsNorm(tmp_.data(), l.attn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
 
     // Feed-forward block (SwiGLU).
@@ -221,13 +232,20 @@ void Forward::RunLayers() {
     const MatMulOut gate_up[] = {{&l.w_gate, gate_.data(), F}, {&l.w_up, up_.data(), F}};
     MatMulShared(gate_up, xn_.data(), E, n_rows, pool_, scratch_);
     const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
-    auto swiglu = [&](int64_t b, int64_t e, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b); };
+    auto swiglu = [&](int64_t b, int64_t e, int) {
+      if (c.ffn_gelu) {
+        GeGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+      } else {
+        SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+      }
+    };
     if (n_ff_total < kMinParallelFloats) {
       swiglu(0, n_ff_total, 0);
     } else {
       pool_.ParallelFor(n_ff_total, swiglu);
     }
     MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
+    if (c.post_norms) RowsRmsNorm(tmp_.data(), l.ffn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
   }
 }
@@ -256,6 +274,10 @@ void Forward::ProjectLogits(int n_rows) {
   const int64_t E = model_.config().n_embd;
   RowsRmsNorm(tmp_.data(), model_.output_norm(), out_in_.data(), n_rows);
   MatMul(model_.output(), out_in_.data(), E, n_rows, logits_.data(), static_cast<int64_t>(n_vocab_), pool_, scratch_);
+  if (const float cap = model_.config().final_softcap; cap > 0) {  // Gemma: c tanh(logit / c)
+    const size_t n = static_cast<size_t>(n_rows) * n_vocab_;
+    for (size_t i = 0; i < n; ++i) logits_[i] = cap * std::tanh(logits_[i] / cap);
+  }
 }
 
 }  // namespace trellis

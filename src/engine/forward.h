@@ -10,9 +10,11 @@
 //   x = embd[token]
 //   per layer: q, k, v = Wq . norm(x) (+ bq), Wk . norm(x) (+ bk), Wv . norm(x) (+ bv)
 //              q, k = headnorm(q), headnorm(k)       (qwen3)
-//              x += Wo . attn(rope(q), rope(k), v)
-//              x += Wdown . (silu(Wgate . norm(x)) * (Wup . norm(x)))
-//   logits = Wout . norm(x)   (only for the rows a sequence asks for)
+//              x += postnorm(Wo . attn(rope(q), rope(k), v))   (postnorm: Gemma; else identity)
+//              (Gemma: scores soft-capped; window layers attend to the last n_swa positions)
+//              x += postnorm(Wdown . (act(Wgate . norm(x)) * (Wup . norm(x))))   act: silu, Gemma gelu
+//   logits = Wout . norm(x)   (only for the rows a sequence asks for; Gemma: soft-capped)
+//   (Gemma: x = embd[token] * sqrt(n_embd))
 //
 // A model split across processes (the grid) runs the same pass in stages: Prepare
 // (embed, or take hidden states from the previous stage), RunLayers (this process's
@@ -98,6 +100,7 @@ class Forward {
   int n_logit_rows_ = 0;
   int n_rows_ = 0;
   RopeParams rope_{};
+  RopeParams rope_swa_{};  // sliding-window layers' RoPE (Gemma)
 
   // Activations, T = max_batch_tokens rows each.
   std::vector<float> x_;     // (T, n_embd) residual stream

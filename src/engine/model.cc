@@ -113,7 +113,8 @@ Status Model::Init() {
   }
   TRELLIS_ASSIGN_OR_RETURN(token_embd_, GetMatrix(gguf_, "token_embd.weight", c.n_embd, c.n_vocab));
   TRELLIS_ASSIGN_OR_RETURN(output_norm_, GetVector(gguf_, "output_norm.weight", c.n_embd));
-  if (gguf_.FindTensor("output.weight")) {
+  // Gemma 2's output is its token embedding whatever the file holds (as in llama.cpp).
+  if (gguf_.FindTensor("output.weight") && c.arch != "gemma2") {
     TRELLIS_ASSIGN_OR_RETURN(output_, GetMatrix(gguf_, "output.weight", c.n_embd, c.n_vocab));
   } else {
     output_ = token_embd_;
@@ -157,6 +158,10 @@ Status Model::Init() {
     }
     TRELLIS_ASSIGN_OR_RETURN(l.wo, GetMatrix(gguf_, p + "attn_output.weight", c.n_head * c.head_dim, c.n_embd));
     TRELLIS_ASSIGN_OR_RETURN(l.ffn_norm, GetVector(gguf_, p + "ffn_norm.weight", c.n_embd));
+    if (c.post_norms) {
+      TRELLIS_ASSIGN_OR_RETURN(l.attn_post_norm, GetVector(gguf_, p + "post_attention_norm.weight", c.n_embd));
+      TRELLIS_ASSIGN_OR_RETURN(l.ffn_post_norm, GetVector(gguf_, p + "post_ffw_norm.weight", c.n_embd));
+    }
     if (!gguf_.FindTensor(p + "ffn_gate.weight") && gguf_.FindTensor(p + "ffn_up.weight") &&
         gguf_.FindTensor(p + "ffn_up.weight")->dims.size() == 2 && gguf_.FindTensor(p + "ffn_up.weight")->dims[1] == 2 * c.n_ff) {
       // Fused gate/up (Phi-3): rows [gate; up], SwiGLU of the first half times the second.

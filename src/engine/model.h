@@ -33,6 +33,7 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;  // attn_{q,k,v}.bias, added after the matmul; empty if absent
   std::vector<float> q_norm, k_norm;  // [head_dim] per-head RMSNorm weights (config.qk_norm)
   WeightMatrix wo;               // (n_embd, n_head * head_dim)
+  std::vector<float> attn_post_norm, ffn_post_norm;  // [n_embd] (config.post_norms)
   std::vector<float> ffn_norm;   // [n_embd]
   WeightMatrix w_gate;           // (n_ff, n_embd)
   WeightMatrix w_up;             // (n_ff, n_embd)

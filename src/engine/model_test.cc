@@ -46,16 +46,23 @@ TEST(ModelTest, EveryWeightTypeLoadsAndRuns) {
 }
 
 TEST(ModelTest, EveryArchitectureLoadsAndRuns) {
-  for (const char* arch : {"llama", "llama3.2", "qwen2", "qwen3", "phi3"}) {
-    const std::string path = WriteSmallModel(std::string("a_") + arch + ".gguf", "q8_0", "", arch);
+  for (const std::string arch : {"llama", "llama3.2", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}) {
+    const std::string path = WriteSmallModel("a_" + arch + ".gguf", "q8_0", "", arch);
     auto m = Model::Load(path);
     ASSERT_TRUE(m.ok()) << arch << ": " << m.status().ToString();
     const ModelConfig& c = (*m)->config();
-    EXPECT_EQ(c.arch, std::string(arch) == "llama3.2" ? "llama" : arch);
-    EXPECT_EQ(c.rope_neox, std::string(arch).rfind("qwen", 0) == 0 || std::string(arch) == "phi3") << arch;
-    EXPECT_EQ(c.qk_norm, std::string(arch) == "qwen3") << arch;
-    EXPECT_EQ(c.head_dim, std::string(arch) == "qwen3" ? 128 : 64) << arch;
-    EXPECT_EQ((*m)->tied_output(), std::string(arch) == "llama3.2") << arch;
+    const bool gemma = arch.rfind("gemma", 0) == 0;
+    EXPECT_EQ(c.arch, arch == "llama3.2" ? "llama" : arch);
+    EXPECT_EQ(c.rope_neox, arch.rfind("llama", 0) != 0) << arch;
+    EXPECT_EQ(c.qk_norm, arch == "qwen3" || arch == "gemma3") << arch;
+    EXPECT_EQ(c.head_dim, arch == "qwen3" ? 128 : 64) << arch;
+    EXPECT_EQ((*m)->tied_output(), arch == "llama3.2" || gemma) << arch;
+    EXPECT_EQ(c.post_norms, gemma) << arch;
+    EXPECT_EQ(c.ffn_gelu, gemma) << arch;
+    EXPECT_EQ(c.IsSwaLayer(0), gemma) << arch;  // gemma2: 0 slides, 1 global; gemma3 (pattern 2): the same
+    EXPECT_FALSE(c.IsSwaLayer(1)) << arch;
+    EXPECT_EQ(c.attn_softcap, arch == "gemma2" ? 4.0f : 0.0f) << arch;
+    EXPECT_EQ(c.final_softcap, gemma ? 3.0f : 0.0f) << arch;
     EXPECT_EQ((*m)->layer(0).bq.empty(), std::string(arch) != "qwen2") << arch;
     EXPECT_EQ(Greedy(**m, {1, 5, 9}, 4).size(), 4u) << arch;
   }

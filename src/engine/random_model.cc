@@ -121,9 +121,11 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   }
 
   const std::string& arch = o.arch;
-  if (arch != "llama" && arch != "llama3.2" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
-    return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3)", arch));
+  if (arch != "llama" && arch != "llama3.2" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
+      arch != "gemma2" && arch != "gemma3") {
+    return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3, gemma2, gemma3)", arch));
   }
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
   const std::string gguf_arch = arch == "llama3.2" ? "llama" : arch;
   const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
   if (head_dim % 2 != 0 || (s.head_dim == 0 && s.n_embd % s.n_head != 0)) {
@@ -152,6 +154,17 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   if (arch == "phi3") {
     w.SetFloat32(k + "rope.scaling.attn_factor", 1.19f);
     w.SetUint32(k + "rope.scaling.original_context_length", 256);
+  }
+  if (gemma) {
+    w.SetUint32(k + "attention.sliding_window", 48);
+    w.SetFloat32(k + "final_logit_softcapping", 3.0f);
+    if (arch == "gemma2") w.SetFloat32(k + "attn_logit_softcapping", 4.0f);
+    if (arch == "gemma3") {
+      w.SetUint32(k + "attention.sliding_window_pattern", 2);
+      w.SetFloat32(k + "rope.freq_base_swa", 10000.0f);
+      w.SetString(k + "rope.scaling.type", "linear");
+      w.SetFloat32(k + "rope.scaling.factor", 8.0f);
+    }
   }
   w.SetFloat32(k + "rope.freq_base", s.rope_theta);
   w.SetFloat32(k + "attention.layer_norm_rms_epsilon", s.rms_eps);
@@ -198,7 +211,10 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   const int64_t QD = static_cast<int64_t>(s.n_head) * D, KD = static_cast<int64_t>(s.n_head_kv) * D;
   // Embeddings get unit-scale rows, as trained embeddings roughly have.
   TRELLIS_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", {E, n_vocab}, tc.main, [&, seed = o.seed](std::span<uint8_t> dst) {
-    return FillRandom(dst, tc.main, n_vocab, E, 1.0f, seed ^ 0xE1, o.n_threads);
+    // Gemma scales the input by sqrt(n_embd) and ties the output: rows of norm ~1, as
+    // its trained embeddings have, keep both the input and the logits at unit scale.
+    return FillRandom(dst, tc.main, n_vocab, E, gemma ? 1.0f / std::sqrt(static_cast<float>(E)) : 1.0f, seed ^ 0xE1,
+                      o.n_threads);
   }));
   TRELLIS_RETURN_IF_ERROR(add_ones("output_norm.weight", E));
   if (arch == "phi3") {
@@ -211,7 +227,7 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       std::memcpy(dst.data(), f.data(), dst.size());
       return Status::Ok();
     }));
-  } else {
+  } else if (!gemma) {  // Gemma and Llama 3.2 tie the output to the embeddings
     TRELLIS_RETURN_IF_ERROR(add_matrix("output.weight", E, n_vocab, tc.output));
   }
   for (int i = 0; i < s.n_layer; ++i) {
@@ -230,11 +246,15 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_v.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
     }
-    if (arch == "qwen3") {
+    if (arch == "qwen3" || arch == "gemma3") {
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_q_norm.weight", D, 1.0f, 0.5f));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k_norm.weight", D, 1.0f, 0.5f));
     }
     TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", QD, E, tc.main));
+    if (gemma) {
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "post_attention_norm.weight", E, 1.0f, 0.5f));
+      TRELLIS_RETURN_IF_ERROR(add_vector(p + "post_ffw_norm.weight", E, 1.0f, 0.5f));
+    }
     TRELLIS_RETURN_IF_ERROR(add_ones(p + "ffn_norm.weight", E));
     if (arch == "phi3") {
       TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, 2 * F, tc.main));

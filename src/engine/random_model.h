@@ -40,7 +40,15 @@ struct RandomModelOptions {
   //   "phi3"      fused attn_qkv and ffn_up (gate rows then up rows), LongRoPE:
   //               rope_factors_long (random in [1, 8]) and _short ([1, 1.5]),
   //               rope.scaling.attn_factor 1.19 and an original context of 256, so
-  //               any context over 256 positions runs on the long factors.
+  //               any context over 256 positions runs on the long factors;
+  //   "gemma2"    post-attention / post-FFN norms (random in [0.5, 1.5]), tied output
+  //               (embedding rows of norm ~1), attention soft-cap 4 and final soft-cap 3
+  //               (low enough to bite on random weights), sliding window 48 on every
+  //               other layer;
+  //   "gemma3"    gemma2's layout without the attention soft-cap, plus Q/K norms, window
+  //               48 with sliding_window_pattern 2 (layer 0 slides, layer 1 is global),
+  //               rope.freq_base_swa 10000 against a global base of 1e6 with linear
+  //               scaling 8 (Gemma 3 4B's).
   std::string arch = "llama";
   // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k". As llama-quantize
   // does, q4_0, q4_k_m and q5_k_m keep output.weight in q6_K unless `pure`; the K_M types

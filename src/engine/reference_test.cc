@@ -279,12 +279,14 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
 std::vector<Case> AllCases() {
   std::vector<Case> v;
   for (const char* m : {"ref-a-f16", "ref-a-q8_0", "ref-a-q4_0", "ref-a-q4_k_m", "ref-a-q5_k_m", "ref-b-bf16", "ref-b-q6_k",
-                        "ref-qwen2-f16", "ref-qwen3-f16", "ref-llama3.2-f16", "ref-phi3-f16"}) {
+                        "ref-qwen2-f16", "ref-qwen3-f16", "ref-llama3.2-f16", "ref-phi3-f16", "ref-gemma2-f16",
+                        "ref-gemma3-f16"}) {
     for (int p : {8, 67, 300}) v.push_back({m, p});
   }
   // The other architectures' quantized files: one prompt each (the f16 files carry the
   // architecture's checks at every length; these add the quantized kernels under it).
-  for (const char* m : {"ref-qwen2-q4_k_m", "ref-qwen3-q4_k_m", "ref-llama3.2-q4_k_m", "ref-phi3-q4_k_m"}) {
+  for (const char* m : {"ref-qwen2-q4_k_m", "ref-qwen3-q4_k_m", "ref-llama3.2-q4_k_m", "ref-phi3-q4_k_m",
+                        "ref-gemma2-q4_k_m", "ref-gemma3-q4_k_m"}) {
     v.push_back({m, 67});
   }
   return v;

@@ -100,7 +100,7 @@ void AttnTileScalar(const AttnTile& t) {
     l[qi] = 0.0f;
   }
   const int32_t kv_end = t.pos_first + t.n_rows;  // exclusive, of the last row
-  for (int32_t p0 = 0; p0 < kv_end; p0 += bs) {
+  for (int32_t p0 = AttnTileFirstPos(t) / bs * bs; p0 < kv_end; p0 += bs) {
     const uint16_t* blk = reinterpret_cast<const uint16_t*>(
         t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
     const int nvalid = std::min(bs, kv_end - p0);
@@ -110,19 +110,21 @@ void AttnTileScalar(const AttnTile& t) {
     }
     for (int qi = 0; qi < nq; ++qi) {
       const int n = std::min(bs, t.pos_first + qi / t.n_heads + 1 - p0);
-      if (n <= 0) continue;
+      const int lo = AttnRowFirstSlot(t, qi / t.n_heads, p0);
+      if (n <= lo) continue;
       float* sq = s + qi * bs;
       float mb = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < n; ++j) {
+      for (int j = lo; j < n; ++j) {
         float dot = 0.0f;
         for (int d = 0; d < hd; ++d) dot += qs[qi * hd + d] * kt[j * hd + d];
+        if (t.softcap > 0) dot = t.softcap * std::tanh(dot / t.softcap);
         sq[j] = dot;
         mb = std::max(mb, dot);
       }
       const float m_new = std::max(m[qi], mb);
       const float corr = std::exp(m[qi] - m_new);
       float sum = 0.0f;
-      for (int j = 0; j < n; ++j) {
+      for (int j = lo; j < n; ++j) {
         sq[j] = std::exp(sq[j] - m_new);
         sum += sq[j];
       }
@@ -130,7 +132,7 @@ void AttnTileScalar(const AttnTile& t) {
       m[qi] = m_new;
       float* a = acc + qi * hd;
       for (int d = 0; d < hd; ++d) a[d] *= corr;
-      for (int j = 0; j < n; ++j) {
+      for (int j = lo; j < n; ++j) {
         for (int d = 0; d < hd; ++d) a[d] += sq[j] * vt[j * hd + d];
       }
     }
@@ -145,7 +147,7 @@ void AttnTileScalar(const AttnTile& t) {
 void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
                       std::span<const AttnSeq> seqs, const float* q, int64_t q_stride,
                       int n_head, float scale, float* out, int64_t out_stride,
-                      ThreadPool& pool, float* scratch) {
+                      ThreadPool& pool, float* scratch, const AttnOptions& opt) {
   const KvLayout& L = kv.layout;
   TRELLIS_CHECK(L.n_head_kv > 0 && n_head % L.n_head_kv == 0);
   const int hd = L.head_dim, bs = L.block_size;
@@ -211,6 +213,8 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
       t.out = out + (s.q_row0 + r0) * out_stride + static_cast<int64_t>(head0) * hd;
       t.out_stride = out_stride;
       t.scale = scale;
+      t.softcap = opt.softcap;
+      t.window = opt.window;
       t.scratch = my_scratch;
       kernel(t);
     }
@@ -221,14 +225,14 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
 
 void PagedAttention(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                     const float* q, int64_t q_stride, int n_head, float scale, float* out,
-                    int64_t out_stride, ThreadPool& pool, float* scratch) {
+                    int64_t out_stride, ThreadPool& pool, float* scratch, const AttnOptions& opt) {
   internal::PagedAttentionAt(internal::BestSimdLevel(), kv, layer, seqs, q, q_stride, n_head,
-                             scale, out, out_stride, pool, scratch);
+                             scale, out, out_stride, pool, scratch, opt);
 }
 
 void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                        const float* q, int64_t q_stride, int n_head, float scale, float* out,
-                       int64_t out_stride) {
+                       int64_t out_stride, const AttnOptions& opt) {
   const KvLayout& L = kv.layout;
   TRELLIS_CHECK(L.n_head_kv > 0 && n_head % L.n_head_kv == 0);
   const int hd = L.head_dim, n_rep = n_head / L.n_head_kv;
@@ -254,10 +258,14 @@ void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> se
         }
         const float* qh = q + row * q_stride + static_cast<int64_t>(h) * hd;
         double mx = -std::numeric_limits<double>::infinity();
+        // Positions outside a sliding window get probability 0 (masked as -inf).
+        const int32_t first = opt.window > 0 ? std::max(0, n_kv - opt.window) : 0;
         for (int32_t pos = 0; pos < n_kv; ++pos) {
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * kf[pos * hd + d];
-          p[pos] = static_cast<float>(dot * scale);
+          dot *= scale;
+          if (opt.softcap > 0) dot = opt.softcap * std::tanh(dot / opt.softcap);
+          p[pos] = pos < first ? -std::numeric_limits<float>::infinity() : static_cast<float>(dot);
           mx = std::max(mx, static_cast<double>(p[pos]));
         }
         double sum = 0.0;

@@ -43,6 +43,18 @@ struct AttnSeq {
   int32_t q_row0;
 };
 
+// What some architectures change in attention (Gemma 2/3). The defaults are plain causal
+// softmax attention.
+struct AttnOptions {
+  // > 0: scores (already times scale) become softcap * tanh(score / softcap) before the
+  // softmax (Gemma 2's attention logit soft-capping).
+  float softcap = 0.0f;
+  // > 0: a sliding-window layer: the query at position p attends to positions
+  // (p - window, p] only, as llama.cpp's standard SWA masks p - p_k >= window. Blocks
+  // wholly before the window are not read.
+  int32_t window = 0;
+};
+
 // Stores k, v (f32 -> f16, round to nearest even) of every row of each sequence at its
 // positions. k, v: [n_rows][n_head_kv * head_dim] with row strides k_stride / v_stride
 // (floats); row q_row0 + i of a sequence goes to position pos0 + i.
@@ -67,12 +79,12 @@ size_t AttentionScratchFloats(int n_threads, int head_dim, int block_size);
 // floats; n_head % n_head_kv == 0; out does not overlap q.
 void PagedAttention(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                     const float* q, int64_t q_stride, int n_head, float scale, float* out,
-                    int64_t out_stride, ThreadPool& pool, float* scratch);
+                    int64_t out_stride, ThreadPool& pool, float* scratch, const AttnOptions& opt = {});
 
 // Scalar reference: dense, per head: dequantizes the f16 K/V it needs, full softmax, no
 // paging tricks. Allocates (test use only).
 void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                        const float* q, int64_t q_stride, int n_head, float scale, float* out,
-                       int64_t out_stride);
+                       int64_t out_stride, const AttnOptions& opt = {});
 
 }  // namespace trellis

@@ -42,6 +42,8 @@ struct AttnTile {
   float* out;  // same indexing as q with out_stride
   int64_t out_stride;
   float scale;
+  float softcap;   // AttnOptions::softcap (0: none)
+  int32_t window;  // AttnOptions::window (0: none): row r attends (pos_first + r - window, pos_first + r]
   // Per-thread scratch, AttentionScratchFloatsPerThread floats, laid out as:
   //   kt  [head_dim][block_size]   K tile, f32 (SIMD: transposed; scalar: [block_size][head_dim])
   //   vt  [block_size][head_dim]   V tile, f32
@@ -67,6 +69,17 @@ void F32ToF16Avx2(const float* x, uint16_t* y, int64_t n);
 void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
                       std::span<const AttnSeq> seqs, const float* q, int64_t q_stride,
                       int n_head, float scale, float* out, int64_t out_stride,
-                      ThreadPool& pool, float* scratch);
+                      ThreadPool& pool, float* scratch, const AttnOptions& opt = {});
+
+// First KV position the tile's earliest row attends to (0 without a window).
+inline int32_t AttnTileFirstPos(const AttnTile& t) {
+  return t.window > 0 && t.pos_first - t.window + 1 > 0 ? t.pos_first - t.window + 1 : 0;
+}
+// Slots [lo, n) of the block starting at p0 that query row r attends to.
+inline int AttnRowFirstSlot(const AttnTile& t, int r, int32_t p0) {
+  if (t.window <= 0) return 0;
+  const int32_t lo = t.pos_first + r - t.window + 1 - p0;
+  return lo > 0 ? static_cast<int>(lo) : 0;
+}
 
 }  // namespace trellis::internal

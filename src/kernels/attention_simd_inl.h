@@ -133,7 +133,9 @@ void AttnTileT(const internal::AttnTile& t) {
   }
 
   const int32_t kv_end = t.pos_first + t.n_rows;  // exclusive end for the last row
-  for (int32_t p0 = 0; p0 < kv_end; p0 += bs) {
+  const F vcap = V::Set1(t.softcap), vinv_cap = V::Set1(t.softcap > 0 ? 1.0f / t.softcap : 0.0f);
+  const F one = V::Set1(1.0f), two = V::Set1(2.0f);
+  for (int32_t p0 = internal::AttnTileFirstPos(t) / bs * bs; p0 < kv_end; p0 += bs) {
     const uint16_t* blk = reinterpret_cast<const uint16_t*>(
         t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
     const int nvalid = std::min(bs, kv_end - p0);
@@ -157,12 +159,22 @@ void AttnTileT(const internal::AttnTile& t) {
     }
     for (; qi < nq; ++qi) ScoreQueries<V, 1>(qs + qi * hd, hd, kt, bs, n_chunks, s + qi * bs);
 
-    // 3b. Per query: causal mask, online softmax, V accumulation.
+    // 3b. Per query: soft-cap, causal and window masks, online softmax, V accumulation.
     for (qi = 0; qi < nq; ++qi) {
       const int n = std::min(bs, t.pos_first + qi / t.n_heads + 1 - p0);
-      if (n <= 0) continue;
+      const int lo = internal::AttnRowFirstSlot(t, qi / t.n_heads, p0);
+      if (n <= lo) continue;
       float* sq = s + qi * bs;
       const int nc = (n + W - 1) / W;
+      if (t.softcap > 0) {
+        // cap * tanh(x / cap), tanh(y) = 1 - 2 / (1 + exp(2y)) (ExpV clamps: no inf/NaN).
+        for (int c = 0; c < nc; ++c) {
+          const F y = V::Mul(V::Load(sq + c * W), vinv_cap);
+          const F th = V::Sub(one, V::Div(two, V::Add(one, ExpV<V>(V::Add(y, y)))));
+          V::Store(sq + c * W, V::Mul(vcap, th));
+        }
+      }
+      for (int j = 0; j < lo; ++j) sq[j] = kNegInf;  // before the sliding window
       F mx = V::Set1(kNegInf);
       for (int c = 0; c < nc; ++c) {
         F v = V::Load(sq + c * W);
@@ -178,7 +190,17 @@ void AttnTileT(const internal::AttnTile& t) {
         F p = ExpV<V>(V::Sub(V::Load(sq + c * W), vm));
         if (n - c * W < W) p = V::MaskTail(p, n - c * W, 0.0f);
         V::Store(sq + c * W, p);
-        sum = V::Add(sum, p);
+        if (c * W >= lo) sum = V::Add(sum, p);
+      }
+      // ExpV(-inf) is ~1e-38, not 0: the slots before the window get an exact 0 and are
+      // summed here (the chunks holding them were left out above).
+      for (int c0 = 0; c0 < lo; c0 += W) {
+        float part = 0.0f;
+        for (int j = c0; j < std::min(c0 + W, n); ++j) {
+          if (j < lo) sq[j] = 0.0f;
+          part += sq[j];
+        }
+        sum = V::Add(sum, V::MaskTail(V::Set1(part), 1, 0.0f));
       }
       l[qi] = l[qi] * corr + V::HSum(sum);
       m[qi] = m_new;
@@ -187,14 +209,14 @@ void AttnTileT(const internal::AttnTile& t) {
       for (int d = 0; d < hd;) {
         const int g = std::min(kMaxG, (hd - d) / W);
         switch (g) {
-          case 1: AccumulateV<V, 1>(a + d, corr, sq, n, vt + d, hd); break;
-          case 2: AccumulateV<V, 2>(a + d, corr, sq, n, vt + d, hd); break;
-          case 3: AccumulateV<V, 3>(a + d, corr, sq, n, vt + d, hd); break;
-          case 4: AccumulateV<V, 4>(a + d, corr, sq, n, vt + d, hd); break;
-          case 5: AccumulateV<V, 5>(a + d, corr, sq, n, vt + d, hd); break;
-          case 6: AccumulateV<V, 6>(a + d, corr, sq, n, vt + d, hd); break;
-          case 7: AccumulateV<V, 7>(a + d, corr, sq, n, vt + d, hd); break;
-          default: AccumulateV<V, 8>(a + d, corr, sq, n, vt + d, hd); break;
+          case 1: AccumulateV<V, 1>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 2: AccumulateV<V, 2>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 3: AccumulateV<V, 3>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 4: AccumulateV<V, 4>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 5: AccumulateV<V, 5>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 6: AccumulateV<V, 6>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          case 7: AccumulateV<V, 7>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
+          default: AccumulateV<V, 8>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
         }
         d += g * W;
       }

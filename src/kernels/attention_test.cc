@@ -122,37 +122,41 @@ Scenario MakeScenario(int n_head, int n_head_kv, int head_dim, int block_size,
 }
 
 // Dense f32 causal attention on the unrounded K/V of sequence i, row t, head h.
-std::vector<float> NaiveDense(const Scenario& sc, size_t i, int t, int h, float scale) {
+// (With a window, only the last `window` positions; with a softcap, capped scores.)
+std::vector<float> NaiveDense(const Scenario& sc, size_t i, int t, int h, float scale, const AttnOptions& opt) {
   const int hd = sc.head_dim, kvh = h / (sc.n_head / sc.n_head_kv);
   const int n_kv = sc.seqs[i].pos0 + t + 1;
+  const int first = opt.window > 0 ? std::max(0, n_kv - opt.window) : 0;
   const float* qh = sc.q.data() + (sc.seqs[i].q_row0 + t) * sc.q_stride + h * hd;
-  std::vector<float> p(n_kv), o(hd, 0.0f);
-  for (int j = 0; j < n_kv; ++j) {
+  std::vector<float> p(n_kv - first), o(hd, 0.0f);
+  for (int j = first; j < n_kv; ++j) {
     float dot = 0.0f;
     for (int d = 0; d < hd; ++d) dot += qh[d] * sc.k_all[i][j * sc.KvWidth() + kvh * hd + d];
-    p[j] = dot * scale;
+    dot *= scale;
+    if (opt.softcap > 0) dot = opt.softcap * std::tanh(dot / opt.softcap);
+    p[j - first] = dot;
   }
   const float mx = *std::max_element(p.begin(), p.end());
   float sum = 0.0f;
   for (float& x : p) sum += (x = std::exp(x - mx));
-  for (int j = 0; j < n_kv; ++j)
-    for (int d = 0; d < hd; ++d) o[d] += p[j] / sum * sc.v_all[i][j * sc.KvWidth() + kvh * hd + d];
+  for (int j = first; j < n_kv; ++j)
+    for (int d = 0; d < hd; ++d) o[d] += p[j - first] / sum * sc.v_all[i][j * sc.KvWidth() + kvh * hd + d];
   return o;
 }
 
-void CheckScenario(Scenario& sc) {
+void CheckScenario(Scenario& sc, const AttnOptions& opt = {}) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(sc.head_dim));
   const int64_t width = static_cast<int64_t>(sc.n_head) * sc.head_dim;
   const int64_t out_stride = width + 7;
   const float kNan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> ref(sc.n_rows * out_stride, kNan);
   PagedAttentionRef(sc.Kv(), sc.layer, sc.seqs, sc.q.data(), sc.q_stride, sc.n_head, scale,
-                    ref.data(), out_stride);
+                    ref.data(), out_stride, opt);
   // Reference vs the dense f32 attention (K/V rounding to f16 is the only difference).
   for (size_t i = 0; i < sc.seqs.size(); ++i) {
     for (int t = 0; t < sc.seqs[i].n_tokens; ++t) {
       for (int h = 0; h < sc.n_head; ++h) {
-        const auto o = NaiveDense(sc, i, t, h, scale);
+        const auto o = NaiveDense(sc, i, t, h, scale, opt);
         for (int d = 0; d < sc.head_dim; ++d) {
           ASSERT_NEAR(ref[(sc.seqs[i].q_row0 + t) * out_stride + h * sc.head_dim + d], o[d], 5e-3f)
               << "seq " << i << " row " << t << " head " << h;
@@ -169,7 +173,7 @@ void CheckScenario(Scenario& sc) {
           AttentionScratchFloats(threads, sc.head_dim, sc.block_size), kNan);
       std::vector<float> out(sc.n_rows * out_stride, kNan);
       internal::PagedAttentionAt(level, sc.Kv(), sc.layer, sc.seqs, sc.q.data(), sc.q_stride,
-                                 sc.n_head, scale, out.data(), out_stride, pool, scratch.data());
+                                 sc.n_head, scale, out.data(), out_stride, pool, scratch.data(), opt);
       for (int64_t r = 0; r < sc.n_rows; ++r) {
         for (int64_t e = 0; e < width; ++e) {
           ASSERT_NEAR(out[r * out_stride + e], ref[r * out_stride + e], 2e-5f)
@@ -264,6 +268,22 @@ TEST(AttentionTest, MatchesRefOddShapes) {
   CheckScenario(c);
   Scenario d = MakeScenario(4, 2, 20, 5, {{0, 12}, {9, 4}}, 18);
   CheckScenario(d);
+}
+
+// Gemma's sliding window and soft-capping, every level: windows shorter than a block,
+// spanning blocks, of one position, longer than the sequence; alone and with a cap.
+TEST(AttentionTest, MatchesRefWithSlidingWindowAndSoftcap) {
+  for (int bs : {8, 16}) {
+    for (int32_t window : {1, 5, 16, 23, 1000}) {
+      for (float cap : {0.0f, 2.0f}) {
+        SCOPED_TRACE(std::to_string(bs) + " window " + std::to_string(window) + " cap " + std::to_string(cap));
+        Scenario sc = MakeScenario(8, 2, 64, bs, {{0, 37}, {40, 1}, {19, 9}, {2, 3}}, 21);
+        CheckScenario(sc, AttnOptions{cap, window});
+      }
+    }
+  }
+  Scenario odd = MakeScenario(4, 2, 20, 5, {{0, 12}, {9, 4}}, 22);  // the scalar tile
+  CheckScenario(odd, AttnOptions{3.0f, 6});
 }
 
 TEST(AttentionTest, SingleTokenEqualsItsValue) {

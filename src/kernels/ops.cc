@@ -66,6 +66,16 @@ void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, i
   return SwiGluRef(gate, up, out, n);
 }
 
+void GeGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n) {
+#if TRELLIS_X86
+  if (level == SimdLevel::kAvx512) return GeGluAvx512(gate, up, out, n);
+  if (level == SimdLevel::kAvx2) return GeGluAvx2(gate, up, out, n);
+#elif TRELLIS_ARM64
+  if (level == SimdLevel::kNeon) return GeGluNeon(gate, up, out, n);
+#endif
+  return GeGluRef(gate, up, out, n);
+}
+
 }  // namespace internal
 
 // ---- RMSNorm ----
@@ -172,6 +182,20 @@ void SwiGluRef(const float* gate, const float* up, float* out, int64_t n) {
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   internal::SwiGluAt(internal::BestSimdLevel(), gate, up, out, n);
+}
+
+// ---- GeGLU ----
+
+void GeGluRef(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr double kC = 0.7978845608028654;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(kC * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
+void GeGlu(const float* gate, const float* up, float* out, int64_t n) {
+  internal::GeGluAt(internal::BestSimdLevel(), gate, up, out, n);
 }
 
 }  // namespace trellis

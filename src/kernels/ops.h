@@ -55,6 +55,12 @@ void SoftmaxRef(float* x, int64_t n);
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 void SwiGluRef(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu(gate[i]) * up[i] with the tanh GELU (Gemma's GeGLU, ggml_gelu):
+// gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) = g / (1 + exp(-2u)),
+// u = sqrt(2/pi) (g + 0.044715 g^3). out may alias gate.
+void GeGlu(const float* gate, const float* up, float* out, int64_t n);
+void GeGluRef(const float* gate, const float* up, float* out, int64_t n);
+
 namespace internal {
 
 // SIMD level a kernel runs at. Tests force each level the CPU supports.
@@ -70,18 +76,22 @@ void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, 
                float* out);
 void SoftmaxAt(SimdLevel level, float* x, int64_t n);
 void SwiGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n);
+void GeGluAt(SimdLevel level, const float* gate, const float* up, float* out, int64_t n);
 
 // ISA-specific kernels (ops_avx2.cc, ops_avx512.cc on x86-64, ops_neon.cc on aarch64).
 // Call only if CpuSupports().
 void RmsNormAvx2(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxAvx2(float* x, int64_t n);
 void SwiGluAvx2(const float* gate, const float* up, float* out, int64_t n);
+void GeGluAvx2(const float* gate, const float* up, float* out, int64_t n);
 void RmsNormAvx512(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxAvx512(float* x, int64_t n);
 void SwiGluAvx512(const float* gate, const float* up, float* out, int64_t n);
+void GeGluAvx512(const float* gate, const float* up, float* out, int64_t n);
 void RmsNormNeon(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxNeon(float* x, int64_t n);
 void SwiGluNeon(const float* gate, const float* up, float* out, int64_t n);
+void GeGluNeon(const float* gate, const float* up, float* out, int64_t n);
 
 }  // namespace internal
 }  // namespace trellis

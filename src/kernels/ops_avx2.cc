@@ -15,4 +15,8 @@ void SwiGluAvx2(const float* gate, const float* up, float* out, int64_t n) {
   SwiGluT<V256>(gate, up, out, n);
 }
 
+void GeGluAvx2(const float* gate, const float* up, float* out, int64_t n) {
+  GeGluT<V256>(gate, up, out, n);
+}
+
 }  // namespace trellis::internal

@@ -15,4 +15,8 @@ void SwiGluAvx512(const float* gate, const float* up, float* out, int64_t n) {
   SwiGluT<V512>(gate, up, out, n);
 }
 
+void GeGluAvx512(const float* gate, const float* up, float* out, int64_t n) {
+  GeGluT<V512>(gate, up, out, n);
+}
+
 }  // namespace trellis::internal

@@ -15,4 +15,8 @@ void SwiGluNeon(const float* gate, const float* up, float* out, int64_t n) {
   SwiGluT<V128>(gate, up, out, n);
 }
 
+void GeGluNeon(const float* gate, const float* up, float* out, int64_t n) {
+  GeGluT<V128>(gate, up, out, n);
+}
+
 }  // namespace trellis::internal

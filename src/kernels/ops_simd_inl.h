@@ -312,5 +312,23 @@ void SwiGluT(const float* gate, const float* up, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + __builtin_expf(-gate[i])) * up[i];
 }
 
+template <typename V>
+void GeGluT(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr int W = V::kW;
+  constexpr float kC2 = -2.0f * 0.7978845608f;  // -2 sqrt(2/pi)
+  const auto one = V::Set1(1.0f), c2 = V::Set1(kC2), a = V::Set1(0.044715f);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const auto g = V::Load(gate + i);
+    const auto inner = V::Fma(V::Mul(a, g), V::Mul(g, g), g);  // g + 0.044715 g^3
+    const auto e = ExpV<V>(V::Mul(c2, inner));                 // exp(-2u), clamped: finite
+    V::Store(out + i, V::Mul(V::Div(g, V::Add(one, e)), V::Load(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + __builtin_expf(kC2 * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
 }  // namespace
 }  // namespace trellis

@@ -82,6 +82,31 @@ TEST(OpsTest, SoftmaxSumsToOneAndHandlesLargeValues) {
   }
 }
 
+// GeGLU (tanh GELU) against the double-precision reference and its definition at known
+// points, every level, gates far out on both sides (the exp clamps must not make NaN).
+TEST(OpsTest, GeGluMatchesRefAllLevels) {
+  std::mt19937 rng(4);
+  for (SimdLevel level : SupportedLevels()) {
+    for (int64_t n : {1, 9, 16, 31, 9216}) {
+      const auto g = RandomVec(n, rng, -60.0f, 60.0f), u = RandomVec(n, rng);
+      std::vector<float> ref(n), got(n);
+      GeGluRef(g.data(), u.data(), ref.data(), n);
+      internal::GeGluAt(level, g.data(), u.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << i;
+        ASSERT_NEAR(got[i], ref[i], 1e-6f + 4e-6f * std::fabs(ref[i])) << g[i];
+      }
+    }
+  }
+  // gelu(1) = 0.841192 (tanh form), gelu(-3) = -0.003637, gelu(0) = 0.
+  const float g[3] = {1.0f, -3.0f, 0.0f}, u[3] = {1.0f, 1.0f, 5.0f};
+  float out[3];
+  GeGlu(g, u, out, 3);
+  EXPECT_NEAR(out[0], 0.841192f, 1e-5f);
+  EXPECT_NEAR(out[1], -0.003637f, 1e-5f);
+  EXPECT_EQ(out[2], 0.0f);
+}
+
 TEST(OpsTest, SwiGluMatchesRefAllLevels) {
   std::mt19937 rng(3);
   for (SimdLevel level : SupportedLevels()) {

@@ -14,6 +14,54 @@ Result<int> GetPositiveInt(const GgufFile& g, const std::string& key, uint64_t m
   return static_cast<int>(*v);
 }
 
+Result<double> GetPositiveFloat(const GgufFile& g, const std::string& key, double max) {
+  auto v = g.GetFloat(key);
+  if (!v.ok()) return v.status();
+  if (!(*v > 0 && *v <= max)) return InvalidArgument(fmt::format("metadata '{}' = {} is out of range (0, {}]", key, *v, max));
+  return *v;
+}
+
+// Gemma 2/3's keys, with llama.cpp's defaults where a key is absent.
+Status ReadGemmaKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const bool g2 = c->arch == "gemma2";
+  c->embd_scale = std::sqrt(static_cast<float>(c->n_embd));
+  c->attn_softcap = g2 ? 50.0f : 0.0f;
+  c->final_softcap = g2 ? 30.0f : 0.0f;
+  if (g.Has(p + "attn_logit_softcapping") && g2) {
+    TRELLIS_ASSIGN_OR_RETURN(double v, GetPositiveFloat(g, p + "attn_logit_softcapping", 1e6));
+    c->attn_softcap = static_cast<float>(v);
+  }
+  if (g.Has(p + "final_logit_softcapping")) {
+    TRELLIS_ASSIGN_OR_RETURN(double v, GetPositiveFloat(g, p + "final_logit_softcapping", 1e6));
+    c->final_softcap = static_cast<float>(v);
+  }
+  // Gemma 2 always slides (window 4096 unless the file says); Gemma 3 when the file says.
+  c->n_swa = g2 ? 4096 : 0;
+  if (g.Has(p + "attention.sliding_window")) {
+    TRELLIS_ASSIGN_OR_RETURN(c->n_swa, GetPositiveInt(g, p + "attention.sliding_window", 1 << 24));
+  }
+  c->swa_period = g2 ? 2 : 6;
+  if (g.Has(p + "attention.sliding_window_pattern")) {
+    auto v = g.GetUint(p + "attention.sliding_window_pattern");
+    if (!v.ok()) {
+      return Unsupported(fmt::format("metadata '{}attention.sliding_window_pattern' is not a number (a per-layer "
+                                     "array is not supported)", p));
+    }
+    if (*v > 1024) return InvalidArgument(fmt::format("sliding_window_pattern {} out of range", *v));
+    c->swa_period = static_cast<int>(*v);
+  }
+  c->rope_freq_base_swa = g2 ? c->rope_freq_base : 10000.0f;
+  if (g.Has(p + "rope.freq_base_swa")) {
+    TRELLIS_ASSIGN_OR_RETURN(double b, GetPositiveFloat(g, p + "rope.freq_base_swa", 1e12));
+    c->rope_freq_base_swa = static_cast<float>(b);
+  }
+  // llama.cpp (after gemma_pytorch): the 27B models scale scores by n_embd / n_head
+  // (their query_pre_attn_scalar), the others by the head dim; the file does not say.
+  const bool is_27b = c->n_layer == (g2 ? 46 : 62);
+  c->attn_scale = 1.0f / std::sqrt(static_cast<float>(is_27b ? c->n_embd / c->n_head : c->head_dim));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
@@ -26,9 +74,15 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     c.qk_norm = true;
   } else if (c.arch == "phi3") {
     c.rope_neox = true;
+  } else if (c.arch == "gemma2" || c.arch == "gemma3") {
+    c.rope_neox = true;
+    c.post_norms = true;
+    c.ffn_gelu = true;
+    c.qk_norm = c.arch == "gemma3";
   } else if (c.arch != "llama") {
     return Unsupported(fmt::format("architecture '{}' is not supported (supported: llama (TinyLlama, Llama 2/3, "
-                                   "Mistral, SmolLM), qwen2 (Qwen2, Qwen2.5), qwen3, phi3 (Phi-3, Phi-3.5, Phi-4-mini))",
+                                   "Mistral, SmolLM), qwen2 (Qwen2, Qwen2.5), qwen3, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
+                                   "gemma2, gemma3)",
                                    c.arch));
   }
   if (auto n = g.GetString("general.name"); n.ok()) c.name = *n;
@@ -101,6 +155,9 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     TRELLIS_ASSIGN_OR_RETURN(double e, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
     if (!(e > 0 && e < 1)) return InvalidArgument(fmt::format("layer_norm_rms_epsilon {} out of range", e));
     c.rms_eps = static_cast<float>(e);
+  }
+  if (c.post_norms) {
+    TRELLIS_RETURN_IF_ERROR(ReadGemmaKeys(g, p, &c));
   }
   // The vocab size comes from the token list when the key is absent.
   if (g.Has(p + "vocab_size")) {

@@ -10,6 +10,12 @@
 //   phi3   Phi-3/3.5, Phi-4-mini: fused attn_qkv and ffn_up (gate and up in one matrix),
 //          NeoX RoPE, LongRoPE (rope_factors_long/short chosen by the context size, and
 //          rope.scaling.attn_factor), partial rotary (Phi-4-mini).
+//   gemma2 Gemma 2: embeddings times sqrt(n_embd), post-attention and post-FFN norms,
+//          GeGLU, attention logit soft-capping (50) and final logit soft-capping (30),
+//          sliding-window attention (4096) on every other layer, NeoX RoPE, tied output.
+//   gemma3 Gemma 3: as gemma2 without attention soft-capping (final only if the file
+//          says), plus Q/K norm, 5 sliding-window layers per global one, and a RoPE
+//          base (rope.freq_base_swa, 10000) and scale of their own on the window layers.
 // Optional tensors any of them may carry (biases, a tied output) are the model's
 // business (engine/model.h). Anything else is rejected with an error naming the
 // architecture and listing the supported ones.
@@ -26,7 +32,7 @@
 namespace trellis {
 
 struct ModelConfig {
-  std::string arch;        // general.architecture: "llama", "qwen2", "qwen3", "phi3"
+  std::string arch;        // general.architecture: llama, qwen2, qwen3, phi3, gemma2, gemma3
   std::string name;        // general.name, informational
   int n_vocab = 0;
   int n_ctx_train = 0;     // context length the model was trained with
@@ -45,12 +51,27 @@ struct ModelConfig {
   int n_ctx_orig = 0;            // rope.scaling.original_context_length, else n_ctx_train:
                                  // a context longer than this selects rope_factors_long
   float rms_eps = 1e-5f;
+  // Gemma 2/3 (all off elsewhere).
+  float embd_scale = 0.0f;     // token embeddings times this (sqrt(n_embd)); 0: none
+  bool post_norms = false;     // attn_post_norm / ffn_post_norm on each sublayer's output
+  bool ffn_gelu = false;       // GeGLU (tanh GELU) instead of SwiGLU
+  float attn_softcap = 0.0f;   // attention scores -> c tanh(score / c); 0: none
+  float final_softcap = 0.0f;  // logits -> c tanh(logit / c); 0: none
+  float attn_scale = 0.0f;     // score scale; 0: 1 / sqrt(head_dim)
+  int n_swa = 0;               // sliding window of the window layers, positions; 0: none
+  int swa_period = 0;          // with n_swa: layer il is a window layer iff
+                               // il % swa_period < swa_period - 1 (0: every layer)
+  float rope_freq_base_swa = 10000.0f;  // the window layers' RoPE base (scale 1)
 
   // Reads and validates the ARCH.* keys. Errors name the missing or bad key.
   static Result<ModelConfig> FromGguf(const GgufFile& gguf);
 
   // K/V floats per token per layer (n_head_kv * head_dim).
   int kv_dim() const { return n_head_kv * head_dim; }
+  // True for a sliding-window layer (attends to the last n_swa positions only).
+  bool IsSwaLayer(int il) const {
+    return n_swa > 0 && (swa_period == 0 || il % swa_period < swa_period - 1);
+  }
   // The per-session context when none is asked for: the trained one, at most 4096.
   int DefaultContext() const { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
 };
