@@ -19,7 +19,7 @@ case "$flavour" in
   fuzz)
     CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
       -DTRELLIS_FUZZ=ON -DTRELLIS_SANITIZE=ON >/dev/null
-    ninja -C build-fuzz -j "$jobs" gguf_fuzz api_fuzz http_fuzz store_fuzz grid_fuzz ;;
+    ninja -C build-fuzz -j "$jobs" gguf_fuzz api_fuzz http_fuzz store_fuzz grid_fuzz jinja_fuzz ;;
   aarch64)
     cmake -S . -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DTRELLIS_CORE_ONLY=ON >/dev/null

@@ -28,7 +28,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 TRELLIS_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -R '^server_(load|hostile)$' --timeout 900
 
-echo "== [3/4] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages (${FUZZ_SECONDS}s each)" >&2
+echo "== [3/4] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages, chat templates (${FUZZ_SECONDS}s each)" >&2
 scripts/build.sh fuzz
 # fuzz NAME CORPUS MAX_LEN [flags...]: replays the committed corpus, then fuzzes for
 # FUZZ_SECONDS into a scratch directory (new inputs never go into the committed corpus).
@@ -44,6 +44,7 @@ fuzz http_fuzz tests/data/http_corpus 16384 -dict=tests/data/http_corpus.dict
 fuzz api_fuzz tests/data/api_corpus 65536 -dict=tests/data/api_corpus.dict
 UCX_NET_DEVICES=lo LSAN_OPTIONS=suppressions=tests/fuzz/store_fuzz.lsan.supp fuzz store_fuzz tests/data/store_corpus 4096
 fuzz grid_fuzz tests/data/grid_corpus 4096
+fuzz jinja_fuzz tests/data/jinja_corpus 4096 -dict=tests/data/jinja_corpus.dict
 
 if [[ $(uname -m) == x86_64 ]]; then
   echo "== [4/4] aarch64 cross build + tests under qemu-user" >&2

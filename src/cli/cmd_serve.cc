@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/grid_flags.h"
 #include "cli/store_flags.h"
+#include "cli/template_flags.h"
 #include "engine/engine_loop.h"
 #include "engine/model.h"
 #include "model/tokenizer.h"
@@ -77,26 +78,6 @@ std::string CheckOpts(const ServeOpts& o) {
   return {};
 }
 
-// The chat template: --chat-template NAME, else the GGUF's tokenizer.chat_template, else
-// zephyr (the default model's vocab is TinyLlama's, whose chat model uses zephyr).
-Result<server::ChatTemplate> PickTemplate(const ServeOpts& o, const Model& model, const Tokenizer& tok,
-                                          std::string& source) {
-  server::TemplateTokens t;
-  t.bos = tok.bos_id() >= 0 ? std::string(tok.TokenText(tok.bos_id())) : "";
-  t.eos = tok.eos_id() >= 0 ? std::string(tok.TokenText(tok.eos_id())) : "";
-  if (!o.chat_template.empty()) {
-    source = "--chat-template";
-    return server::ChatTemplate::FromName(o.chat_template, t);
-  }
-  auto jinja = model.gguf().GetString("tokenizer.chat_template");
-  if (jinja.ok()) {
-    source = "tokenizer.chat_template";
-    return server::ChatTemplate::Detect(*jinja, t);
-  }
-  source = "default: the model has no tokenizer.chat_template";
-  return server::ChatTemplate::FromName("zephyr", t);
-}
-
 int Serve(const ServeOpts& opts) {
   ServeOpts o = opts;
   if (std::string bad = CheckOpts(o); !bad.empty()) return Fail(bad);
@@ -120,7 +101,7 @@ int Serve(const ServeOpts& opts) {
   auto tok = Tokenizer::FromGguf((*model)->gguf());
   if (!tok.ok()) return Fail(tok.status().ToString());
   std::string template_source;
-  auto chat = PickTemplate(o, **model, **tok, template_source);
+  auto chat = PickTemplate(o.chat_template, **model, **tok, template_source);
   if (!chat.ok()) return Fail(chat.status().message());
 
   // Signals are taken by one waiting thread: block them before any thread starts so every
@@ -250,7 +231,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--max-running", o->max_running, "requests decoded together")->capture_default_str();
   app.add_option("-b,--batch", o->batch, "tokens per engine step")->capture_default_str();
   app.add_option("--chat-template", o->chat_template,
-                 "chat template family: " + server::ChatTemplate::KnownNames() + " (default: from the model)");
+                 "a built-in template (" + server::ChatTemplate::KnownNames() + ") or a Jinja file (default: the model's own template)");
   app.add_option("--alias", o->alias, "model name to report and accept (default: the file name)");
   app.add_option("--api-key", o->api_keys, "require 'Authorization: Bearer KEY' (repeat for several tenants)");
   app.add_option("--api-key-file", o->api_key_file, "file with one API key per line");

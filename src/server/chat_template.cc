@@ -1,5 +1,7 @@
 #include "server/chat_template.h"
 
+#include <fmt/core.h>
+
 #include <array>
 #include <utility>
 
@@ -310,7 +312,53 @@ Result<ChatTemplate> ChatTemplate::Detect(std::string_view jinja, TemplateTokens
                          "); pass --chat-template NAME");
 }
 
+Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTokens tokens) {
+  auto parsed = jinja::Template::Parse(source);
+  if (!parsed.ok()) {
+    return InvalidArgument(fmt::format("{} (or pass --chat-template NAME|FILE; names: {})", parsed.status().message(),
+                                       KnownNames()));
+  }
+  ChatTemplate t(TemplateFamily::kJinja, std::move(tokens));
+  t.jinja_ = std::make_shared<const jinja::Template>(std::move(parsed).value());
+  // Probe: what every chat sends. Errors a template raises on purpose for the system
+  // role (Gemma's "System role not supported") are the template's rule, not a failure.
+  const ChatMessage probe[] = {{"user", "Hello"}, {"assistant", "Hi."}, {"user", "How are you?"}};
+  auto r = t.RenderJinja(probe, true);
+  if (!r.ok()) {
+    return InvalidArgument(fmt::format("{} (on a probe conversation; or pass --chat-template NAME|FILE; names: {})",
+                                       r.status().message(), KnownNames()));
+  }
+  return t;
+}
+
+Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const ChatMessage> messages,
+                                                             bool add_generation_prompt) const {
+  jinja::ValueList list;
+  for (const ChatMessage& m : messages) {
+    // Only the content is the user's: the role is one of the checked names.
+    list.push_back(jinja::Value::Dict({{"role", jinja::Value::Str(m.role)}, {"content", jinja::Value::Str(m.content, true)}}));
+  }
+  auto tok = [](const std::string& s) { return s.empty() ? jinja::Value::None() : jinja::Value::Str(s); };
+  const jinja::Value globals = jinja::Value::Dict({{"messages", jinja::Value::List(std::move(list))},
+                                                   {"tools", jinja::Value::None()},
+                                                   {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
+                                                   {"bos_token", tok(tokens_.bos)},
+                                                   {"eos_token", tok(tokens_.eos)}});
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<jinja::Piece> pieces, jinja_->Render(globals));
+  std::vector<PromptSegment> segs;
+  for (jinja::Piece& p : pieces) {
+    if (p.text.empty()) continue;
+    if (!segs.empty() && segs.back().special == !p.input) {
+      segs.back().text += p.text;
+    } else {
+      segs.push_back({std::move(p.text), !p.input});
+    }
+  }
+  return segs;
+}
+
 std::string_view ChatTemplate::name() const {
+  if (family_ == TemplateFamily::kJinja) return "jinja (the model's own template)";
   for (const NamedFamily& f : kFamilies) {
     if (f.family == family_) return f.name;
   }
@@ -333,6 +381,7 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const 
     case TemplateFamily::kChatMl: return RenderChatMl(messages, add_generation_prompt, default_system_);
     case TemplateFamily::kZephyr: return RenderZephyr(messages, add_generation_prompt, tokens_);
     case TemplateFamily::kPhi3: return RenderPhi3(messages, add_generation_prompt, tokens_);
+    case TemplateFamily::kJinja: return RenderJinja(messages, add_generation_prompt);
   }
   return Internal("unhandled template family");
 }

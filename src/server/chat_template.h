@@ -1,9 +1,15 @@
 // ChatTemplate: turns a list of chat messages into the prompt text a model was trained on.
 //
-// Trellis does not run Jinja. It recognizes the family of a GGUF's
-// `tokenizer.chat_template` from marker strings in the template text and renders the
-// messages with a hand-written renderer that produces exactly what the Jinja produces
-// for that family (HF rendering: trim_blocks and lstrip_blocks on, no tools):
+// A model's own `tokenizer.chat_template` is run by the Jinja interpreter (jinja.h):
+// FromJinja parses it and renders a probe conversation at start-up, so a template it
+// cannot handle fails there, with the template's line and the construct, before any
+// request. Rendering is what Hugging Face's apply_chat_template gives (golden strings:
+// tests/data/templates/golden.json).
+//
+// Hand-written renderers of the common families remain, chosen by name (--chat-template
+// NAME, or for a model without a template): each produces exactly what the family's
+// Jinja produces (HF rendering: trim_blocks and lstrip_blocks on, no tools). Detect
+// recognizes a family from marker strings in a template's text:
 //
 //   llama2      <s>[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST] {asst} </s>
 //   llama3      <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>
@@ -28,12 +34,14 @@
 // Thread safety: immutable after construction; Render may be called concurrently.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "model/tokenizer.h"
+#include "server/jinja.h"
 #include "util/status.h"
 
 namespace trellis::server {
@@ -51,7 +59,7 @@ struct PromptSegment {
   bool special = false;
 };
 
-enum class TemplateFamily { kLlama2, kLlama3, kLlama31, kMistral, kMistralNemo, kChatMl, kZephyr, kPhi3 };
+enum class TemplateFamily { kLlama2, kLlama3, kLlama31, kMistral, kMistralNemo, kChatMl, kZephyr, kPhi3, kJinja };
 
 // The special-token texts a template refers to (bos_token, eos_token).
 struct TemplateTokens {
@@ -65,6 +73,10 @@ class ChatTemplate {
   static Result<ChatTemplate> FromName(std::string_view name, TemplateTokens tokens);
   // Recognizes the family of a Jinja template's text. InvalidArgument for an unknown one.
   static Result<ChatTemplate> Detect(std::string_view jinja, TemplateTokens tokens);
+  // Runs the template itself (jinja.h). InvalidArgument naming the line and the construct
+  // when it does not parse, or when it fails on the probe conversation (user, assistant,
+  // user; and with a system message first unless the template refuses system messages).
+  static Result<ChatTemplate> FromJinja(std::string_view source, TemplateTokens tokens);
   // The names FromName accepts, comma separated.
   static std::string KnownNames();
 
@@ -82,9 +94,11 @@ class ChatTemplate {
 
  private:
   ChatTemplate(TemplateFamily f, TemplateTokens t) : family_(f), tokens_(std::move(t)) {}
+  Result<std::vector<PromptSegment>> RenderJinja(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
   TemplateFamily family_;
   TemplateTokens tokens_;
+  std::shared_ptr<const jinja::Template> jinja_;  // kJinja
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
 };
 

@@ -8,7 +8,12 @@ TRELLIS=$1 DATA=$2
 source "$(dirname "$0")/lib.sh"
 
 say "an unknown --chat-template is an error at start-up"
-expect_fail "unknown chat template 'vicuna'.*zephyr" -- "$TRELLIS" serve -m "$model" --port 0 --chat-template vicuna
+expect_fail "'vicuna' is neither a template name .*zephyr.* nor a readable file" -- "$TRELLIS" serve -m "$model" --port 0 --chat-template vicuna
+say "a Jinja file the interpreter cannot handle fails at start-up with its line and the construct"
+printf 'line one\n{%% for m in messages %%}{{ m.content | frobnicate }}{%% endfor %%}\n' >"$tmp/bad.jinja"
+expect_fail "bad.jinja: chat template line 2: unsupported filter 'frobnicate'" -- "$TRELLIS" serve -m "$model" --port 0 --chat-template "$tmp/bad.jinja"
+printf '{{ raise_exception("this template refuses everything") }}' >"$tmp/raise.jinja"
+expect_fail "line 1: the template raised: this template refuses everything.*probe" -- "$TRELLIS" serve -m "$model" --port 0 --chat-template "$tmp/raise.jinja"
 
 start_server api
 say "the start-up line names the address and the template"
@@ -166,5 +171,16 @@ stop_server
 grep -q "stopped" "$tmp/api.log" || die "no shutdown line: $(cat "$tmp/api.log")"
 wait "$cpid" || true
 ok "$(tail -1 "$tmp/api.log")"
+
+say "a Jinja template FILE (Gemma 2's) is run by the interpreter; its own rules apply"
+start_server jinja --chat-template "$DATA/templates/google-gemma-2-2b-it.jinja"
+grep -q "template jinja" "$tmp/jinja.log" || die "template not jinja: $(cat "$tmp/jinja.log")"
+[[ $(post /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello."},{"role":"user","content":"Bye"}],"max_tokens":2}' "$tmp/j1.json") == 200 ]] ||
+  die "gemma chat: $(cat "$tmp/j1.json")"
+ok "user/assistant/user: 200, prompt_tokens $(jget "$tmp/j1.json" "j['usage']['prompt_tokens']")"
+code=$(post /v1/chat/completions '{"messages":[{"role":"system","content":"x"},{"role":"user","content":"Hi"}],"max_tokens":2}' "$tmp/j2.json")
+[[ $code == 400 ]] && grep -q "System role not supported" "$tmp/j2.json" || die "system role: $code $(cat "$tmp/j2.json")"
+ok "system role: 400 $(jget "$tmp/j2.json" "j['error']['message']")"
+stop_server
 
 echo "PASS server_api: $n_checks checks"
