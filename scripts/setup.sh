@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build g++ clang libclang-rt-14-dev python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev gnuplot-nox
-  libcpp-httplib-dev nodejs curl
+  libcpp-httplib-dev nodejs curl tmux
   libboost-dev zlib1g-dev libbrotli-dev brotli
   libucx-dev ucx-utils libxxhash-dev pkg-config
   pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest etcd-server

@@ -22,6 +22,7 @@ Runner AddGgufInfoCommand(CLI::App& app);
 Runner AddGenModelCommand(CLI::App& app);
 Runner AddBenchCommand(CLI::App& app);
 Runner AddServeCommand(CLI::App& app);
+Runner AddChatCommand(CLI::App& app);
 Runner AddStoreCommand(CLI::App& app);
 Runner AddNodeCommand(CLI::App& app);
 

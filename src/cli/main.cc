@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add("gen-model", "write a random-weight llama model of a named shape", trellis::cli::AddGenModelCommand);
   add("bench", "benchmarks (speed)", trellis::cli::AddBenchCommand);
   add("serve", "OpenAI-compatible HTTP server", trellis::cli::AddServeCommand);
+  add("chat", "interactive chat in the terminal (the model's template, prefix cache per turn)", trellis::cli::AddChatCommand);
   add("store", "prefix tensor store server for this node", trellis::cli::AddStoreCommand);
   add("node", "grid node: hold a range of a model's layers for a `serve --grid` head", trellis::cli::AddNodeCommand);
   try {
