@@ -38,6 +38,7 @@ constexpr std::string_view kSpaceEscape = "\xE2\x96\x81";  // U+2581, SPM's visi
 // Pre-tokenizer names (tokenizer.ggml.pre) llama.cpp maps to each regex we implement.
 constexpr std::string_view kGpt2PreNames[] = {"gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum",
                                               "exaone4", "mpt", "olmo", "jais", "trillion"};
+constexpr std::string_view kQwen2PreNames[] = {"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"};
 constexpr std::string_view kLlama3PreNames[] = {"llama3", "llama-v3", "llama-bpe", "falcon3",
                                                 "falcon-h1", "pixtral", "midm-2.0", "lfm2",
                                                 "jina-v5-nano"};
@@ -142,6 +143,9 @@ Status LoadModelKind(const GgufFile& gguf, Vocab* v) {
     if (OneOf(pre, kGpt2PreNames)) {
       v->pre = PreTokenizer::kGpt2;
       if (pre == "trillion") v->clean_spaces = false;
+    } else if (OneOf(pre, kQwen2PreNames)) {
+      v->pre = PreTokenizer::kQwen2;
+      v->clean_spaces = false;
     } else if (OneOf(pre, kLlama3PreNames)) {
       v->pre = PreTokenizer::kLlama3;
       v->ignore_merges = true;
@@ -149,7 +153,7 @@ Status LoadModelKind(const GgufFile& gguf, Vocab* v) {
     } else {
       return Unsupported(fmt::format(
           "tokenizer: pre-tokenizer '{}={}' is not supported for BPE vocabularies (supported: "
-          "gpt-2 and llama3 families, e.g. 'gpt-2', 'llama-bpe', 'llama3')",
+          "gpt-2, llama3 and qwen2 families, e.g. 'gpt-2', 'llama-bpe', 'llama3', 'qwen2')",
           kKeyPre, pre.empty() ? "<missing>" : pre));
     }
   } else {

@@ -121,7 +121,7 @@ void MergeKey(std::string_view left, std::string_view right, std::string* key) {
 void EncodeBpe(const Vocab& vocab, std::string_view text, std::vector<int32_t>* out) {
   const std::vector<uint32_t> cpts = CodepointsFromUtf8(text);
   const std::vector<size_t> words =
-      vocab.pre == PreTokenizer::kLlama3 ? SplitLlama3(cpts) : SplitGpt2(cpts);
+      vocab.pre == PreTokenizer::kLlama3 ? SplitLlama3(cpts) : vocab.pre == PreTokenizer::kQwen2 ? SplitLlama3(cpts, 1) : SplitGpt2(cpts);
 
   WordMerger merger(vocab);
   std::string utf8;

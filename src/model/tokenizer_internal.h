@@ -47,7 +47,7 @@ struct StringHash {
 };
 using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
-enum class PreTokenizer { kNone, kGpt2, kLlama3 };
+enum class PreTokenizer { kNone, kGpt2, kLlama3, kQwen2 };
 
 struct Vocab {
   TokenizerKind kind = TokenizerKind::kSpm;
@@ -87,6 +87,7 @@ void EncodeBpe(const Vocab& vocab, std::string_view text, std::vector<int32_t>* 
 // Splits codepoints into pre-tokenizer words; returns each word's length in codepoints
 // (sum == cpts.size(), all > 0).
 std::vector<size_t> SplitGpt2(const std::vector<uint32_t>& cpts);
-std::vector<size_t> SplitLlama3(const std::vector<uint32_t>& cpts);
+// max_digits: the \p{N}{1,3} of llama3; 1 gives Qwen2's \p{N} (one word per digit).
+std::vector<size_t> SplitLlama3(const std::vector<uint32_t>& cpts, size_t max_digits = 3);
 
 }  // namespace trellis::tokenizer_internal

@@ -3,6 +3,7 @@
 // GPT-2:  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // llama3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
 //         | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// qwen2:  llama3's with \p{N} for \p{N}{1,3}: every digit is a word of its own.
 //
 // Both scan left to right trying the alternatives in order, as a backtracking regex engine
 // would, and follow llama.cpp's unicode_regex_split_custom_{gpt2,llama3} decision for
@@ -112,7 +113,7 @@ std::vector<size_t> SplitGpt2(const std::vector<uint32_t>& cpts) {
   return s.Take();
 }
 
-std::vector<size_t> SplitLlama3(const std::vector<uint32_t>& cpts) {
+std::vector<size_t> SplitLlama3(const std::vector<uint32_t>& cpts, size_t max_digits) {
   Splitter s(cpts);
   size_t pos = 0;
   while (pos < s.size()) {
@@ -131,12 +132,12 @@ std::vector<size_t> SplitLlama3(const std::vector<uint32_t>& cpts) {
       s.Emit(pos);
       continue;
     }
-    // \p{N}{1,3}
+    // \p{N}{1,3} (llama3), \p{N} (qwen2)
     if (f & kUnicodeNumber) {
       size_t group_start = pos;
       while (s.Flags(pos) & kUnicodeNumber) {
         ++pos;
-        if (pos - group_start >= 3) {
+        if (pos - group_start >= max_digits) {
           s.Emit(pos);
           group_start = pos;
         }

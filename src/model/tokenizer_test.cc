@@ -126,6 +126,60 @@ void CheckVocabVectors(const std::string& vocab, size_t min_cases) {
 }
 
 TEST(TokenizerTest, LlamaSpmVectors) { CheckVocabVectors("ggml-vocab-llama-spm.gguf", 40); }
+
+// The pre-tokenizers and SPM settings of the other families, on the shipped vocabularies
+// with one key changed (tests/data/vocab/README.md: variants/): the Qwen2 regex (one word per
+// digit), the Llama 3 regex (digits in threes, case-folded contractions, merges ignored)
+// and Gemma's SentencePiece without the space prefix. Expected ids: llama.cpp's tokenizer
+// on the same variant files (tools/llama_tokenize_dump.cc), 46 standard inputs + 20 that
+// exercise digits, case, newlines, marks and spaces.
+void CheckVariant(const std::string& name, const std::string& base, const std::string& key, const GgufValue& value) {
+  auto g = GgufFile::Open(kVocabDir + base);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  GgufWriter w;
+  for (const auto& [k, v] : g->metadata()) {
+    if (k != key) w.SetValue(k, v);
+  }
+  w.SetValue(key, value);
+  const std::string path = ::testing::TempDir() + "/variant-" + name + ".gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  auto vg = GgufFile::Open(path);
+  ASSERT_TRUE(vg.ok());
+  auto tok = Tokenizer::FromGguf(*vg);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const std::vector<VocabCase> cases = ReadCases("variants/" + name);
+  ASSERT_EQ(cases.size(), 66u) << name;
+  int failures = 0;
+  for (const VocabCase& c : cases) {
+    const std::vector<int32_t> got = (*tok)->Encode(c.input, false, false);
+    if (got != c.expected) {
+      ++failures;
+      ADD_FAILURE() << name << ": input " << Escaped(c.input) << "\n  expected: " << Ids(c.expected)
+                    << "\n  actual:   " << Ids(got);
+    }
+  }
+  std::printf("%s: %zu/%zu vectors match\n", name.c_str(), cases.size() - failures, cases.size());
+}
+
+GgufValue Str(const std::string& s) {
+  GgufValue v;
+  v.type = GgufValueType::kString;
+  v.str = s;
+  return v;
+}
+
+TEST(TokenizerTest, Qwen2PreTokenizerVectors) {
+  CheckVariant("gpt-2+qwen2", "ggml-vocab-gpt-2.gguf", "tokenizer.ggml.pre", Str("qwen2"));
+}
+TEST(TokenizerTest, Llama3PreTokenizerVectors) {
+  CheckVariant("gpt-2+llama-bpe", "ggml-vocab-gpt-2.gguf", "tokenizer.ggml.pre", Str("llama-bpe"));
+}
+TEST(TokenizerTest, GemmaStyleSpmWithoutSpacePrefixVectors) {
+  GgufValue no;
+  no.type = GgufValueType::kBool;
+  no.u64 = 0;
+  CheckVariant("llama-spm+no-space-prefix", "ggml-vocab-llama-spm.gguf", "tokenizer.ggml.add_space_prefix", no);
+}
 TEST(TokenizerTest, Gpt2Vectors) { CheckVocabVectors("ggml-vocab-gpt-2.gguf", 40); }
 
 void CheckRoundTrips(const std::string& vocab) {
