@@ -42,7 +42,7 @@ Result<WeightMatrix> GetMatrix(const GgufFile& g, const std::string& name, int64
   const GgmlTypeTraits tr = GetGgmlTypeTraits(t->type);
   if (!tr.computable) {
     return Unsupported(fmt::format("tensor '{}' has type {}, which Trellis does not support "
-                                   "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)", name, tr.name));
+                                   "(supported: f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, iq4_nl, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs)", name, tr.name));
   }
   return WeightMatrix{t->type, t->data, rows, cols, RowBytes(t->type, cols)};
 }

@@ -286,7 +286,9 @@ std::vector<Case> AllCases() {
   // The other architectures' quantized files: one prompt each (the f16 files carry the
   // architecture's checks at every length; these add the quantized kernels under it).
   for (const char* m : {"ref-qwen2-q4_k_m", "ref-qwen3-q4_k_m", "ref-llama3.2-q4_k_m", "ref-phi3-q4_k_m",
-                        "ref-gemma2-q4_k_m", "ref-gemma3-q4_k_m"}) {
+                        "ref-gemma2-q4_k_m", "ref-gemma3-q4_k_m",
+                        // The read-only quant types (llama-quantize --pure: every matrix, output too).
+                        "ref-a-q5_0", "ref-a-q5_1", "ref-a-iq4_nl", "ref-a-q2_k", "ref-a-q3_k", "ref-a-iq4_xs"}) {
     v.push_back({m, 67});
   }
   return v;

@@ -132,6 +132,100 @@ float DotQ6_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
   return sum;
 }
 
+// The low-bit types, from their element accessors (quant.h): the integer dot of each
+// block (or 16 / 32-element group) with the Q8 activations, then the scales.
+
+// Q5_0: d_w d_a sum (q - 16) a; Q5_1: d_w d_a sum q a + m_w d_a sum a.
+template <typename B, bool kOffset>
+float DotQ5(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const B* wb = reinterpret_cast<const B*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  const int32_t* asum = reinterpret_cast<const int32_t*>(a + Q8_0SumOffset(cols));
+  float sum = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int isum = 0;
+    for (int k = 0; k < 32; ++k) isum += Q5Element(wb[b], k) * aq[32 * b + k];
+    if constexpr (kOffset) {
+      sum += static_cast<float>(isum) * (Fp16ToFp32(wb[b].d) * ad[b]) +
+             Fp16ToFp32(wb[b].m) * ad[b] * static_cast<float>(asum[b]);
+    } else {
+      sum += static_cast<float>(isum - 16 * asum[b]) * (Fp16ToFp32(wb[b].d) * ad[b]);
+    }
+  }
+  return sum;
+}
+float DotQ5_0(const uint8_t* w, const uint8_t* a, int64_t cols) { return DotQ5<BlockQ5_0, false>(w, a, cols); }
+float DotQ5_1(const uint8_t* w, const uint8_t* a, int64_t cols) { return DotQ5<BlockQ5_1, true>(w, a, cols); }
+
+float DotIQ4_NL(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockIQ4_NL* wb = reinterpret_cast<const BlockIQ4_NL*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int isum = 0;
+    for (int k = 0; k < 32; ++k) isum += IQ4NlElement(wb[b], k) * aq[32 * b + k];
+    sum += static_cast<float>(isum) * (Fp16ToFp32(wb[b].d) * ad[b]);
+  }
+  return sum;
+}
+
+// Q2_K: d_a (d_w sum_g sc_g sum q a - dmin_w sum_g m_g bsum_g), g over 16-element groups.
+float DotQ2_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ2_K* wb = reinterpret_cast<const BlockQ2_K*>(w);
+  const int64_t nb = cols / kQkK;
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  const int16_t* bsums = reinterpret_cast<const int16_t*>(a + Q8KBsumsOffset(cols));
+  float sum = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    int isum = 0, msum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int gsum = 0;
+      for (int k = 16 * g; k < 16 * g + 16; ++k) gsum += Q2KElement(wb[b], k) * aq[kQkK * b + k];
+      isum += (wb[b].scales[g] & 0xF) * gsum;
+      msum += (wb[b].scales[g] >> 4) * bsums[16 * b + g];
+    }
+    sum += ad[b] * (Fp16ToFp32(wb[b].d) * static_cast<float>(isum) - Fp16ToFp32(wb[b].dmin) * static_cast<float>(msum));
+  }
+  return sum;
+}
+
+float DotQ3_K(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockQ3_K* wb = reinterpret_cast<const BlockQ3_K*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < cols / kQkK; ++b) {
+    int isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int gsum = 0;
+      for (int k = 16 * g; k < 16 * g + 16; ++k) gsum += Q3KElement(wb[b], k) * aq[kQkK * b + k];
+      isum += Q3KScale(wb[b], g) * gsum;
+    }
+    sum += ad[b] * Fp16ToFp32(wb[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float DotIQ4_XS(const uint8_t* w, const uint8_t* a, int64_t cols) {
+  const BlockIQ4_XS* wb = reinterpret_cast<const BlockIQ4_XS*>(w);
+  const int8_t* aq = reinterpret_cast<const int8_t*>(a);
+  const float* ad = reinterpret_cast<const float*>(a + cols);
+  float sum = 0;
+  for (int64_t b = 0; b < cols / kQkK; ++b) {
+    int isum = 0;
+    for (int j = 0; j < 8; ++j) {
+      int jsum = 0;
+      for (int k = 32 * j; k < 32 * j + 32; ++k) jsum += IQ4XsElement(wb[b], k) * aq[kQkK * b + k];
+      isum += IQ4XsScale(wb[b], j) * jsum;
+    }
+    sum += ad[b] * Fp16ToFp32(wb[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
 float DotF16(const uint8_t* w, const uint8_t* a, int64_t cols) {
   const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
   const float* x = reinterpret_cast<const float*>(a);
@@ -165,6 +259,12 @@ DotFn GetDotScalar(GgmlType type) {
     case GgmlType::kQ4_K: return DotQ4_K;
     case GgmlType::kQ5_K: return DotQ5_K;
     case GgmlType::kQ6_K: return DotQ6_K;
+    case GgmlType::kQ5_0: return DotQ5_0;
+    case GgmlType::kQ5_1: return DotQ5_1;
+    case GgmlType::kIQ4_NL: return DotIQ4_NL;
+    case GgmlType::kQ2_K: return DotQ2_K;
+    case GgmlType::kQ3_K: return DotQ3_K;
+    case GgmlType::kIQ4_XS: return DotIQ4_XS;
     case GgmlType::kF16: return DotF16;
     case GgmlType::kBF16: return DotBF16;
     case GgmlType::kF32: return DotF32;
@@ -184,12 +284,9 @@ void ScalarTile(const TileArgs& p) {
 }  // namespace
 
 size_t ActRowBytes(GgmlType type, int64_t cols) {
-  switch (type) {
-    case GgmlType::kQ4_0:
+  switch (ActFamily(type)) {
     case GgmlType::kQ8_0: return RoundUp(cols + 12 * (cols / 32), 64);
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32) + 4 * (cols / 16), 64);
+    case GgmlType::kQ8_K: return RoundUp(cols + 4 * (cols / kQkK) + 2 * (cols / 16) + 4 * (cols / 32) + 4 * (cols / 16), 64);
     case GgmlType::kF16: return RoundUp(4 * cols, 64);
     case GgmlType::kBF16: return RoundUp(2 * cols, 64);
     default: return 0;
@@ -197,8 +294,7 @@ size_t ActRowBytes(GgmlType type, int64_t cols) {
 }
 
 void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
-  switch (type) {
-    case GgmlType::kQ4_0:
+  switch (ActFamily(type)) {
     case GgmlType::kQ8_0: {
       float* d = reinterpret_cast<float*>(dst + cols);
       int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
@@ -215,9 +311,7 @@ void QuantizeActRow(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
       }
       break;
     }
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: {
+    case GgmlType::kQ8_K: {
       const int64_t nb = cols / kQkK;
       float* d = reinterpret_cast<float*>(dst + cols);
       int16_t* bsums = reinterpret_cast<int16_t*>(dst + cols + 4 * nb);
@@ -252,6 +346,12 @@ TileKernel GetTileKernelScalar(GgmlType type) {
     case GgmlType::kQ4_K: return {ScalarTile<DotQ4_K>, 4, 4};
     case GgmlType::kQ5_K: return {ScalarTile<DotQ5_K>, 4, 4};
     case GgmlType::kQ6_K: return {ScalarTile<DotQ6_K>, 4, 4};
+    case GgmlType::kQ5_0: return {ScalarTile<DotQ5_0>, 4, 4};
+    case GgmlType::kQ5_1: return {ScalarTile<DotQ5_1>, 4, 4};
+    case GgmlType::kIQ4_NL: return {ScalarTile<DotIQ4_NL>, 4, 4};
+    case GgmlType::kQ2_K: return {ScalarTile<DotQ2_K>, 4, 4};
+    case GgmlType::kQ3_K: return {ScalarTile<DotQ3_K>, 4, 4};
+    case GgmlType::kIQ4_XS: return {ScalarTile<DotIQ4_XS>, 4, 4};
     case GgmlType::kF16: return {ScalarTile<DotF16>, 4, 4};
     case GgmlType::kBF16: return {ScalarTile<DotBF16>, 4, 4};
     case GgmlType::kF32: return {ScalarTile<DotF32>, 4, 4};

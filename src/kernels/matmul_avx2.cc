@@ -360,12 +360,9 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
 }  // namespace
 
 void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
-  switch (type) {
-    case GgmlType::kQ4_0:
+  switch (ActFamily(type)) {
     case GgmlType::kQ8_0: QuantizeActQ8_0(x, cols, dst); break;
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: QuantizeActQ8_K(x, cols, dst); break;
+    case GgmlType::kQ8_K: QuantizeActQ8_K(x, cols, dst); break;
     case GgmlType::kF16: {
       float* o = reinterpret_cast<float*>(dst);
       int64_t c = 0;
@@ -391,7 +388,7 @@ TileKernel GetTileKernelAvx2(GgmlType type, int64_t n_tokens) {
     case GgmlType::kF32: return {Dispatch4x2<KF32>, rows, 2};
     case GgmlType::kF16: return {Dispatch4x2<KF16>, rows, 2};
     case GgmlType::kBF16: return {Dispatch4x2<KBF16>, rows, 2};
-    default: return {};
+    default: return GetTileKernelLowbitAvx2(type, n_tokens);
   }
 }
 

@@ -77,6 +77,26 @@ inline void RowFields(const uint8_t* a, int64_t a_stride, int64_t offset, const 
   for (int t = 0; t < NT; ++t) out[t] = reinterpret_cast<const T*>(a + t * a_stride + offset);
 }
 
+// The activation layout a weight type multiplies with (layout above): kQ8_0 for the
+// 32-element block types (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL), kQ8_K for the 256-element ones
+// (Q2_K .. Q6_K, IQ4_XS), the type itself for F16 / BF16 / F32.
+inline GgmlType ActFamily(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kIQ4_NL: return GgmlType::kQ8_0;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS: return GgmlType::kQ8_K;
+    default: return t;
+  }
+}
+
 // Bytes of one activation row in scratch (0 for F32).
 size_t ActRowBytes(GgmlType type, int64_t cols);
 
@@ -89,6 +109,9 @@ void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* ds
 
 TileKernel GetTileKernelScalar(GgmlType type);
 TileKernel GetTileKernelAvx2(GgmlType type, int64_t n_tokens);  // matmul_avx2.cc
+// The AVX2 tiles of Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K and IQ4_XS (matmul_lowbit_avx2.cc);
+// GetTileKernelAvx2 hands these types on to it.
+TileKernel GetTileKernelLowbitAvx2(GgmlType type, int64_t n_tokens);
 // Decode-sized batches (n_tokens <= kGemvMaxTokens): tiles of one weight row for the
 // 32-element block types. Measured on Zen 4, one thread, a 64 MB Q4_0 matrix from DRAM:
 // 1 token 3-row tiles 7.7 GB/s vs 1-row 27 GB/s; 4 tokens 4.2 vs 3.2 ms; 8 tokens 9.6 vs

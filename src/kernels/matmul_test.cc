@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "kernels/matmul_internal.h"
 #include "kernels/kernels_test_util.h"
 #include "kernels/quant.h"
+#include "util/fp16.h"
 
 namespace trellis {
 namespace {
@@ -28,15 +30,50 @@ struct TestMatrix {
   WeightMatrix w;
 };
 
+// Byte offsets of a block's f16 scales, and whether each may be negative: the types Trellis
+// reads but does not quantize get random blocks (every bit pattern of their quants and
+// packed scales is valid) with these set to moderate values.
+struct F16Field {
+  int offset;
+  bool signed_value;
+};
+std::vector<F16Field> ReadOnlyTypeScales(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS: return {{0, false}};
+    case GgmlType::kQ5_1: return {{0, false}, {2, true}};
+    case GgmlType::kQ2_K: return {{80, false}, {82, false}};
+    case GgmlType::kQ3_K: return {{108, false}};
+    default: return {};
+  }
+}
+
 TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   TestMatrix m;
   const std::vector<float> src = Gaussian(rows * cols, seed);
   const int64_t rb = RowBytes(type, cols);
   m.bytes.resize(rb * rows);
   m.dequant.resize(rows * cols);
+  const std::vector<F16Field> scales = ReadOnlyTypeScales(type);
+  std::mt19937 rng(seed);
+  const int64_t block_bytes = GetGgmlTypeTraits(type).block_bytes;
   for (int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, m.bytes.data() + r * rb, cols).ok());
-    EXPECT_TRUE(DequantizeRow(type, m.bytes.data() + r * rb, m.dequant.data() + r * cols, cols).ok());
+    uint8_t* row = m.bytes.data() + r * rb;
+    if (scales.empty()) {
+      EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, row, cols).ok());
+    } else {
+      for (int64_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(rng());
+      for (int64_t b = 0; b < rb / block_bytes; ++b) {
+        for (const F16Field& f : scales) {
+          float v = std::uniform_real_distribution<float>(0.002f, 0.02f)(rng);
+          if (f.signed_value && (rng() & 1)) v = -v;
+          const uint16_t h = Fp32ToFp16(v);
+          std::memcpy(row + b * block_bytes + f.offset, &h, 2);
+        }
+      }
+    }
+    EXPECT_TRUE(DequantizeRow(type, row, m.dequant.data() + r * cols, cols).ok());
   }
   m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};
   return m;
@@ -127,7 +164,9 @@ TEST_P(MatMulTest, MatchesReferenceForEveryIsaAndThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(MatMulTypes, MatMulTest,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K),
+                                           GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K,
+                                           GgmlType::kQ3_K, GgmlType::kIQ4_XS),
                          [](const auto& info) { return std::string(GetGgmlTypeTraits(info.param).name); });
 
 // Column counts that are not a multiple of the SIMD width: float tails and an odd number
@@ -165,7 +204,8 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
   for (int j = 256; j < 512; ++j) x[j] = 0.f;  // an all-zero Q8_K block
   x[600] = -9.f;  // largest magnitude negative
   x[601] = 9.f;   // same magnitude later: the first one sets the sign
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ5_1,
+                     GgmlType::kIQ4_XS}) {
     const size_t n = matmul_internal::ActRowBytes(t, cols);
     std::vector<uint8_t> a(n, 0xAB), b(n, 0xAB);
     matmul_internal::QuantizeActRow(t, x.data(), cols, a.data());

@@ -12,6 +12,54 @@ namespace {
 
 // ---- dequantizers -------------------------------------------------------------------
 
+template <typename B, bool kOffset>
+void DequantizeQ5(const B* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+    const float d = Fp16ToFp32(x[b].d);
+    if constexpr (kOffset) {
+      const float m = Fp16ToFp32(x[b].m);
+      for (int k = 0; k < 32; ++k) y[k] = static_cast<float>(Q5Element(x[b], k)) * d + m;
+    } else {
+      for (int k = 0; k < 32; ++k) y[k] = static_cast<float>(Q5Element(x[b], k) - 16) * d;
+    }
+  }
+}
+
+void DequantizeIQ4_NL(const BlockIQ4_NL* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+    const float d = Fp16ToFp32(x[b].d);
+    for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(IQ4NlElement(x[b], k));
+  }
+}
+
+void DequantizeIQ4_XS(const BlockIQ4_XS* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQkK; ++b, y += kQkK) {
+    const float d = Fp16ToFp32(x[b].d);
+    for (int k = 0; k < kQkK; ++k) {
+      y[k] = d * static_cast<float>(IQ4XsScale(x[b], k / 32)) * static_cast<float>(IQ4XsElement(x[b], k));
+    }
+  }
+}
+
+void DequantizeQ2_K(const BlockQ2_K* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQkK; ++b, y += kQkK) {
+    const float d = Fp16ToFp32(x[b].d), dmin = Fp16ToFp32(x[b].dmin);
+    for (int k = 0; k < kQkK; ++k) {
+      const uint8_t sc = x[b].scales[k / 16];
+      y[k] = d * static_cast<float>(sc & 0xF) * static_cast<float>(Q2KElement(x[b], k)) - dmin * static_cast<float>(sc >> 4);
+    }
+  }
+}
+
+void DequantizeQ3_K(const BlockQ3_K* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQkK; ++b, y += kQkK) {
+    const float d = Fp16ToFp32(x[b].d);
+    for (int k = 0; k < kQkK; ++k) {
+      y[k] = d * static_cast<float>(Q3KScale(x[b], k / 16)) * static_cast<float>(Q3KElement(x[b], k));
+    }
+  }
+}
+
 void DequantizeQ4_0(const BlockQ4_0* x, float* y, int64_t n) {
   for (int64_t b = 0; b < n / kQk4_0; ++b, y += kQk4_0) {
     const float d = Fp16ToFp32(x[b].d);
@@ -346,6 +394,12 @@ Status DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::kQ4_K: DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), dst, n); break;
     case GgmlType::kQ5_K: DequantizeQ5_K(static_cast<const BlockQ5_K*>(src), dst, n); break;
     case GgmlType::kQ6_K: DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), dst, n); break;
+    case GgmlType::kQ5_0: DequantizeQ5<BlockQ5_0, false>(static_cast<const BlockQ5_0*>(src), dst, n); break;
+    case GgmlType::kQ5_1: DequantizeQ5<BlockQ5_1, true>(static_cast<const BlockQ5_1*>(src), dst, n); break;
+    case GgmlType::kIQ4_NL: DequantizeIQ4_NL(static_cast<const BlockIQ4_NL*>(src), dst, n); break;
+    case GgmlType::kIQ4_XS: DequantizeIQ4_XS(static_cast<const BlockIQ4_XS*>(src), dst, n); break;
+    case GgmlType::kQ2_K: DequantizeQ2_K(static_cast<const BlockQ2_K*>(src), dst, n); break;
+    case GgmlType::kQ3_K: DequantizeQ3_K(static_cast<const BlockQ3_K*>(src), dst, n); break;
     default: return Unsupported("quant: dequantize " + std::string(GetGgmlTypeTraits(type).name));
   }
   return Status::Ok();

@@ -70,6 +70,99 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// The types below are read (dequantized and multiplied), not written: their files come
+// from llama-quantize. Element accessors give the integer value of element k of a block,
+// which the dequantizers and the scalar dot kernels share.
+
+struct BlockQ5_0 {
+  uint16_t d;      // f16 scale
+  uint8_t qh[4];   // 5th bits: element k's is bit k of the 32-bit little-endian qh
+  uint8_t qs[16];  // low nibbles: element k < 16 in qs[k] & 15, k >= 16 in qs[k - 16] >> 4
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+struct BlockQ5_1 {
+  uint16_t d;      // f16 scale
+  uint16_t m;      // f16 offset (x = d * q + m)
+  uint8_t qh[4];   // as BlockQ5_0
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
+// 0..31 (Q5_0 subtracts 16).
+template <typename B>
+inline int Q5Element(const B& b, int k) {
+  const uint32_t qh = static_cast<uint32_t>(b.qh[0]) | static_cast<uint32_t>(b.qh[1]) << 8 |
+                      static_cast<uint32_t>(b.qh[2]) << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+  const int low = k < 16 ? b.qs[k] & 0xF : b.qs[k - 16] >> 4;
+  return low | static_cast<int>((qh >> k) & 1) << 4;
+}
+
+// IQ4_NL / IQ4_XS: 4-bit indices into a fixed non-uniform grid.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+struct BlockIQ4_NL {
+  uint16_t d;      // f16 scale
+  uint8_t qs[16];  // indices, nibbles ordered as BlockQ5_0's
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+
+inline int IQ4NlElement(const BlockIQ4_NL& b, int k) {
+  return kIq4NlValues[k < 16 ? b.qs[k] & 0xF : b.qs[k - 16] >> 4];
+}
+
+struct BlockIQ4_XS {
+  uint16_t d;            // f16 super-block scale
+  uint16_t scales_h;     // high 2 bits of the 8 sub-block scales
+  uint8_t scales_l[4];   // low 4 bits of the 8 sub-block scales
+  uint8_t qs[128];       // 8 sub-blocks of 32 indices, each ordered as BlockIQ4_NL's
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// Sub-block j's scale, -32..31.
+inline int IQ4XsScale(const BlockIQ4_XS& b, int j) {
+  return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+inline int IQ4XsElement(const BlockIQ4_XS& b, int k) {
+  const uint8_t* q = b.qs + 16 * (k / 32);
+  const int j = k % 32;
+  return kIq4NlValues[j < 16 ? q[j] & 0xF : q[j - 16] >> 4];
+}
+
+struct BlockQ2_K {
+  uint8_t scales[16];  // per 16 elements: scale (low nibble) and min (high nibble)
+  uint8_t qs[64];      // 2-bit values: element k is bits 2 * ((k % 128) / 32) of qs[32 * (k / 128) + k % 32]
+  uint16_t d;          // f16 super-block scale of the scales
+  uint16_t dmin;       // f16 super-block scale of the mins
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// 0..3; x = d * (scales[k / 16] & 15) * q - dmin * (scales[k / 16] >> 4).
+inline int Q2KElement(const BlockQ2_K& b, int k) {
+  return (b.qs[32 * (k / 128) + k % 32] >> (2 * ((k % 128) / 32))) & 3;
+}
+
+struct BlockQ3_K {
+  uint8_t hmask[32];   // 3rd bits: element k's is bit k / 32 of hmask[k % 32]; clear means -4
+  uint8_t qs[64];      // low 2 bits, laid out as BlockQ2_K's
+  uint8_t scales[12];  // 16 6-bit scales, biased by 32
+  uint16_t d;          // f16 super-block scale
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// -4..3.
+inline int Q3KElement(const BlockQ3_K& b, int k) {
+  const int low = (b.qs[32 * (k / 128) + k % 32] >> (2 * ((k % 128) / 32))) & 3;
+  return low - (((b.hmask[k % 32] >> (k / 32)) & 1) ? 0 : 4);
+}
+// Group g's (16 elements) scale, -32..31: low 4 bits from scales[g % 8] (low or high nibble
+// by g / 8), high 2 bits from scales[8 + g % 4] (bits 2 * (g / 4)).
+inline int Q3KScale(const BlockQ3_K& b, int g) {
+  const int low = g < 8 ? b.scales[g] & 0xF : b.scales[g - 8] >> 4;
+  const int high = (b.scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+  return (low | high << 4) - 32;
+}
+
 struct BlockQ8_K {
   float d;
   int8_t qs[256];

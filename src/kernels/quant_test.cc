@@ -21,10 +21,111 @@ TEST(QuantTest, BlockSizesMatchGgml) {
   EXPECT_EQ(sizeof(BlockQ4_K), 144u);
   EXPECT_EQ(sizeof(BlockQ6_K), 210u);
   EXPECT_EQ(sizeof(BlockQ8_K), 292u);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  EXPECT_EQ(sizeof(BlockQ5_0), 22u);
+  EXPECT_EQ(sizeof(BlockQ5_1), 24u);
+  EXPECT_EQ(sizeof(BlockIQ4_NL), 18u);
+  EXPECT_EQ(sizeof(BlockQ2_K), 84u);
+  EXPECT_EQ(sizeof(BlockQ3_K), 110u);
+  EXPECT_EQ(sizeof(BlockIQ4_XS), 136u);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                     GgmlType::kIQ4_NL, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kIQ4_XS}) {
     EXPECT_TRUE(GetGgmlTypeTraits(t).computable);
+    EXPECT_EQ(static_cast<size_t>(GetGgmlTypeTraits(t).block_bytes),
+              t == GgmlType::kQ5_0 ? 22u : t == GgmlType::kQ5_1 ? 24u : t == GgmlType::kIQ4_NL ? 18u
+              : t == GgmlType::kQ2_K ? 84u : t == GgmlType::kQ3_K ? 110u : t == GgmlType::kIQ4_XS ? 136u
+              : GetGgmlTypeTraits(t).block_bytes);
   }
   EXPECT_EQ(RowBytes(GgmlType::kQ4_K, 512), 2 * 144);
+}
+
+// The read-only types, pinned to hand-built blocks: each value below is worked out from
+// ggml's block layout (ggml-common.h), not from Trellis's accessors.
+TEST(QuantTest, DequantizeQ5_0AndQ5_1KnownValues) {
+  BlockQ5_0 b{};
+  b.d = 0x3800;  // 0.5
+  // Element k: low nibble k % 16, 5th bit set for k in {1, 17, 31} (qh bits 1, 17, 31).
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | (15 - j) << 4);
+  const uint32_t qh = 1u << 1 | 1u << 17 | 1u << 31;
+  std::memcpy(b.qh, &qh, 4);
+  float y[32];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ5_0, &b, y, 32).ok());
+  EXPECT_EQ(y[0], (0 - 16) * 0.5f);
+  EXPECT_EQ(y[1], (1 + 16 - 16) * 0.5f);  // 5th bit
+  EXPECT_EQ(y[15], (15 - 16) * 0.5f);
+  EXPECT_EQ(y[16], (15 - 16) * 0.5f);     // high nibble of qs[0] = 15
+  EXPECT_EQ(y[17], (14 + 16 - 16) * 0.5f);
+  EXPECT_EQ(y[31], (0 + 16 - 16) * 0.5f);
+  BlockQ5_1 c{};
+  c.d = 0x3800;   // 0.5
+  c.m = 0xBC00;   // -1
+  std::memcpy(c.qs, b.qs, 16);
+  std::memcpy(c.qh, &qh, 4);
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ5_1, &c, y, 32).ok());
+  EXPECT_EQ(y[0], -1.f);
+  EXPECT_EQ(y[1], 17 * 0.5f - 1.f);
+  EXPECT_EQ(y[17], 30 * 0.5f - 1.f);
+}
+
+TEST(QuantTest, DequantizeIQ4KnownValues) {
+  BlockIQ4_NL n{};
+  n.d = 0x3C00;  // 1
+  n.qs[0] = 0xF0;  // element 0: index 0 (-127), element 16: index 15 (113)
+  n.qs[5] = 0x78;  // element 5: index 8 (1), element 21: index 7 (-10)
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kIQ4_NL, &n, y, 32).ok());
+  EXPECT_EQ(y[0], -127.f);
+  EXPECT_EQ(y[16], 113.f);
+  EXPECT_EQ(y[5], 1.f);
+  EXPECT_EQ(y[21], -10.f);
+  EXPECT_EQ(y[1], -127.f);  // index 0
+  BlockIQ4_XS x{};
+  x.d = 0x3800;  // 0.5
+  // Sub-block scales: sub-block 0: low 4 bits 1 (scales_l[0] & 15), high bits 2 (scales_h bits
+  // 0-1) -> 33 - 32 = 1; sub-block 3: low 15 (scales_l[1] >> 4), high 1 (bits 6-7) -> 31 - 32 =
+  // -1; sub-block 7: low 0, high 3 (bits 14-15) -> 48 - 32 = 16.
+  x.scales_l[0] = 0x01;
+  x.scales_l[1] = 0xF0;
+  x.scales_h = static_cast<uint16_t>(2 | 1 << 6 | 3 << 14);
+  std::memset(x.qs, 0x88, sizeof(x.qs));  // every index 8: value 1
+  x.qs[16 * 3 + 2] = 0x0F;                 // sub-block 3: element 2 index 15, element 18 index 0
+  ASSERT_TRUE(DequantizeRow(GgmlType::kIQ4_XS, &x, y, 256).ok());
+  EXPECT_EQ(y[0], 0.5f * 1 * 1);
+  EXPECT_EQ(y[96 + 2], 0.5f * -1 * 113);
+  EXPECT_EQ(y[96 + 18], 0.5f * -1 * -127);
+  EXPECT_EQ(y[224], 0.5f * 16 * 1);
+  EXPECT_EQ(y[32], 0.5f * -32 * 1);  // sub-block 1: all scale bits 0 -> -32
+}
+
+TEST(QuantTest, DequantizeQ2_KAndQ3_KKnownValues) {
+  BlockQ2_K b{};
+  b.d = 0x3C00;     // 1
+  b.dmin = 0x3800;  // 0.5
+  for (int g = 0; g < 16; ++g) b.scales[g] = static_cast<uint8_t>((g % 16) | ((15 - g) << 4));
+  // qs[32 n + l] holds elements 128 n + 32 j + l at bits 2 j: make element 128 + 64 + 5
+  // (n = 1, j = 2, l = 5) a 3 and element 37 (n = 0, j = 1, l = 5) a 2.
+  b.qs[32 + 5] = 3 << 4;
+  b.qs[5] = 2 << 2;
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ2_K, &b, y, 256).ok());
+  // group of element k is k / 16: 197 -> 12 (scale 12, min 3); 37 -> 2 (scale 2, min 13)
+  EXPECT_EQ(y[197], 1.f * 12 * 3 - 0.5f * 3);
+  EXPECT_EQ(y[37], 1.f * 2 * 2 - 0.5f * 13);
+  EXPECT_EQ(y[0], -0.5f * 15);
+  BlockQ3_K c{};
+  c.d = 0x3800;  // 0.5
+  // Scale of group 5: low 4 bits scales[5] & 15 = 9, high 2 bits (scales[8 + 1] >> 2) & 3 = 2
+  // -> 41 - 32 = 9. Group 13: low scales[5] >> 4 = 4, high (scales[9] >> 6) & 3 = 1 -> 20 - 32.
+  c.scales[5] = 0x49;
+  c.scales[9] = static_cast<uint8_t>(2 << 2 | 1 << 6);
+  // Element 80 (group 5; n = 0, j = 2, l = 16): low bits 1, hmask bit 2 of hmask[16] set -> 1.
+  c.qs[16] = 1 << 4;
+  c.hmask[16] = 1 << 2;
+  // Element 208 (group 13; n = 1, j = 2, l = 16): low bits 3 in qs[48], hmask clear -> -1.
+  c.qs[48] = 3 << 4;
+  ASSERT_TRUE(DequantizeRow(GgmlType::kQ3_K, &c, y, 256).ok());
+  EXPECT_EQ(y[80], 0.5f * 9 * 1);
+  EXPECT_EQ(y[208], 0.5f * (20 - 32) * -1);
+  EXPECT_EQ(y[81], 0.5f * 9 * -4);  // low 0, hmask clear
 }
 
 TEST(QuantTest, DequantizeQ4_0KnownValues) {

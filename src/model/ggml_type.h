@@ -52,7 +52,7 @@ struct GgmlTypeTraits {
   std::string_view name;  // "q4_K", as ggml names it; empty if the id is unknown
   int64_t block_elems;    // elements per block (1 for plain types)
   int64_t block_bytes;    // bytes per block
-  bool computable;        // Trellis has kernels for it (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K)
+  bool computable;        // Trellis has kernels for it (F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS)
 };
 
 // Traits for a raw type id from a file. Unknown ids get empty name and zero sizes.
