@@ -166,11 +166,11 @@ TEST(ModelTest, UnsupportedTensorTypeNamesTheTensor) {
   const std::string src = WriteSmallModel("type_src.gguf");
   const std::string dst = TempPath("type.gguf");
   RewriteGguf(src, dst, {.tensor = [](GgufTensorInfo& t) {
-                           if (t.name == "blk.1.ffn_up.weight") t.type = GgmlType::kQ3_K;
+                           if (t.name == "blk.1.ffn_up.weight") t.type = GgmlType::kIQ2_XXS;
                            return true;
                          }});
   ExpectLoadError(dst, StatusCode::kUnsupported, "blk.1.ffn_up.weight");
-  ExpectLoadError(dst, StatusCode::kUnsupported, "q3_K");
+  ExpectLoadError(dst, StatusCode::kUnsupported, "iq2_xxs");
 }
 
 TEST(ModelTest, MissingTensorIsNamed) {
