@@ -1,5 +1,6 @@
 // aarch64 NEON tile kernels for MatMul over the GGUF (row-major) layouts, for Q4_0, Q8_0,
-// Q4_K, Q5_K, Q6_K, F16, BF16 and F32 weights. Included by
+// Q4_K, Q5_K, Q6_K, F16, BF16 and F32 weights, and the read-only Q5_0, Q5_1, IQ4_NL, Q2_K,
+// Q3_K and IQ4_XS. Included by
 // matmul_neon.cc (ARMv8-A: an int8 dot of 16 lanes is vmull_s8 + vmlal_s8 into int16
 // pairs, at most 2 x 128 x 127 = 32512, then vpadalq_s16 into int32) and by
 // matmul_neondot.cc (ARMv8.2 dotprod: one sdot per 16 lanes), which defines
@@ -16,6 +17,7 @@
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/matmul_internal.h"
 #include "kernels/quant.h"
@@ -254,6 +256,146 @@ void DotRowFloat(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, 
   }
 }
 
+// ---- the read-only low-bit types (quant.h): each block unpacked to int8 lanes, the same
+// integer sums as the scalar kernels, folded into f32 per block as they are ----
+
+// 16 bytes, byte k = 0x10 where bit k of the 16 bits at p is set (the 5th bits of Q5_x).
+inline uint8x16_t FifthBits(const uint8_t* p) {
+  static const uint8_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t spread = vcombine_u8(vdup_n_u8(p[0]), vdup_n_u8(p[1]));
+  return vandq_u8(vtstq_u8(spread, vld1q_u8(kBit)), vdupq_n_u8(0x10));
+}
+
+// Q5_0 (kType), Q5_1 and IQ4_NL rows against Q8_0 activations.
+template <GgmlType kType, int NT>
+void DotRowBlock32(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+  constexpr int64_t kBytes = kType == GgmlType::kQ5_0 ? 22 : kType == GgmlType::kQ5_1 ? 24 : 18;
+  const int8x16_t grid = vld1q_s8(kIq4NlValues);
+  float sum[NT] = {};
+  const int64_t nb = cols / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + kBytes * b;
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    const float dw = Fp16ToFp32(dh);
+    int8x16_t w0, w1;
+    if constexpr (kType == GgmlType::kIQ4_NL) {
+      const uint8x16_t q = vld1q_u8(blk + 2);
+      w0 = vqtbl1q_s8(grid, vandq_u8(q, vdupq_n_u8(0x0F)));
+      w1 = vqtbl1q_s8(grid, vshrq_n_u8(q, 4));
+    } else {
+      constexpr int kQh = kType == GgmlType::kQ5_0 ? 2 : 4;
+      const uint8x16_t q = vld1q_u8(blk + kQh + 4);
+      const uint8x16_t lo = vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), FifthBits(blk + kQh));
+      const uint8x16_t hi = vorrq_u8(vshrq_n_u8(q, 4), FifthBits(blk + kQh + 2));
+      w0 = vreinterpretq_s8_u8(lo);
+      w1 = vreinterpretq_s8_u8(hi);
+      if constexpr (kType == GgmlType::kQ5_0) {
+        w0 = vsubq_s8(w0, vdupq_n_s8(16));
+        w1 = vsubq_s8(w1, vdupq_n_s8(16));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* q8 = reinterpret_cast<const int8_t*>(a[t]) + 32 * b;
+      const int32_t isum = vaddvq_s32(Dot16(Dot16(vdupq_n_s32(0), w0, vld1q_s8(q8)), w1, vld1q_s8(q8 + 16)));
+      const float da = reinterpret_cast<const float*>(a[t] + cols)[b];
+      if constexpr (kType == GgmlType::kQ5_1) {
+        uint16_t mh;
+        std::memcpy(&mh, blk + 2, 2);
+        const int32_t asum = reinterpret_cast<const int32_t*>(a[t] + Q8_0SumOffset(cols))[b];
+        sum[t] += static_cast<float>(isum) * (dw * da) + Fp16ToFp32(mh) * da * static_cast<float>(asum);
+      } else {
+        sum[t] += static_cast<float>(isum) * (dw * da);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
+}
+
+// Q2_K and Q3_K rows: 32 bytes of qs hold elements 128 n + 32 j + l at bits 2 j; groups of
+// 16 take the scale of their group.
+template <bool kQ3, int NT>
+void DotRowQ23K(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+  Q8KRow act[NT];
+  Q8KRows(a, cols, act);
+  float sum[NT] = {};
+  const int64_t nb = cols / kQkK;
+  const uint8x16_t m3 = vdupq_n_u8(3);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* qs;
+    const uint8_t* hmask = nullptr;
+    int sc[16], mn[16] = {};
+    float d, dmin = 0;
+    if constexpr (kQ3) {
+      const BlockQ3_K& blk = reinterpret_cast<const BlockQ3_K*>(w)[b];
+      qs = blk.qs, hmask = blk.hmask, d = Fp16ToFp32(blk.d);
+      for (int g = 0; g < 16; ++g) sc[g] = Q3KScale(blk, g);
+    } else {
+      const BlockQ2_K& blk = reinterpret_cast<const BlockQ2_K*>(w)[b];
+      qs = blk.qs, d = Fp16ToFp32(blk.d), dmin = Fp16ToFp32(blk.dmin);
+      for (int g = 0; g < 16; ++g) sc[g] = blk.scales[g] & 0xF, mn[g] = blk.scales[g] >> 4;
+    }
+    int32_t isum[NT] = {};
+    for (int n = 0; n < 2; ++n) {
+      const uint8x16_t q0 = vld1q_u8(qs + 32 * n), q1 = vld1q_u8(qs + 32 * n + 16);
+      uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+      if constexpr (kQ3) h0 = vld1q_u8(hmask), h1 = vld1q_u8(hmask + 16);
+      for (int j = 0; j < 4; ++j) {
+        const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * j));
+        int8x16_t v0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q0, shift), m3));
+        int8x16_t v1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q1, shift), m3));
+        if constexpr (kQ3) {
+          const uint8x16_t bit = vdupq_n_u8(static_cast<uint8_t>(1 << (4 * n + j)));
+          const uint8x16_t four = vdupq_n_u8(4);
+          v0 = vsubq_s8(v0, vreinterpretq_s8_u8(vandq_u8(vceqq_u8(vandq_u8(h0, bit), vdupq_n_u8(0)), four)));
+          v1 = vsubq_s8(v1, vreinterpretq_s8_u8(vandq_u8(vceqq_u8(vandq_u8(h1, bit), vdupq_n_u8(0)), four)));
+        }
+        const int g = 8 * n + 2 * j;
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* q8 = act[t].qs + kQkK * b + 128 * n + 32 * j;
+          isum[t] += sc[g] * vaddvq_s32(Dot16(vdupq_n_s32(0), v0, vld1q_s8(q8))) +
+                     sc[g + 1] * vaddvq_s32(Dot16(vdupq_n_s32(0), v1, vld1q_s8(q8 + 16)));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (kQ3) {
+        sum[t] += act[t].d[b] * d * static_cast<float>(isum[t]);
+      } else {
+        int32_t msum = 0;
+        for (int g = 0; g < 16; ++g) msum += mn[g] * act[t].bsums[16 * b + g];
+        sum[t] += act[t].d[b] * (d * static_cast<float>(isum[t]) - dmin * static_cast<float>(msum));
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
+}
+
+template <int NT>
+void DotRowIQ4XS(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+  Q8KRow act[NT];
+  Q8KRows(a, cols, act);
+  const int8x16_t grid = vld1q_s8(kIq4NlValues);
+  float sum[NT] = {};
+  for (int64_t b = 0; b < cols / kQkK; ++b) {
+    const BlockIQ4_XS& blk = reinterpret_cast<const BlockIQ4_XS*>(w)[b];
+    int32_t isum[NT] = {};
+    for (int j = 0; j < 8; ++j) {
+      const uint8x16_t q = vld1q_u8(blk.qs + 16 * j);
+      const int8x16_t w0 = vqtbl1q_s8(grid, vandq_u8(q, vdupq_n_u8(0x0F)));
+      const int8x16_t w1 = vqtbl1q_s8(grid, vshrq_n_u8(q, 4));
+      const int s = IQ4XsScale(blk, j);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q8 = act[t].qs + kQkK * b + 32 * j;
+        isum[t] += s * vaddvq_s32(Dot16(Dot16(vdupq_n_s32(0), w0, vld1q_s8(q8)), w1, vld1q_s8(q8 + 16)));
+      }
+    }
+    const float d = Fp16ToFp32(blk.d);
+    for (int t = 0; t < NT; ++t) sum[t] += act[t].d[b] * d * static_cast<float>(isum[t]);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = sum[t];
+}
+
 // Rows [0, nr) x tokens [0, nt) of the tile, each row once per chunk of up to 4 tokens.
 template <template <int> class Row>
 void NeonTile(const TileArgs& p) {
@@ -311,6 +453,30 @@ struct RowQ6_K {
     DotRowQ6K<NT>(w, a, cols, out);
   }
 };
+template <GgmlType kType>
+struct RowBlock32 {
+  template <int NT>
+  struct Of {
+    static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+      DotRowBlock32<kType, NT>(w, a, cols, out);
+    }
+  };
+};
+template <bool kQ3>
+struct RowQ23K {
+  template <int NT>
+  struct Of {
+    static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+      DotRowQ23K<kQ3, NT>(w, a, cols, out);
+    }
+  };
+};
+template <int NT>
+struct RowIQ4XS {
+  static void Run(const uint8_t* w, const uint8_t* const (&a)[NT], int64_t cols, float (&out)[NT]) {
+    DotRowIQ4XS<NT>(w, a, cols, out);
+  }
+};
 template <FloatKind kKind>
 struct RowFloat {
   template <int NT>
@@ -331,6 +497,12 @@ inline TileKernel TileKernelNeonFamily(GgmlType type) {
     case GgmlType::kQ4_K: return {NeonTile<RowQ4_K>, 4, 4};
     case GgmlType::kQ5_K: return {NeonTile<RowQ5_K>, 4, 4};
     case GgmlType::kQ6_K: return {NeonTile<RowQ6_K>, 4, 4};
+    case GgmlType::kQ5_0: return {NeonTile<RowBlock32<GgmlType::kQ5_0>::Of>, 4, 4};
+    case GgmlType::kQ5_1: return {NeonTile<RowBlock32<GgmlType::kQ5_1>::Of>, 4, 4};
+    case GgmlType::kIQ4_NL: return {NeonTile<RowBlock32<GgmlType::kIQ4_NL>::Of>, 4, 4};
+    case GgmlType::kQ2_K: return {NeonTile<RowQ23K<false>::Of>, 4, 4};
+    case GgmlType::kQ3_K: return {NeonTile<RowQ23K<true>::Of>, 4, 4};
+    case GgmlType::kIQ4_XS: return {NeonTile<RowIQ4XS>, 4, 4};
     case GgmlType::kF16: return {NeonTile<RowFloat<FloatKind::kF16>::Of>, 4, 4};
     case GgmlType::kBF16: return {NeonTile<RowFloat<FloatKind::kBf16>::Of>, 4, 4};
     case GgmlType::kF32: return {NeonTile<RowFloat<FloatKind::kF32>::Of>, 4, 4};

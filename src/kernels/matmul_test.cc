@@ -241,7 +241,8 @@ TEST(MatMulTest, ScratchBytesIsPureAndSized) {
 #if TRELLIS_ARM64
 TEST(MatMulTest, NeonHasATileForEveryType) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                        GgmlType::kIQ4_NL, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kIQ4_XS}) {
     for (int64_t n_tokens : {int64_t{1}, int64_t{64}}) {
       EXPECT_NE(matmul_internal::GetTileKernelNeon(type, n_tokens).fn, nullptr) << GetGgmlTypeTraits(type).name;
     }

@@ -126,6 +126,9 @@ void CheckVocabVectors(const std::string& vocab, size_t min_cases) {
 }
 
 TEST(TokenizerTest, LlamaSpmVectors) { CheckVocabVectors("ggml-vocab-llama-spm.gguf", 40); }
+// Phi-3's own vocabulary (32064 tokens: Llama 2's SPM plus its chat tokens) and vectors,
+// from llama.cpp's models/ at the reference commit.
+TEST(TokenizerTest, Phi3Vectors) { CheckVocabVectors("ggml-vocab-phi-3.gguf", 40); }
 
 // The pre-tokenizers and SPM settings of the other families, on the shipped vocabularies
 // with one key changed (tests/data/vocab/README.md: variants/): the Qwen2 regex (one word per
