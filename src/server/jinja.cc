@@ -638,6 +638,7 @@ class Parser {
         ++p_;
       } else if (tok.kind == Tok::kVarBegin) {
         ++p_;
+        links_ = 0;
         TRELLIS_ASSIGN_OR_RETURN(NodeP e, ParseExpr());
         if (Peek().kind != Tok::kVarEnd) return SyntaxError(Peek().line, fmt::format("expected }}}}, found {}", Describe(Peek())));
         ++p_;
@@ -645,6 +646,7 @@ class Parser {
       } else if (tok.kind == Tok::kBlockBegin) {
         const int line = tok.line;
         ++p_;
+        links_ = 0;
         TRELLIS_ASSIGN_OR_RETURN(std::string tag, ExpectName());
         if (std::find(ends.begin(), ends.end(), tag) != ends.end()) {
           *end = tag;
@@ -660,6 +662,15 @@ class Parser {
   }
 
   Result<NodeP> ParseStatement(const std::string& tag, int line) {
+    if (blocks_ >= kMaxBlocks) return SyntaxError(line, "blocks nested too deeply");
+    ++blocks_;
+    Result<NodeP> r = ParseStatementInner(tag, line);
+    --blocks_;
+    return r;
+  }
+  static constexpr int kMaxBlocks = 100;
+
+  Result<NodeP> ParseStatementInner(const std::string& tag, int line) {
     if (tag == "if") return ParseIf(line);
     if (tag == "for") return ParseFor(line);
     if (tag == "set") return ParseSet(line);
@@ -823,6 +834,14 @@ class Parser {
     if (++depth_ > Template::kMaxDepth) return SyntaxError(Peek().line, "expression nested too deeply");
     return Status::Ok();
   }
+  // One more operator, attribute, subscript, call, filter or test in the current tag's
+  // expression: chains build left-deep trees, whose depth every later walk (evaluation,
+  // destruction) recurses through, so a tag may hold only so many.
+  Status Link() {
+    if (++links_ > kMaxLinks) return SyntaxError(Peek().line, "expression too long");
+    return Status::Ok();
+  }
+  static constexpr int kMaxLinks = 2000;
 
   Result<NodeP> ParseTupleOrExpr() {
     const int line = Peek().line;
@@ -844,6 +863,7 @@ class Parser {
     TRELLIS_ASSIGN_OR_RETURN(NodeP a, ParseOr());
     while (IsName("if")) {
       ++p_;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP cond, ParseOr());
       NodeP b;
       if (IsName("else")) {
@@ -861,6 +881,7 @@ class Parser {
     while (IsName("or")) {
       const int line = Peek().line;
       ++p_;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseAnd());
       a = Mk(Node::K::kOr, line, "", {a, b});
     }
@@ -871,6 +892,7 @@ class Parser {
     while (IsName("and")) {
       const int line = Peek().line;
       ++p_;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseNot());
       a = Mk(Node::K::kAnd, line, "", {a, b});
     }
@@ -905,6 +927,7 @@ class Parser {
       } else {
         return a;
       }
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseMath1());
       a = Mk(Node::K::kBinary, line, op, {a, b});
     }
@@ -914,6 +937,7 @@ class Parser {
     while (IsOp("+") || IsOp("-")) {
       const int line = Peek().line;
       const std::string op = t_[p_++].text;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseConcat());
       a = Mk(Node::K::kBinary, line, op, {a, b});
     }
@@ -924,6 +948,7 @@ class Parser {
     while (IsOp("~")) {
       const int line = Peek().line;
       ++p_;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseMath2());
       a = Mk(Node::K::kBinary, line, "~", {a, b});
     }
@@ -934,6 +959,7 @@ class Parser {
     while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
       const int line = Peek().line;
       const std::string op = t_[p_++].text;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParsePow());
       a = Mk(Node::K::kBinary, line, op, {a, b});
     }
@@ -944,6 +970,7 @@ class Parser {
     while (IsOp("**")) {
       const int line = Peek().line;
       ++p_;
+      TRELLIS_RETURN_IF_ERROR(Link());
       TRELLIS_ASSIGN_OR_RETURN(NodeP b, ParseUnary());
       a = Mk(Node::K::kBinary, line, "**", {a, b});
     }
@@ -984,6 +1011,7 @@ class Parser {
   Result<NodeP> ParsePostfix(NodeP a) {
     for (;;) {
       const int line = Peek().line;
+      if (IsOp(".") || IsOp("[") || IsOp("(") || IsOp("|") || IsName("is")) TRELLIS_RETURN_IF_ERROR(Link());
       if (IsOp(".")) {
         ++p_;
         if (Peek().kind == Tok::kInt) {
@@ -1155,6 +1183,8 @@ class Parser {
   int depth_ = 0;
   int loop_depth_ = 0;
   int64_t depth_guard_ = 0;
+  int links_ = 0;   // Link() calls in the current tag
+  int blocks_ = 0;  // statements open around the current one
 };
 
 // ---- evaluation ----
@@ -1716,6 +1746,8 @@ class Renderer {
     }
     return o;
   }
+  // Stops growing past the output limit (the caller's result is then cut short, and the
+  // render fails on the output bound when it is written).
   static std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
     if (from.empty()) return s;
     std::string o;
@@ -1723,7 +1755,7 @@ class Renderer {
     int64_t done = 0;
     for (;;) {
       const size_t f = s.find(from, pos);
-      if (f == std::string::npos || (count >= 0 && done >= count)) break;
+      if (f == std::string::npos || (count >= 0 && done >= count) || o.size() > Template::kMaxOutputBytes) break;
       o += s.substr(pos, f - pos) + to;
       pos = f + from.size();
       ++done;
@@ -1896,6 +1928,13 @@ class Renderer {
     return Err(n, fmt::format("unsupported method '{}'", m));
   }
 
+  static size_t ToTextSize(const Value& v) {
+    if (v.kind() != Kind::kString) return v.kind() == Kind::kList || v.kind() == Kind::kDict ? 0 : 32;
+    size_t n = 0;
+    for (const Piece& p : v.pieces()) n += p.text.size();
+    return n;
+  }
+
   static void AppendPieces(std::vector<Piece>& out, const Value& v) {
     if (v.kind() == Kind::kString) {
       for (const Piece& p : v.pieces()) {
@@ -1936,6 +1975,15 @@ class Renderer {
         return Err(n, "'in' on an undefined or none value");
       }
       return Value::Bool(op == "in" ? found : !found);
+    }
+    // Strings and lists built by doubling ({% set s = s ~ s %}) are bounded like the output.
+    if ((op == "~" || op == "+") && a.kind() != Kind::kList &&
+        ToTextSize(a) + ToTextSize(b) > Template::kMaxOutputBytes) {
+      return Err(n, "string too long");
+    }
+    if (op == "+" && a.kind() == Kind::kList && b.kind() == Kind::kList &&
+        a.list().size() + b.list().size() > static_cast<size_t>(Template::kMaxLoopIterations)) {
+      return Err(n, "list too long");
     }
     if (op == "~") {
       std::vector<Piece> out;

@@ -106,6 +106,26 @@ TEST(JinjaTest, HostileTemplatesAreBounded) {
   EXPECT_NE(Render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("recursion too deep"), std::string::npos);
   EXPECT_NE(Render("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}").find("output too large"),
             std::string::npos);
+  // Deep trees from long chains and deep block nesting are refused at parse time (a walk
+  // over a 100k-deep tree, even its destructor, would overflow the stack).
+  EXPECT_NE(Render("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find("string too long"),
+            std::string::npos);
+  EXPECT_NE(Render("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}")
+                .find("list too long"),
+            std::string::npos);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += "+1";
+  EXPECT_NE(Render(chain + " }}").find("expression too long"), std::string::npos);
+  std::string attrs = "{{ x";
+  for (int i = 0; i < 100000; ++i) attrs += ".a";
+  EXPECT_NE(Render(attrs + " }}").find("expression too long"), std::string::npos);
+  std::string nest;
+  for (int i = 0; i < 50000; ++i) nest += "{% if 1 %}";
+  EXPECT_NE(Render(nest).find("blocks nested too deeply"), std::string::npos);
+  std::string ok_nest, ok_end;
+  for (int i = 0; i < 50; ++i) ok_nest += "{% if 1 %}", ok_end += "{% endif %}";
+  EXPECT_EQ(Render(ok_nest + "x" + ok_end), "x");
   EXPECT_NE(Render("{{ 'unterminated }}").find("PARSE ERROR"), std::string::npos);
   EXPECT_NE(Render("{{").find("PARSE ERROR"), std::string::npos);
   EXPECT_NE(Render("{% for %}").find("PARSE ERROR"), std::string::npos);
