@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/matmul_avx2_inl.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/quant.h"
 #include "util/fp16.h"
@@ -20,14 +21,9 @@
 namespace trellis::matmul_internal {
 namespace {
 
-inline float Hsum(__m256 v) {
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
-
-inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+using avx2::Hsum;
+using avx2::Load128;
+using avx2::Load256;
 
 // ---- Q4_0 / Q8_0 ----------------------------------------------------------------------
 
