@@ -64,8 +64,8 @@ struct Totals {
 
 class Chat {
  public:
-  Chat(const ChatOpts& o, const Model& model, const Tokenizer& tok, const server::ChatTemplate& tmpl, Scheduler& sched)
-      : o_(o), model_(model), tok_(tok), tmpl_(tmpl), sched_(sched) {}
+  Chat(const ChatOpts& o, const Tokenizer& tok, const server::ChatTemplate& tmpl, Scheduler& sched)
+      : o_(o), tok_(tok), tmpl_(tmpl), sched_(sched) {}
 
   int Run() {
     LineEditor editor;
@@ -220,7 +220,6 @@ class Chat {
   }
 
   const ChatOpts& o_;
-  const Model& model_;
   const Tokenizer& tok_;
   const server::ChatTemplate& tmpl_;
   Scheduler& sched_;
@@ -269,7 +268,7 @@ Runner AddChatCommand(CLI::App& app) {
                  std::string(tmpl->name()).c_str(), source.c_str(), (*sched)->options().n_ctx,
                  ThreadsText(threads, how).c_str());
     std::fflush(stdout);
-    Chat chat(*o, **model, **tok, *tmpl, **sched);
+    Chat chat(*o, **tok, *tmpl, **sched);
     return chat.Run();
   };
 }

@@ -53,8 +53,7 @@ const char* FinishReasonName(FinishReason r) {
   return "?";
 }
 
-Scheduler::Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPool& pool)
-    : model_(model), opts_(opts), threads_(pool) {}
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& opts) : model_(model), opts_(opts) {}
 
 Scheduler::~Scheduler() {
   // Batches on other processes write into blocks by id: collect them first.
@@ -98,7 +97,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (blocks > (int64_t{1} << 30)) return InvalidArgument("KV pool too large");
   o.kv_blocks = blocks;
 
-  std::unique_ptr<Scheduler> s(new Scheduler(model, o, pool));
+  std::unique_ptr<Scheduler> s(new Scheduler(model, o));
   if (!model.whole() && !o.executor) return InvalidArgument("a part of a model needs an executor for the rest (a grid)");
   if (o.executor && model.RopeFactors(o.n_ctx) != model.RopeFactors(c.DefaultContext())) {
     // A grid's nodes run their layers at the default context's RoPE factor set.

@@ -181,7 +181,7 @@ class Scheduler {
     int64_t tokens = 0;
     double t_launch = 0;
   };
-  Scheduler(const Model& model, const SchedulerOptions& opts, ThreadPool& pool);
+  Scheduler(const Model& model, const SchedulerOptions& opts);
 
   bool Admit(Session& s);                     // match, acquire, allocate; false if it must wait
   bool ShouldDefer(const Session& s);         // a running prefill will soon cache more of it
@@ -206,7 +206,6 @@ class Scheduler {
 
   const Model& model_;
   SchedulerOptions opts_;
-  ThreadPool& threads_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<RadixCache> cache_;
   std::unique_ptr<StepExecutor> executor_;

@@ -16,8 +16,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kJson = "application/json";
-
 // Compares every byte of the longer string whatever the contents, so the time taken
 // says nothing about how much of a guess was right (only about its length).
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
