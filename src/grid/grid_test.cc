@@ -23,6 +23,7 @@
 #include "grid/node.h"
 #include "grid/protocol.h"
 #include "store/server.h"
+#include "util/slowdown.h"
 
 namespace trellis::grid {
 namespace {
@@ -321,7 +322,8 @@ TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {
   // cache it held before dropped (node 2's K/V is gone).
   n2 = StartNode(ModelPath(), 1, 2, port2);
   ASSERT_TRUE(n2.node);
-  for (int i = 0; i < 100 && !g->head->health().ok; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto rejoin_by = std::chrono::steady_clock::now() + TestScaled(std::chrono::seconds(5));
+  while (!g->head->health().ok && std::chrono::steady_clock::now() < rejoin_by) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(g->head->health().ok) << g->head->health().message;
   const auto reqs = Workload(2, 3);  // the same prompts as before: a stale cache would be wrong
   auto after = RunAll(*g->sched, reqs);

@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "util/slowdown.h"
+
 namespace trellis {
 namespace {
 
@@ -46,7 +48,7 @@ TEST(ThreadPoolTest, SlicesRunConcurrentlyWhenWorkersAreFree) {
     std::atomic<bool> both{false};
     pool.Run([&](int, int) {
       started++;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+      const auto deadline = std::chrono::steady_clock::now() + TestScaled(std::chrono::milliseconds(50));
       while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
       if (started.load() == 2) both = true;
     });

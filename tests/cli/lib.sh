@@ -1,6 +1,6 @@
 # Shared helpers for the trellis end-to-end tests. Source after setting TRELLIS and DATA:
 #   TRELLIS=$1 DATA=$2; source "$(dirname "$0")/lib.sh"
-# Gives $tmp (removed on exit), say, die, ok and expect_fail.
+# Gives $tmp (removed on exit), say, die, ok, scaled and expect_fail.
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -11,6 +11,9 @@ n_checks=0
 say() { echo "check: $*"; }
 die() { echo "FAIL: $*" >&2; exit 1; }
 ok() { n_checks=$((n_checks + 1)); echo "  ok   $*"; }
+# scaled N: N times TRELLIS_TEST_SLOWDOWN (src/util/slowdown.h: how many times slower than
+# a native Release build this stage runs; 1 when unset), rounded: for time bounds and waits.
+scaled() { awk -v n="$1" -v f="${TRELLIS_TEST_SLOWDOWN:-1}" 'BEGIN { printf "%d", n * f + 0.5 }'; }
 
 # expect_fail REGEX -- CMD...: CMD must exit non-zero from an error, not a signal (0 < rc
 # < 128), within 30 s (timeout exits 124), and print exactly one stderr line

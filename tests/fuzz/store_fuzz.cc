@@ -3,7 +3,7 @@
 // One StoreServer (1 MiB of memory, a few sequences stored) lives for the whole run; each
 // input is one request: byte 0 picks the message type (any u16-range value below 16,
 // mostly the real ones), the rest is its body, sent as is. The server must answer every
-// request (a reply or an error) within 2 s, and keep answering a well-formed Lookup
+// request (a reply or an error) within 2 s (util/slowdown.h), and keep answering a well-formed Lookup
 // afterwards: a crash, an ASan report, or a hang (abort) is a finding.
 //
 // PutData names the peer's memory for the server to read by RMA. UCX serves such reads
@@ -26,6 +26,7 @@
 #include "store/client.h"
 #include "store/protocol.h"
 #include "store/server.h"
+#include "util/slowdown.h"
 
 using namespace trellis;
 using namespace std::chrono_literals;
@@ -88,7 +89,7 @@ struct Harness {
       if (!peer->IsConnected(conn)) {  // the server cut us off for a bad message: reconnect
         conn = *peer->Connect("127.0.0.1", server->port());
       }
-      peer->Call(conn, type, std::move(body), net::After(2s), [&](Result<std::string> r) { p.set_value(std::move(r)); });
+      peer->Call(conn, type, std::move(body), net::After(TestScaled(2s)), [&](Result<std::string> r) { p.set_value(std::move(r)); });
     });
     return f.get();
   }
@@ -145,7 +146,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (type == store::kPutData) body = h.PinRegion(body);
   auto r = h.Call(type, std::move(body));
   if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded) {
-    std::fprintf(stderr, "store_fuzz: no answer within 2 s to a type %u request\n", type);
+    std::fprintf(stderr, "store_fuzz: no answer within %lld ms to a type %u request\n", static_cast<long long>(TestScaled(2s).count()), type);
     std::abort();
   }
   // The server still serves a well-formed request.

@@ -8,16 +8,16 @@ srv_pids=()
 trap 'for p in "${srv_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 
 model=$tmp/tiny-q4_0.gguf
-timeout 30 "$TRELLIS" gen-model --shape tiny --type q4_0 -o "$model" >/dev/null 2>"$tmp/gen.err" \
+timeout "$(scaled 30)" "$TRELLIS" gen-model --shape tiny --type q4_0 -o "$model" >/dev/null 2>"$tmp/gen.err" \
   || die "gen-model: $(cat "$tmp/gen.err")"
 
 # start_server NAME [serve options...]: starts a server, waits for /health, sets $base
 # (http://127.0.0.1:PORT) and $srv_pid; the log is $tmp/NAME.log.
 # wait_port NAME PID SED_EXPR: the port a process prints in $tmp/NAME.log (SED_EXPR
-# captures it as \1), waiting up to 20 s; dies if the process exits or prints none.
+# captures it as \1), waiting up to 20 s (scaled); dies if the process exits or prints none.
 wait_port() {
   local name=$1 pid=$2 expr=$3 port=""
-  for _ in $(seq 1 200); do
+  for _ in $(seq 1 "$(scaled 200)"); do
     port=$(sed -n "s|$expr|\\1|p" "$tmp/$name.log" | head -1 || true)
     [[ -n $port ]] && break
     kill -0 "$pid" 2>/dev/null || die "$name exited at start-up: $(cat "$tmp/$name.log")"
@@ -39,12 +39,12 @@ start_server() {
   curl -sf --retry 20 --retry-delay 0 --retry-connrefused -m 5 "$base/health" >/dev/null || die "server $name: /health did not answer"
 }
 
-# stop_server: SIGTERM, then the server must exit 0 within 10 s.
+# stop_server: SIGTERM, then the server must exit 0 within 10 s (scaled).
 stop_server() {
   local pid=${1:-$srv_pid} rc=0
   kill -TERM "$pid"
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && die "server $pid did not exit within 10 s of SIGTERM"
+  for _ in $(seq 1 "$(scaled 100)"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && die "server $pid did not exit within $(scaled 10) s of SIGTERM"
   wait "$pid" || rc=$?
   [[ $rc -eq 0 ]] || die "server exited with $rc after SIGTERM"
 }

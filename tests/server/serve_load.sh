@@ -8,11 +8,11 @@ source "$(dirname "$0")/lib.sh"
 
 start_server load --max-running 16
 say "$N clients x 2 chat requests (half streamed)"
-timeout 120 python3 "$(dirname "$0")/load.py" "$base" "$N" 2 | tee "$tmp/load.out" || die "load test failed"
+timeout "$(scaled 120)" python3 "$(dirname "$0")/load.py" "$base" "$N" 2 | tee "$tmp/load.out" || die "load test failed"
 ok "$(head -1 "$tmp/load.out")"
 say "afterwards: nothing running or queued, every request counted"
 # The engine publishes its metrics after each step: give the last one a moment.
-for _ in $(seq 1 50); do
+for _ in $(seq 1 "$(scaled 50)"); do
   [[ $(metric trellis_requests_finished_total) == $((N * 2)) && $(metric trellis_requests_running) == 0 ]] && break
   sleep 0.1
 done
