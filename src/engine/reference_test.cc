@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "kernels/cpu_features.h"
 
 namespace trellis {
 namespace {
@@ -169,8 +170,8 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
                                      margin_bound, "prompt, threads " + std::to_string(threads));
     EXPECT_LT(worst, rms_bound) << tc.model << " p" << tc.prompt_len << " threads " << threads;
     RecordProperty("worst_rms_over_std_t" + std::to_string(threads), std::to_string(worst));
-    std::printf("[ref] %s p%d threads %d: worst rms/std %.5f (bound %.3f)\n", tc.model.c_str(), tc.prompt_len,
-                threads, worst, rms_bound);
+    std::printf("[ref] %s p%d threads %d, kernels %s: worst rms/std %.5f (bound %.3f)\n", tc.model.c_str(),
+                tc.prompt_len, threads, KernelPathName(), worst, rms_bound);
 
     // Greedy continuation: ours must equal llama.cpp's token for token, and may only
     // diverge at a step whose deciding margin (top-1 minus top-2 in llama.cpp's logits)
