@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build g++ clang libclang-rt-14-dev python3
+  build-essential cmake ninja-build ccache g++ clang libclang-rt-14-dev python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev gnuplot-nox
   libcpp-httplib-dev nodejs curl tmux

@@ -1,54 +1,92 @@
 #!/usr/bin/env bash
 # The whole test suite: set up, then
-#   1. Release build, every CTest test (unit, reference-logit and end-to-end tests);
-#   2. ASan + UBSan build, the unit tests again (label `unit`) and the server load test;
-#   3. libFuzzer builds (clang) of the GGUF reader, the HTTP request reader, the JSON
-#      request readers, the store's request handlers and a grid node's message decoding:
-#      corpus replay plus a bounded run of each;
+#   1. Release build (g++), every CTest test but the exhaustive ones (label full): unit,
+#      llama.cpp reference logits on the best kernel path and again on the AVX2 paths,
+#      end-to-end tests of the binary;
+#   2. ASan + UBSan build (clang), the unit tests again (label unit) and the server under
+#      load and hostile input;
+#   3. the libFuzzer targets of the same build (GGUF reader, HTTP reader, JSON request
+#      readers, store requests, grid messages, chat templates): corpus replay plus a
+#      bounded run of each, two at a time;
 #   4. (on x86-64) the aarch64 cross build of util, model, kernels, kv and engine, whose
 #      tests (NEON kernels, dotprod and not, and the llama.cpp reference logits) run
 #      under qemu-user.
+# At the end (and on a failure) it prints each stage's wall time and the ten slowest
+# tests, and fails if the run took longer than its budget (TRELLIS_TEST_BUDGET seconds,
+# 2100 = 35 minutes; 0 turns the check off).
+#
+# usage: scripts/test.sh [--full]
+#   --full  the exhaustive run for releases: every reference prompt on every kernel path
+#           and under qemu, the loopback store evaluation, 10 minutes per fuzzer
+#           (FUZZ_SECONDS); no budget.
 # Benchmarks are programs (trellis bench ...), not tests: they do not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+full=0
+for arg in "$@"; do
+  case $arg in
+    --full) full=1 ;;
+    *) echo "usage: scripts/test.sh [--full]" >&2; exit 2 ;;
+  esac
+done
 jobs=${JOBS:-$(nproc)}
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+if ((full)); then
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-600}
+  budget=0
+  not_full=()
+else
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+  budget=${TRELLIS_TEST_BUDGET:-2100}
+  not_full=(-LE '^full$')
+fi
 
-echo "== [1/4] release build + all tests" >&2
-scripts/build.sh release
-ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
+# Stage times and every ctest stage's JUnit file, read by scripts/test_report.py.
+report=$PWD/build-report
+rm -rf "$report"
+mkdir -p "$report"
+start=$(date +%s)
+summary() {
+  local rc=$?
+  python3 scripts/test_report.py "$report" --budget "$budget" --elapsed $(($(date +%s) - start)) --rc "$rc" || rc=1
+  exit "$rc"
+}
+trap summary EXIT
 
-echo "== [2/4] ASan + UBSan build + unit tests" >&2
-scripts/build.sh asan
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 1800
+# stage NAME CMD...: runs CMD as one timed stage.
+stage() {
+  local name=$1 t0 rc=0
+  shift
+  echo "== $name" >&2
+  t0=$(date +%s)
+  "$@" || rc=$?
+  printf '%s\t%s\t%s\n' "$name" $(($(date +%s) - t0)) "$rc" >>"$report/stages.tsv"
+  return "$rc"
+}
+# tests NAME BUILD_DIR [ctest args...]: one ctest run over both cores as a timed stage.
+tests() {
+  local name=$1 dir=$2
+  shift 2
+  stage "$name" ctest --test-dir "$dir" --output-on-failure -j "$jobs" \
+    --output-junit "$report/${name// /_}.xml" "$@"
+}
+
+stage "setup" scripts/setup.sh
+
+stage "release build" scripts/build.sh release
+tests "release tests" build "${not_full[@]}" --timeout 900
+
+stage "asan build" scripts/build.sh asan
+# Time bounds in the tests scale by TRELLIS_TEST_SLOWDOWN (src/util/slowdown.h).
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TRELLIS_TEST_SLOWDOWN=4 tests "asan unit tests" build-asan -L '^unit$' --timeout 1800
 # The server under load (64 concurrent clients sharing a system prompt) and under hostile
 # input: no errors, and LeakSanitizer fails the server's exit if anything leaked.
-TRELLIS_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -R '^server_(load|hostile)$' --timeout 900
-
-echo "== [3/4] libFuzzer: GGUF reader, HTTP reader, API readers, store requests, grid messages, chat templates (${FUZZ_SECONDS}s each)" >&2
-scripts/build.sh fuzz
-# fuzz NAME CORPUS MAX_LEN [flags...]: replays the committed corpus, then fuzzes for
-# FUZZ_SECONDS into a scratch directory (new inputs never go into the committed corpus).
-fuzz() {
-  local name=$1 corpus=$2 max_len=$3; shift 3
-  mkdir -p "build-fuzz/$name-work"
-  "build-fuzz/tests/$name" -runs=0 "$corpus"
-  "build-fuzz/tests/$name" -max_total_time="$FUZZ_SECONDS" -max_len="$max_len" -rss_limit_mb=2048 \
-    -artifact_prefix="build-fuzz/$name-work/" "$@" "build-fuzz/$name-work" "$corpus" 2>&1 | tail -3
-}
-fuzz gguf_fuzz tests/data/gguf_corpus 8192
-fuzz http_fuzz tests/data/http_corpus 16384 -dict=tests/data/http_corpus.dict
-fuzz api_fuzz tests/data/api_corpus 65536 -dict=tests/data/api_corpus.dict
-UCX_NET_DEVICES=lo LSAN_OPTIONS=suppressions=tests/fuzz/store_fuzz.lsan.supp fuzz store_fuzz tests/data/store_corpus 4096
-fuzz grid_fuzz tests/data/grid_corpus 4096
-fuzz jinja_fuzz tests/data/jinja_corpus 4096 -dict=tests/data/jinja_corpus.dict
+TRELLIS_TEST_SLOWDOWN=4 TRELLIS_ASAN=1 tests "asan server" build-asan -R '^server_(load|hostile)$' --timeout 900
+unset ASAN_OPTIONS UBSAN_OPTIONS
+tests "fuzz" build-asan -L '^fuzz$'
 
 if [[ $(uname -m) == x86_64 ]]; then
-  echo "== [4/4] aarch64 cross build + tests under qemu-user" >&2
-  scripts/build.sh aarch64
-  ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" --timeout 1800
+  stage "aarch64 build" scripts/build.sh aarch64
+  TRELLIS_TEST_SLOWDOWN=30 tests "qemu tests" build-aarch64 "${not_full[@]}" --timeout 1800
 fi
 echo "== all test stages passed" >&2
