@@ -1,0 +1,46 @@
+// JSON Schema to grammar: the documents a schema accepts, as GBNF, so that constrained
+// decoding can only write valid instances.
+//
+// Supported (what OpenAI's strict mode allows, and more): type (one or a list), enum,
+// const, properties, required, additionalProperties (false, true or a schema; absent means
+// true, as the specification says), items, prefixItems, minItems, maxItems, string
+// minLength / maxLength, format date / time / date-time / uuid / email / ipv4, anyOf and
+// oneOf (as alternatives: a value matching several branches is not excluded), allOf of one
+// schema, $ref to "#", "#/$defs/..." and "#/definitions/..." (recursion allowed), boolean
+// schemas, and the annotations (title, description, default, examples, $schema, $id,
+// $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
+//
+// Everything else that constrains a value (pattern, minimum / maximum, multipleOf,
+// uniqueItems: true, not, if / then / else, patternProperties, propertyNames, contains,
+// min/maxProperties, dependentRequired, other formats, remote $refs) is refused with
+// Unsupported naming the keyword and where it sits: a schema is honoured completely or not
+// at all.
+//
+// The grammar writes objects with their declared properties in declaration order
+// (required ones always, optional ones or not), then any additional ones; numbers with at
+// most 20 integer digits, 20 fraction digits and 3 exponent digits; whitespace of at most
+// one space or one line break and 20 indent characters between tokens. These bound every
+// token run so that even a model with no idea of JSON ends its answer.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "grammar/grammar.h"
+#include "util/status.h"
+
+namespace trellis::grammar {
+
+// GBNF for the instances of `schema` (JSON text). InvalidArgument for malformed JSON or a
+// malformed schema, Unsupported for a keyword this converter does not implement; messages
+// name the schema path (e.g. "/properties/age/minimum").
+Result<std::string> JsonSchemaToGbnf(std::string_view schema, const GrammarLimits& limits = {});
+Result<Grammar> CompileJsonSchema(std::string_view schema, const GrammarLimits& limits = {});
+
+// Any JSON value; any JSON object (OpenAI's json_object mode).
+std::string JsonValueGbnf();
+std::string JsonObjectGbnf();
+
+}  // namespace trellis::grammar

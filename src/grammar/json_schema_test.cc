@@ -1,0 +1,278 @@
+#include "grammar/json_schema.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "grammar/stacks.h"
+
+namespace trellis::grammar {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+bool Matches(const Grammar& g, std::string_view text) {
+  StackArena arena;
+  StackMachine m(g, arena);
+  std::vector<StackId> set;
+  EXPECT_TRUE(m.Start(set).ok());
+  EXPECT_TRUE(m.AdvanceBytes(set, text).ok());
+  return std::binary_search(set.begin(), set.end(), kAccepted);
+}
+
+Grammar Compile(std::string_view schema) {
+  auto g = CompileJsonSchema(schema);
+  EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << schema;
+  return g.ok() ? std::move(*g) : Grammar{};
+}
+
+struct Case {
+  const char* schema;
+  std::vector<std::string> accept, reject;
+};
+
+TEST(JsonSchemaTest, AcceptsInstancesAndRejectsOthers) {
+  const Case cases[] = {
+      {R"~({"type": "integer"})~", {"0", "-12", "12345678901234567890"}, {"01", "1.5", "\"1\"", "123456789012345678901"}},
+      {R"~({"type": "number"})~", {"0", "-1.25", "3e10", "2.5E-3"}, {".5", "1.", "+1", "1e1234"}},
+      {R"~({"type": ["string", "null"]})~", {"\"a\"", "null"}, {"1", "nul"}},
+      {R"~({"type": "string", "minLength": 2, "maxLength": 3})~", {"\"ab\"", "\"abc\"", "\"\\n\\u00e9\""}, {"\"a\"", "\"abcd\""}},
+      {R"~({"enum": ["red", 1, null, {"a": [true]}]})~", {"\"red\"", "1", "null", "{\"a\":[true]}"}, {"\"blue\"", "2"}},
+      {R"~({"type": "string", "enum": ["a", 1]})~", {"\"a\""}, {"1"}},
+      {R"~({"const": "x\"y"})~", {"\"x\\\"y\""}, {"\"xy\""}},
+      {R"~({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["b"],
+           "additionalProperties": false})~",
+       {"{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{ \"a\": 1, \"b\": \"x\" }", "{\n  \"b\": \"x\"\n}"},
+       {"{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"c\":1}", "{\"b\":1}", "{\"b\":\"x\",}"}},
+      // Additional properties allowed: any other key, never a declared one again.
+      {R"~({"type": "object", "properties": {"id": {"type": "integer"}}})~",
+       {"{}", "{\"id\":1}", "{\"id\":1,\"x\":true}", "{\"i\":2}", "{\"idx\":[]}", "{\"x\":1,\"y\":2}"},
+       {"{\"id\":1,\"id\":2}", "{\"x\":1,\"id\":2}", "{\"id\":\"s\"}"}},
+      {R"~({"type": "object", "additionalProperties": {"type": "boolean"}})~",
+       {"{}", "{\"a\":true,\"b\":false}"},
+       {"{\"a\":1}"}},
+      {R"~({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3})~",
+       {"[1]", "[1,2,3]", "[ 1 , 2 ]"},
+       {"[]", "[1,2,3,4]", "[1,]", "[\"a\"]"}},
+      {R"~({"type": "array", "maxItems": 0})~", {"[]"}, {"[1]"}},
+      {R"~({"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false})~",
+       {"[]", "[\"a\"]", "[\"a\",1]"},
+       {"[1]", "[\"a\",1,2]"}},
+      {R"~({"prefixItems": [{"type": "string"}], "items": {"type": "null"}, "minItems": 2})~",
+       {"[\"a\",null]", "[\"a\",null,null]"},
+       {"[\"a\"]", "[\"a\",1]"}},
+      {R"~({"anyOf": [{"type": "integer"}, {"type": "boolean"}]})~", {"1", "true"}, {"\"1\""}},
+      {R"~({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+           "required": ["v", "next"], "additionalProperties": false}}, "$ref": "#/$defs/node"})~",
+       {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":null}}"},
+       {"{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2}}"}},
+      {R"~({"type": "string", "format": "date-time"})~", {"\"2024-02-29T12:30:00Z\"", "\"1999-12-31T23:59:59.123+01:00\""}, {"\"2024-13-01T00:00:00Z\"", "\"x\""}},
+      {R"~({"type": "string", "format": "uuid"})~", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123e4567\""}},
+      {R"~({"format": "ipv4"})~", {"\"192.168.0.1\""}, {"\"256.1.1.1\"", "\"01.1.1.1\""}},
+      {R"~({"title": "anything", "description": "annotations only"})~", {"1", "\"s\"", "{\"a\":[null]}"}, {"tru"}},
+      {R"~(true)~", {"[]"}, {""}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const Grammar g = Compile(c.schema);
+    if (g.rules.empty()) continue;
+    for (const auto& s : c.accept) EXPECT_TRUE(Matches(g, s)) << "should accept " << s;
+    for (const auto& s : c.reject) EXPECT_FALSE(Matches(g, s)) << "should reject " << s;
+  }
+}
+
+TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
+  const std::pair<const char*, const char*> unsupported[] = {
+      {R"~({"type": "string", "pattern": "^a+$"})~", "'pattern' at '/pattern'"},
+      {R"~({"type": "integer", "minimum": 0})~", "'minimum'"},
+      {R"~({"properties": {"n": {"type": "number", "multipleOf": 2}}})~", "'multipleOf' at '/properties/n/multipleOf'"},
+      {R"~({"type": "array", "uniqueItems": true})~", "'uniqueItems'"},
+      {R"~({"not": {"type": "null"}})~", "'not'"},
+            {R"~({"$ref": "http://example.com/schema"})~", "only references inside the schema"},
+      {R"~({"type": "string", "format": "hostname"})~", "'format' \"hostname\""},
+      {R"~({"type": "object", "minProperties": 1})~", "'minProperties'"},
+      {R"~({"anyOf": [{"type": "string", "minLength": 2}], "minLength": 1})~", "both beside and inside"},
+      {R"~({"allOf": [{"type": "string"}, {"type": "string"}]})~", "more than one part of 'allOf'"},
+  };
+  for (auto [schema, want] : unsupported) {
+    auto g = CompileJsonSchema(schema);
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_EQ(g.status().code(), StatusCode::kUnsupported) << schema << ": " << g.status().message();
+    EXPECT_NE(g.status().message().find(want), std::string::npos) << schema << ": " << g.status().message();
+  }
+  const std::pair<std::string, const char*> invalid[] = {
+      {"{", "not valid JSON"},
+      {"false", "no value is valid"},
+      {"3", "must be an object or a boolean"},
+      {R"~({"type": "strin"})~", "unknown type"},
+      {R"~({"enum": []})~", "non-empty"},
+      {R"~({"$ref": "#/$defs/missing"})~", "names no definition"},
+      {R"~({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})~", "can never match"},
+      {R"~({"type": "array", "minItems": 3, "maxItems": 2})~", "below"},
+      {R"~({"type": "array", "items": false, "minItems": 1})~", "more items"},
+      {std::string(200, '[') + std::string(200, ']'), "nested deeper"},
+      {[] {
+         std::string s = "{}";
+         for (int i = 0; i < 100; ++i) s = "{\"items\": " + s + "}";
+         return s;
+       }(),
+       "nested deeper"},
+  };
+  for (const auto& [schema, want] : invalid) {
+    auto g = CompileJsonSchema(schema);
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << schema << ": " << g.status().message();
+    EXPECT_NE(g.status().message().find(want), std::string::npos) << schema << ": " << g.status().message();
+  }
+}
+
+TEST(JsonSchemaTest, JsonModeGrammars) {
+  auto value = ParseGbnf(JsonValueGbnf());
+  auto object = ParseGbnf(JsonObjectGbnf());
+  ASSERT_TRUE(value.ok() && object.ok());
+  EXPECT_TRUE(Matches(*value, "[1,{\"a\":\"\\u00e9\"},null]"));
+  EXPECT_TRUE(Matches(*object, "{\"a\":{\"b\":[]}}"));
+  EXPECT_FALSE(Matches(*object, "[1]"));
+  EXPECT_FALSE(Matches(*object, "{\"a\":1,}"));
+}
+
+// Keys of `instance` in the order `schema` declares them (declared first, in order), as
+// the grammar writes objects; recursing where the schema says what the values are.
+json Canonical(const json& instance, const json& schema, const json& root, int depth = 0) {
+  if (depth > 50 || !schema.is_object()) return instance;
+  if (schema.contains("$ref") && schema["$ref"].is_string()) {
+    const std::string r = schema["$ref"];
+    if (r == "#") return Canonical(instance, root, root, depth + 1);
+    for (const char* defs : {"definitions", "$defs"}) {
+      const std::string p = std::string("#/") + defs + "/";
+      if (r.rfind(p, 0) == 0 && root.contains(defs) && root[defs].contains(r.substr(p.size()))) {
+        return Canonical(instance, root[defs][r.substr(p.size())], root, depth + 1);
+      }
+    }
+    return instance;
+  }
+  if (schema.contains("const") && schema["const"].is_object() && instance.is_object()) {
+    // The grammar writes the const's keys in the const's order.
+    json out = json::object();
+    for (const auto& [k, v] : schema["const"].items()) {
+      if (instance.contains(k)) out[k] = instance[k];
+    }
+    for (const auto& [k, v] : instance.items()) {
+      if (!out.contains(k)) out[k] = v;
+    }
+    return out;
+  }
+  if (instance.is_object()) {
+    json out = json::object();
+    const json props = schema.value("properties", json::object());
+    if (props.is_object()) {
+      for (const auto& [k, s] : props.items()) {
+        if (instance.contains(k)) out[k] = Canonical(instance[k], s, root, depth + 1);
+      }
+    }
+    for (const auto& [k, v] : instance.items()) {
+      if (!out.contains(k)) out[k] = schema.contains("additionalProperties") ? Canonical(v, schema["additionalProperties"], root, depth + 1) : v;
+    }
+    return out;
+  }
+  if (instance.is_array() && schema.contains("items") && schema["items"].is_object()) {
+    json out = json::array();
+    for (const json& v : instance) out.push_back(Canonical(v, schema["items"], root, depth + 1));
+    return out;
+  }
+  return instance;
+}
+
+// Whether `data` has the type the converter infers for an untyped schema from its
+// keywords (object for properties, array for items, string for lengths): where it does
+// not, the schema also admits it but the grammar, which writes the inferred type, does not.
+bool InferredTypeHolds(const json& schema, const json& data) {
+  if (!schema.is_object() || schema.contains("type")) return true;
+  auto has = [&](std::initializer_list<const char*> keys) {
+    return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return schema.contains(k); });
+  };
+  const bool obj = has({"properties", "required", "additionalProperties"});
+  const bool arr = has({"items", "prefixItems", "additionalItems", "minItems", "maxItems"});
+  const bool str = has({"minLength", "maxLength", "format"});
+  if (!obj && !arr && !str) return true;
+  return (obj && data.is_object()) || (arr && data.is_array()) || (str && data.is_string());
+}
+
+// Debian's json-schema-test-suite, draft 7, the files of the keywords this converter
+// implements: each schema either compiles, and then accepts every valid instance and
+// rejects every invalid one, or is refused as Unsupported. Deviations are listed below
+// with their reason; nothing else may differ.
+TEST(JsonSchemaTest, OfficialTestSuiteDraft7) {
+  const std::filesystem::path dir = "/usr/share/json-schema-test-suite/tests/draft7";
+  ASSERT_TRUE(std::filesystem::exists(dir)) << dir << " is missing: apt-get install json-schema-test-suite";
+  // (group description, test description) whose outcome differs, and why.
+  const std::set<std::pair<std::string, std::string>> deviations = {
+      // The type is inferred one level down: "#" is an untyped object schema, so the
+      // grammar writes an object where the schema also admits false.
+      {"root pointer ref", "match"},
+      {"root pointer ref", "recursive match"},
+  };
+  std::set<std::pair<std::string, std::string>> seen;
+  int compiled = 0, refused = 0, checked = 0;
+  for (const char* file : {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
+                           "maxItems", "minItems", "maxLength", "minLength", "anyOf", "allOf", "ref", "definitions",
+                           "boolean_schema", "default"}) {
+    std::ifstream in(dir / (std::string(file) + ".json"));
+    ASSERT_TRUE(in) << file;
+    const json groups = json::parse(in);
+    for (const json& group : groups) {
+      const std::string gdesc = group["description"];
+      const std::string schema = group["schema"].dump();
+      auto g = CompileJsonSchema(schema);
+      if (!g.ok()) {
+        // Refused for a keyword it does not implement, or as a schema nothing satisfies
+        // (then every instance of the group must be invalid); never for one it misreads.
+        const bool none_valid = std::none_of(group["tests"].begin(), group["tests"].end(),
+                                             [](const json& t) { return t["valid"].get<bool>(); });
+        if (g.status().code() != StatusCode::kUnsupported) {
+          EXPECT_TRUE(none_valid && g.status().code() == StatusCode::kInvalidArgument)
+              << file << ": " << gdesc << ": " << g.status().message();
+        }
+        ++refused;
+        if (getenv("SUITE_VERBOSE")) fprintf(stderr, "refused %s: %s: %s\n", file, gdesc.c_str(), g.status().message().c_str());
+        continue;
+      }
+      ++compiled;
+      for (const json& t : group["tests"]) {
+        const std::string tdesc = t["description"];
+        const bool valid = t["valid"];
+        const std::string text = Canonical(t["data"], group["schema"], group["schema"]).dump();
+        const bool got = Matches(*g, text);
+        ++checked;
+        if (deviations.count({gdesc, tdesc})) {
+          // A listed deviation must still deviate: the list cannot hide a fixed case.
+          EXPECT_NE(got, valid) << "listed deviation now agrees: " << gdesc << ": " << tdesc;
+          seen.insert({gdesc, tdesc});
+          continue;
+        }
+        if (valid) {
+          // The grammar's language may be smaller where the schema says nothing about a
+          // type it infers (a "properties" schema also admits non-objects).
+          if (!got && !InferredTypeHolds(group["schema"], t["data"])) continue;
+          EXPECT_TRUE(got) << file << ": " << gdesc << ": " << tdesc << ": " << text;
+        } else {
+          EXPECT_FALSE(got) << file << ": " << gdesc << ": " << tdesc << ": " << text;
+        }
+      }
+    }
+  }
+  for (const auto& d : deviations) EXPECT_TRUE(seen.count(d)) << "listed deviation not in the suite: " << d.first << ": " << d.second;
+  EXPECT_GE(compiled, 46);
+  EXPECT_GE(checked, 174);
+  RecordProperty("compiled", compiled);
+  RecordProperty("refused", refused);
+}
+
+}  // namespace
+}  // namespace trellis::grammar
