@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include <limits>
+
 #include <algorithm>
 
 #include <fmt/core.h>
@@ -34,6 +36,8 @@ struct Scheduler::Session {
   int32_t reused_blocks = 0;    // whole blocks taken from the tree or the store
   double t_submit = 0;
   Sampler sampler;
+  std::unique_ptr<grammar::GrammarMatcher> matcher;  // Request::grammar's state, or null
+  grammar::TokenMask mask;
   RequestResult result;
 
   Session(const SamplerParams& p, int n_vocab) : sampler(p, n_vocab) {}
@@ -155,6 +159,12 @@ Status Scheduler::Validate(const Request& req) const {
     if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
   }
   TRELLIS_RETURN_IF_ERROR(ValidateSamplerParams(req.sampling));
+  if (req.grammar) {
+    if (req.grammar->vocab().n_vocab() != c.n_vocab) {
+      return InvalidArgument(fmt::format("the grammar's vocabulary has {} tokens, the model {}", req.grammar->vocab().n_vocab(), c.n_vocab));
+    }
+    if (!req.force_tokens.empty()) return InvalidArgument("a grammar and forced tokens together");
+  }
   const int64_t need = (n + opts_.block_size) / opts_.block_size;  // prompt + the first generated token
   if (need > opts_.kv_blocks) {
     return ResourceExhausted(fmt::format("prompt needs {} KV blocks, the pool has {} (raise --kv-memory)", need, opts_.kv_blocks));
@@ -167,6 +177,10 @@ Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishC
   const ModelConfig& c = model_.config();
   const int64_t n = static_cast<int64_t>(req.prompt.size());
   auto s = std::make_unique<Session>(req.sampling, c.n_vocab);
+  if (req.grammar) {
+    TRELLIS_ASSIGN_OR_RETURN(s->matcher, grammar::GrammarMatcher::Make(req.grammar));
+    s->mask = grammar::TokenMask(c.n_vocab);
+  }
   s->id = id_in != 0 ? id_in : next_id_++;
   const int64_t cap = std::min<int64_t>(opts_.n_ctx, n + std::max(req.max_tokens, 0)) + 1;
   s->tokens.reserve(static_cast<size_t>(cap));
@@ -801,9 +815,22 @@ void Scheduler::CollectOldest() {
       raw_logits_.assign(logits_buf_.begin(), logits_buf_.end());
     }
     const size_t step = s.result.tokens.size();
+    if (s.matcher) {
+      if (Status st = ConstrainLogits(s); !st.ok()) {
+        Finish(s, FinishReason::kError, st);
+        continue;
+      }
+    }
     const int32_t tok = step < s.req.force_tokens.size()
                             ? s.req.force_tokens[step]
                             : s.sampler.Sample(logits_buf_, s.tokens, static_cast<size_t>(s.result.n_prompt));
+    if (s.matcher) {
+      if (Status st = s.matcher->Accept(tok); !st.ok()) {
+        Finish(s, FinishReason::kError,
+               InvalidArgument("no token the grammar allows is left to sample (logit_bias bans them all?): " + st.message()));
+        continue;
+      }
+    }
     if (s.result.tokens.empty()) s.result.ttft_seconds = NowSeconds() - s.t_submit;
     s.tokens.push_back(tok);
     s.result.tokens.push_back(tok);
@@ -820,6 +847,23 @@ void Scheduler::CollectOldest() {
     }
   }
   PopFlight();
+}
+
+// Sets the logits of the tokens the grammar does not allow next to -inf (logits_buf_).
+Status Scheduler::ConstrainLogits(Session& s) {
+  TRELLIS_RETURN_IF_ERROR(s.matcher->FillMask(s.mask));
+  const std::span<const uint64_t> words = s.mask.words();
+  const size_t n = logits_buf_.size();
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w < words.size(); ++w) {
+    const uint64_t allowed = words[w];
+    if (allowed == ~uint64_t{0}) continue;
+    const size_t end = std::min(n, (w + 1) * 64);
+    for (size_t i = w * 64; i < end; ++i) {
+      if (!((allowed >> (i & 63)) & 1)) logits_buf_[i] = kNegInf;
+    }
+  }
+  return Status::Ok();
 }
 
 // K/V held by another process was lost (a grid node restarted): every running session's

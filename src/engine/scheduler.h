@@ -38,6 +38,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/step_executor.h"
+#include "grammar/token_mask.h"
 #include "kv/block_pool.h"
 #include "kv/prefix_store.h"
 #include "kv/radix_cache.h"
@@ -85,6 +86,13 @@ struct Request {
   // force_tokens[i] instead of a sampled one while i < size(); on_token still gets the
   // logits it would have been drawn from.
   std::vector<int32_t> force_tokens;
+  // Constrained decoding (null: none): every sampled token is drawn from the tokens the
+  // grammar allows next (the mask applies before logit_bias, penalties and the draw,
+  // greedy included), and an end token only once the grammar is complete, which it is
+  // then forced to be when nothing else may follow. A token the grammar cannot take (all
+  // allowed ones banned by logit_bias, say) ends the request with an error.
+  // REQUIRES: the grammar's vocabulary is the model's; no force_tokens.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Where a request's prompt K/V came from (tokens).
@@ -196,6 +204,7 @@ class Scheduler {
   void CollectOldest();               // collects, samples, finishes
   void FailInFlight(const Status& error, std::span<Session* const> also = {});
   void CheckEpoch();                  // K/V lost outside this process: fail and forget
+  Status ConstrainLogits(Session& s);  // the grammar mask applied to logits_buf_
   void StartFetch(Session& s, int32_t first_block, int32_t n_blocks);
   void Publish(Session& s);                           // its computed full blocks, if any
   void PollStore(std::chrono::microseconds wait);     // applies the store's completions

@@ -1,0 +1,152 @@
+// Constrained decoding end to end in the scheduler, and exact masks on real vocabularies.
+#include "engine/constraint.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <random>
+
+#include "engine/scheduler.h"
+#include "engine/test_models.h"
+#include "engine/test_scheduler.h"
+#include "grammar/json_schema.h"
+#include "model/gguf.h"
+#include "util/thread_pool.h"
+
+namespace trellis {
+namespace {
+
+std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& path) {
+  auto f = GgufFile::Open(path);
+  EXPECT_TRUE(f.ok()) << path;
+  auto t = Tokenizer::FromGguf(*f);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
+
+constexpr const char* kPersonSchema = R"~({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "long tag"]}, "maxItems": 3},
+    "ok": {"type": "boolean"},
+    "note": {"anyOf": [{"type": "null"}, {"type": "number"}]}
+  },
+  "required": ["name", "age", "tags", "ok"],
+  "additionalProperties": false
+})~";
+
+// For random positions of random valid documents, the mask equals the tokens that, tried
+// alone, keep the document completable: on the Llama SentencePiece (32k) and GPT-2 BPE
+// (50k) vocabularies, whose pieces split characters, carry leading spaces and merge
+// punctuation with letters.
+TEST(ConstraintTest, MaskIsExactOnRealVocabularies) {
+  auto g = grammar::CompileJsonSchema(kPersonSchema);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+    SCOPED_TRACE(file);
+    auto tok = LoadTokenizer(std::string(TRELLIS_TEST_DATA) + "/vocab/" + file);
+    auto vocab = MakeTokenVocabulary(*tok);
+    auto compiled = std::make_shared<grammar::CompiledGrammar>(*g, vocab);
+    std::mt19937_64 rng(5);
+    grammar::TokenMask mask(vocab->n_vocab());
+    for (int walk = 0; walk < 3; ++walk) {
+      auto m = *grammar::GrammarMatcher::Make(compiled);
+      for (int step = 0; step < 12 && !m->ended(); ++step) {
+        ASSERT_TRUE(m->FillMask(mask).ok());
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
+          bool want = vocab->is_eog(id) ? m->complete() : !vocab->piece(id).empty() && *m->Allows(vocab->piece(id));
+          ASSERT_EQ(mask.Test(id), want) << "token " << id << " '" << vocab->piece(id) << "' at step " << step;
+          if (want) allowed.push_back(id);
+        }
+        ASSERT_FALSE(allowed.empty());
+        ASSERT_TRUE(m->Accept(allowed[rng() % allowed.size()]).ok());
+      }
+    }
+  }
+}
+
+// A random-weight model never writes valid JSON by itself: held to the schema's grammar,
+// every answer over seeds and temperatures is a complete document of the schema that
+// ends with the end token, and reads back as the object the schema describes.
+TEST(ConstraintTest, EveryConstrainedAnswerIsValid) {
+  const std::string path = testing::WriteSmallModel("constraint.gguf", "f32");
+  auto m = Model::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto tok = LoadTokenizer(path);
+  auto g = grammar::CompileJsonSchema(kPersonSchema);
+  ASSERT_TRUE(g.ok());
+  GrammarCache cache(MakeTokenVocabulary(*tok));
+  auto compiled = cache.Get(*g);
+  EXPECT_EQ(cache.Get(*g), compiled);  // the same grammar compiles once
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 400;
+  o.n_ctx = 512;
+  auto sched = Scheduler::Create(**m, o, pool);
+  ASSERT_TRUE(sched.ok());
+  std::vector<Request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    Request r;
+    r.prompt = {1, static_cast<int32_t>(10 + i), 20, 30};
+    r.max_tokens = 480;
+    r.sampling.temperature = std::vector<float>{0.0f, 0.8f, 1.5f}[static_cast<size_t>(i % 3)];
+    r.sampling.top_k = 0;
+    r.sampling.top_p = 1.0f;
+    r.sampling.min_p = 0.0f;
+    r.sampling.seed = 1000 + static_cast<uint64_t>(i);
+    const Tokenizer* t = tok.get();
+    r.is_stop = [t](int32_t id) { return t->IsEog(id); };
+    r.grammar = compiled;
+    reqs.push_back(r);
+  }
+  auto out = testing::RunAll(**sched, reqs);
+  for (size_t i = 0; i < out.size(); ++i) {
+    SCOPED_TRACE(i);
+    const RequestResult& res = out[i].result;
+    ASSERT_EQ(res.reason, FinishReason::kStop) << FinishReasonName(res.reason) << " " << res.error.ToString();
+    ASSERT_FALSE(res.tokens.empty());
+    EXPECT_TRUE(tok->IsEog(res.tokens.back()));
+    std::string text;
+    for (size_t k = 0; k + 1 < res.tokens.size(); ++k) text += tok->TokenToPiece(res.tokens[k]);
+    if (i < 3) std::fprintf(stderr, "answer %zu (%zu tokens): %s\n", i, res.tokens.size(), text.c_str());
+    auto check = *grammar::GrammarMatcher::Make(compiled);
+    ASSERT_TRUE(check->AcceptBytes(text).ok()) << text;
+    EXPECT_TRUE(check->complete()) << text;
+    // Independently of the grammar: the JSON reader's view of the answer.
+    const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(doc.is_object()) << text;
+    EXPECT_TRUE(doc["name"].is_string() && doc["age"].is_number_integer() && doc["tags"].is_array() && doc["ok"].is_boolean()) << text;
+    EXPECT_LE(doc["tags"].size(), 3u) << text;
+    for (const auto& [k, v] : doc.items()) EXPECT_TRUE(k == "name" || k == "age" || k == "tags" || k == "ok" || k == "note") << text;
+  }
+}
+
+// Unconstrained, the same model does not write such documents: the check above has teeth.
+TEST(ConstraintTest, UnconstrainedAnswersAreNotJson) {
+  const std::string path = testing::WriteSmallModel("constraint_free.gguf", "f32");
+  auto m = Model::Load(path);
+  ASSERT_TRUE(m.ok());
+  auto tok = LoadTokenizer(path);
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 200;
+  o.n_ctx = 256;
+  auto sched = Scheduler::Create(**m, o, pool);
+  ASSERT_TRUE(sched.ok());
+  Request r;
+  r.prompt = {1, 10, 20, 30};
+  r.max_tokens = 40;
+  r.sampling.temperature = 0.8f;
+  auto out = testing::RunAll(**sched, {r});
+  std::string text;
+  for (int32_t t : out[0].result.tokens) text += tok->TokenToPiece(t);
+  EXPECT_FALSE(nlohmann::json::accept(text)) << text;
+}
+
+}  // namespace
+}  // namespace trellis
