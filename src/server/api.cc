@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/json_schema.h"
+
 // Fields accepted and ignored (they do not change the output of this server):
 //   user, store, metadata, service_tier, parallel_tool_calls, prediction,
 //   reasoning_effort; in messages: name, tool_call_id
@@ -21,7 +23,9 @@
 namespace trellis::server {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: a JSON schema's properties keep the order the client wrote them in, which is
+// the order the constrained answer writes them in.
+using json = nlohmann::ordered_json;
 
 // Model output and token pieces may hold partial UTF-8: replace, never throw.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -207,14 +211,6 @@ void RefuseUnsupported(Reader& r) {
       r.Fail(key, std::string("'") + key + "' is not supported by this server (tools are not); only \"none\"");
     }
   }
-  if (const json* f = r.Get("response_format")) {
-    const auto type = f->is_object() ? f->find("type") : f->end();
-    const bool text = f->is_object() && type != f->end() && type->is_string() && *type == "text";
-    if (!text) {
-      r.Fail("response_format",
-             "JSON mode is not supported by this server: 'response_format' may only be {\"type\": \"text\"}");
-    }
-  }
   if (const json* m = r.Get("modalities"); m && !(m->is_array() && m->size() == 1 && (*m)[0] == "text")) {
     r.Fail("modalities", "only the text modality is supported: 'modalities' may only be [\"text\"]");
   }
@@ -279,6 +275,207 @@ void ReadLogitBias(Reader& r, const ApiLimits& limits, GenerationParams& g) {
   g.logit_bias.assign(bias.begin(), bias.end());
 }
 
+// ---- constrained output ----
+
+grammar::GrammarLimits ApiGrammarLimits() {
+  grammar::GrammarLimits l;
+  l.max_source_bytes = kMaxGrammarBytes;
+  return l;
+}
+
+// A grammar from GBNF text, or from a JSON schema (an object or boolean, or JSON text of
+// one); the error names `param`.
+Parsed<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const std::string& param, const json& v) {
+  if (!v.is_string()) return Bad(param, "'" + param + "' must be a string of GBNF, got " + Describe(v));
+  const std::string& text = v.get_ref<const std::string&>();
+  if (text.size() > kMaxGrammarBytes) {
+    return Bad(param, "'" + param + "' is " + std::to_string(text.size()) + " bytes, above the limit of " +
+                          std::to_string(kMaxGrammarBytes));
+  }
+  auto g = grammar::ParseGbnf(text, ApiGrammarLimits());
+  if (!g.ok()) return Bad(param, "'" + param + "': " + g.status().message(), "invalid_grammar");
+  return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
+}
+
+Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string& param, const json& v) {
+  std::string text;
+  if (v.is_string()) {
+    text = v.get<std::string>();
+  } else if (v.is_object() || v.is_boolean()) {
+    text = Dump(v);
+  } else {
+    return Bad(param, "'" + param + "' must be a JSON schema (an object), got " + Describe(v));
+  }
+  if (text.size() > kMaxGrammarBytes) {
+    return Bad(param, "'" + param + "' is " + std::to_string(text.size()) + " bytes, above the limit of " +
+                          std::to_string(kMaxGrammarBytes));
+  }
+  auto g = grammar::CompileJsonSchema(text, ApiGrammarLimits());
+  if (!g.ok()) {
+    return Bad(param, "'" + param + "': " + g.status().message(),
+               g.status().code() == StatusCode::kUnsupported ? "unsupported_schema" : "invalid_schema");
+  }
+  return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
+}
+
+Parsed<std::shared_ptr<const grammar::Grammar>> FixedGrammar(const std::string& gbnf) {
+  auto g = grammar::ParseGbnf(gbnf);
+  if (!g.ok()) return Bad("", "internal grammar: " + g.status().message());  // a bug: tested
+  return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
+}
+
+// One of the listed strings, exactly.
+Parsed<std::shared_ptr<const grammar::Grammar>> ChoiceGrammar(const std::string& param, const json& v) {
+  if (!v.is_array() || v.empty() || v.size() > kMaxChoices) {
+    return Bad(param, "'" + param + "' must be an array of 1 to " + std::to_string(kMaxChoices) + " strings");
+  }
+  std::string gbnf = "root ::=";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty()) {
+      return Bad(param, "'" + param + "' must hold non-empty strings, got " + Describe(v[i]));
+    }
+    gbnf += (i ? " | \"" : " \"");
+    for (unsigned char c : v[i].get_ref<const std::string&>()) {
+      if (c == '"' || c == '\\') {
+        gbnf += '\\';
+        gbnf += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7F) {
+        static const char* kHex = "0123456789ABCDEF";
+        gbnf += "\\x";
+        gbnf += kHex[c >> 4];
+        gbnf += kHex[c & 15];
+      } else {
+        gbnf += static_cast<char>(c);
+      }
+    }
+    gbnf += '"';
+  }
+  if (gbnf.size() > kMaxGrammarBytes) return Bad(param, "'" + param + "' is too large");
+  return GbnfGrammar(param, json(gbnf));
+}
+
+// Reads every field that constrains the output's form; at most one may be given.
+void ReadConstraint(Reader& r, GenerationParams& g) {
+  std::vector<std::pair<std::string, Parsed<std::shared_ptr<const grammar::Grammar>>>> found;
+  auto refuse_regex = [&](const std::string& param) {
+    r.Fail(param, "'" + param + "': regular-expression constraints are not supported yet (use a JSON schema or GBNF)");
+  };
+  if (const json* f = r.Get("response_format")) {
+    const auto type = f->is_object() ? f->find("type") : f->end();
+    if (type == f->end() || !type->is_string()) {
+      return r.Fail("response_format", "'response_format' must be an object with a string 'type'");
+    }
+    if (*type == "json_object") {
+      // llama.cpp also takes a schema here.
+      auto schema = f->find("schema");
+      found.emplace_back("response_format", schema != f->end() && !schema->is_null()
+                                                ? SchemaGrammar("response_format.schema", *schema)
+                                                : FixedGrammar(grammar::JsonObjectGbnf()));
+    } else if (*type == "json_schema") {
+      auto js = f->find("json_schema");
+      if (js == f->end() || !js->is_object()) {
+        return r.Fail("response_format.json_schema", "'response_format' of type json_schema needs a 'json_schema' object");
+      }
+      auto schema = js->find("schema");
+      found.emplace_back("response_format", schema != js->end() && !schema->is_null()
+                                                ? SchemaGrammar("response_format.json_schema.schema", *schema)
+                                                : FixedGrammar(grammar::JsonObjectGbnf()));
+    } else if (*type != "text") {
+      return r.Fail("response_format", "'response_format' type must be text, json_object or json_schema, got " + Describe(*type));
+    }
+  }
+  if (const json* v = r.Get("json_schema")) found.emplace_back("json_schema", SchemaGrammar("json_schema", *v));
+  if (const json* v = r.Get("guided_json")) found.emplace_back("guided_json", SchemaGrammar("guided_json", *v));
+  for (const char* key : {"grammar", "guided_grammar", "ebnf"}) {
+    if (const json* v = r.Get(key)) found.emplace_back(key, GbnfGrammar(key, *v));
+  }
+  if (const json* v = r.Get("guided_choice")) found.emplace_back("guided_choice", ChoiceGrammar("guided_choice", *v));
+  for (const char* key : {"guided_regex", "regex"}) {
+    if (r.Get(key)) return refuse_regex(key);
+  }
+  if (const json* so = r.Get("structured_outputs")) {
+    if (!so->is_object()) return r.Fail("structured_outputs", "'structured_outputs' must be an object");
+    for (const auto& [k, v] : so->items()) {
+      const std::string param = "structured_outputs." + k;
+      if (v.is_null()) continue;
+      if (k == "json") {
+        found.emplace_back(param, SchemaGrammar(param, v));
+      } else if (k == "grammar") {
+        found.emplace_back(param, GbnfGrammar(param, v));
+      } else if (k == "choice") {
+        found.emplace_back(param, ChoiceGrammar(param, v));
+      } else if (k == "json_object") {
+        if (v != true) return r.Fail(param, "'" + param + "' may only be true");
+        found.emplace_back(param, FixedGrammar(grammar::JsonObjectGbnf()));
+      } else if (k == "regex") {
+        return refuse_regex(param);
+      } else if (k == "disable_any_whitespace" || k == "disable_additional_properties" || k == "whitespace_pattern") {
+        if (v != false && !(k == "whitespace_pattern" && v.is_null())) return r.Fail(param, "'" + param + "' is not supported");
+      } else if (k != "backend" && k != "disable_fallback") {
+        return r.Fail(param, "'" + param + "' is not supported");
+      }
+    }
+  }
+  if (const json* v = r.Get("guided_whitespace_pattern")) {
+    (void)v;
+    return r.Fail("guided_whitespace_pattern", "'guided_whitespace_pattern' is not supported");
+  }
+  if (found.empty()) return;
+  if (found.size() > 1) {
+    return r.Fail(found[1].first, "only one output constraint may be given; got '" + found[0].first + "' and '" +
+                                      found[1].first + "'");
+  }
+  auto& [param, parsed] = found[0];
+  if (!parsed.ok()) {
+    const ApiError& e = parsed.error();
+    return r.Fail(e.param.empty() ? param : e.param, e.message, e.code);
+  }
+  g.grammar = *parsed;
+  g.grammar_param = param;
+}
+
+// llama.cpp / vLLM / SGLang fields that change the output and are not implemented: refused
+// unless they hold their no-op value (what the client gets is then what it asked for).
+void RefuseUnimplementedSampling(Reader& r) {
+  struct Field {
+    const char* key;
+    bool (*is_default)(const json&);
+  };
+  static const Field kFields[] = {
+      {"mirostat", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"typical_p", [](const json& v) { return v.is_number() && v.get<double>() >= 1; }},
+      {"dynatemp_range", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"xtc_probability", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"dry_multiplier", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"top_n_sigma", [](const json& v) { return v.is_number() && v.get<double>() <= 0; }},
+      {"n_probs", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"min_tokens", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"n_keep", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"samplers", [](const json&) { return false; }},
+      {"use_beam_search", [](const json& v) { return v == false; }},
+      {"length_penalty", [](const json& v) { return v.is_number() && v.get<double>() == 1; }},
+      {"stop_token_ids", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"bad_words", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"allowed_token_ids", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"include_stop_str_in_output", [](const json& v) { return v == false; }},
+      {"skip_special_tokens", [](const json& v) { return v == true; }},
+      {"spaces_between_special_tokens", [](const json& v) { return v == true; }},
+      {"prompt_logprobs", [](const json&) { return false; }},
+      {"chat_template", [](const json&) { return false; }},
+      {"chat_template_kwargs", [](const json& v) { return v.is_object() && v.empty(); }},
+      {"add_generation_prompt", [](const json& v) { return v == true; }},
+      {"continue_final_message", [](const json& v) { return v == false; }},
+      {"documents", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"truncate_prompt_tokens", [](const json&) { return false; }},
+      {"logits_processors", [](const json&) { return false; }},
+  };
+  for (const Field& f : kFields) {
+    if (const json* v = r.Get(f.key); v && !f.is_default(*v)) {
+      r.Fail(f.key, std::string("'") + f.key + "' is not supported by this server (it would change the output)");
+    }
+  }
+}
+
 // Options common to chat and completions. `chat`: logprobs is a boolean with
 // top_logprobs; otherwise (legacy completions) logprobs is the number of top entries.
 void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationParams& g) {
@@ -290,6 +487,20 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
   // max_completion_tokens (chat) wins over the deprecated max_tokens; both are checked.
   if (r.Int("max_tokens", v, 1, limits.n_ctx)) g.max_tokens = static_cast<int>(v);
   if (chat && r.Int("max_completion_tokens", v, 1, limits.n_ctx)) g.max_tokens = static_cast<int>(v);
+  // llama.cpp's name; -1: until the context is full.
+  if (r.Int("n_predict", v, -1, limits.n_ctx)) {
+    if (v == 0) {
+      r.Fail("n_predict", "'n_predict' must be -1 (no limit) or at least 1, got 0");
+    } else if (v > 0 && g.max_tokens && *g.max_tokens != v) {
+      r.Fail("n_predict", "'n_predict' and 'max_tokens' disagree");
+    } else if (v > 0) {
+      g.max_tokens = static_cast<int>(v);
+    }
+  }
+  for (const char* key : {"repeat_last_n", "penalty_last_n"}) {
+    if (r.Int(key, v, -1, limits.n_ctx)) g.repeat_last_n = static_cast<int>(v);
+  }
+  r.Bool("ignore_eos", g.ignore_eos);
   r.Float("temperature", g.temperature, 0.0, 2.0);
   r.Float("top_p", g.top_p, 0.0, 1.0, /*lo_open=*/true);
   r.Float("min_p", g.min_p, 0.0, 1.0);
@@ -343,6 +554,11 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
     if (!sr.ok()) r.Fail("stream_options.include_usage", sr.error().message);
   }
   ReadLogitBias(r, limits, g);
+  ReadConstraint(r, g);
+  if (g.grammar && g.ignore_eos) {
+    r.Fail("ignore_eos", "'ignore_eos' with '" + g.grammar_param + "': a constrained answer ends with the end token");
+  }
+  RefuseUnimplementedSampling(r);
   RefuseUnsupported(r);
 }
 

@@ -16,12 +16,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "grammar/grammar.h"
 #include "server/chat_template.h"
 
 namespace trellis::server {
@@ -98,7 +100,16 @@ struct GenerationParams {
   int top_logprobs = 0;           // [0, kMaxTopLogprobs]
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
+  // Constrained output, compiled and checked (null: free text). From response_format
+  // (json_object, json_schema), llama.cpp's grammar / json_schema, vLLM's guided_json /
+  // guided_choice / guided_grammar / structured_outputs, SGLang's ebnf; at most one.
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::string grammar_param;      // the field it came from, for messages
+  bool ignore_eos = false;        // llama.cpp: end tokens are never sampled
+  int repeat_last_n = 64;         // llama.cpp (alias penalty_last_n): -1 = the whole context
 };
+inline constexpr size_t kMaxGrammarBytes = 256 * 1024;  // GBNF text or schema JSON
+inline constexpr size_t kMaxChoices = 256;              // guided_choice entries
 inline constexpr int kMaxStops = 16;
 inline constexpr size_t kMaxStopBytes = 256;  // per stop string
 inline constexpr int kMaxTopLogprobs = 20;

@@ -3,7 +3,10 @@
 // request or a 4xx.
 #include "server/api.h"
 
+#include "grammar/stacks.h"
+
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -641,13 +644,11 @@ TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {
     auto r = ParseChatCompletionRequest(Chat(ok), kLimits);
     EXPECT_TRUE(r.ok()) << ok << ": " << r.error().message;
   }
-  for (const char* bad : {R"("response_format":{"type":"json_object"})",
-                          R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})",
-                          R"("response_format":"text")", R"("response_format":{})", R"("response_format":{"type":1})",
-                          R"("response_format":{"type":"yaml"})"}) {
+  for (const char* bad : {R"("response_format":"text")", R"("response_format":{})", R"("response_format":{"type":1})",
+                          R"("response_format":{"type":"yaml"})", R"("response_format":{"type":"json_schema"})"}) {
     ApiError e = ChatError(Chat(bad));
-    EXPECT_EQ(e.param, "response_format") << bad;
-    EXPECT_NE(e.message.find("JSON mode"), std::string::npos) << e.message;
+    EXPECT_EQ(e.param.rfind("response_format", 0), 0u) << bad << ": " << e.param;
+    EXPECT_NE(e.message.find("response_format"), std::string::npos) << e.message;
   }
   for (const char* bad : {R"("tool_choice":"auto")", R"("tool_choice":"required")",
                           R"("tool_choice":{"type":"function","function":{"name":"f"}})", R"("tool_choice":1)"}) {
@@ -660,9 +661,107 @@ TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {
   EXPECT_EQ(ChatError(Chat(R"("web_search_options":{})")).param, "web_search_options");
   EXPECT_EQ(ChatError(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})").param,
             "messages[0].tool_calls");
-  auto p = ParseCompletionRequest(R"({"prompt":"x","response_format":{"type":"json_object"}})", kLimits);
+  auto p = ParseCompletionRequest(R"({"prompt":"x","response_format":{"type":"yaml"}})", kLimits);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.error().param, "response_format");
+}
+
+// Every field that constrains the answer's form is compiled (or refused naming itself);
+// a request gets at most one, and the grammar it carries accepts what it should.
+TEST(ApiConstraints, EveryDialectCompilesToAGrammar) {
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {R"("response_format":{"type":"json_object"})", "response_format", "{}"},
+      {R"("response_format":{"type":"json_object","schema":{"type":"integer"}})", "response_format", "1"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"integer"}}})", "response_format", "1"},
+      {R"("json_schema":{"type":"integer"})", "json_schema", "1"},
+      {R"("guided_json":{"type":"integer"})", "guided_json", "1"},
+      {R"("guided_json":"{\"type\": \"integer\"}")", "guided_json", "1"},
+      {R"("grammar":"root ::= [0-9]+")", "grammar", "1"},
+      {R"("guided_grammar":"root ::= [0-9]+")", "guided_grammar", "1"},
+      {R"("ebnf":"root ::= [0-9]+")", "ebnf", "1"},
+      {R"("guided_choice":["1","22","333"])", "guided_choice", "1"},
+      {R"("structured_outputs":{"json":{"type":"integer"}})", "structured_outputs.json", "1"},
+      {R"("structured_outputs":{"choice":["7"]})", "structured_outputs.choice", "7"},
+      {R"("structured_outputs":{"grammar":"root ::= \"5\""})", "structured_outputs.grammar", "5"},
+  };
+  for (auto [field, param, sample] : cases) {
+    auto r = ParseChatCompletionRequest(Chat(field), kLimits);
+    ASSERT_TRUE(r.ok()) << field << ": " << r.error().message;
+    ASSERT_TRUE(r->gen.grammar) << field;
+    EXPECT_EQ(r->gen.grammar_param, param);
+    grammar::StackArena arena;
+    grammar::StackMachine m(*r->gen.grammar, arena);
+    std::vector<grammar::StackId> set;
+    ASSERT_TRUE(m.Start(set).ok());
+    ASSERT_TRUE(m.AdvanceBytes(set, sample).ok());
+    EXPECT_TRUE(std::binary_search(set.begin(), set.end(), grammar::kAccepted)) << field;
+  }
+  auto c = ParseCompletionRequest(R"({"prompt":"x","grammar":"root ::= \"a\""})", kLimits);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->gen.grammar);
+  auto plain = ParseChatCompletionRequest(Chat(R"("response_format":{"type":"text"})"), kLimits);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->gen.grammar);
+}
+
+TEST(ApiConstraints, BadOrConflictingConstraintsAreRefusedNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("grammar":"root ::= missing")", "grammar"},
+      {R"("grammar":"root ::= root \"a\" | \"b\"")", "grammar"},
+      {R"("grammar":5)", "grammar"},
+      {R"("json_schema":{"type":"string","pattern":"a+"})", "json_schema"},
+      {R"("json_schema":{"type":"strin"})", "json_schema"},
+      {R"("guided_json":"{not json")", "guided_json"},
+      {R"("guided_choice":[])", "guided_choice"},
+      {R"("guided_choice":["a",""])", "guided_choice"},
+      {R"("guided_regex":"a+")", "guided_regex"},
+      {R"("regex":"a+")", "regex"},
+      {R"("structured_outputs":{"regex":"a+"})", "structured_outputs.regex"},
+      {R"("structured_outputs":{"whatever":1})", "structured_outputs.whatever"},
+      {R"("structured_outputs":5)", "structured_outputs"},
+      {R"("guided_whitespace_pattern":" ")", "guided_whitespace_pattern"},
+      {R"("grammar":"root ::= \"a\"","json_schema":{"type":"integer"})", "grammar"},
+      {R"("response_format":{"type":"json_object"},"guided_choice":["a"])", "guided_choice"},
+      {R"("grammar":"root ::= \"a\"","ignore_eos":true)", "ignore_eos"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","minProperties":1}}})",
+       "response_format.json_schema.schema"},
+  };
+  for (auto [field, param] : cases) {
+    ApiError e = ChatError(Chat(field));
+    EXPECT_EQ(e.status, 400) << field;
+    EXPECT_EQ(e.param, param) << field << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  // A hostile grammar is refused within its bounds.
+  std::string deep = std::string(R"("grammar":"root ::= )") + std::string(5000, '(') + "\\\"a\\\"" + std::string(5000, ')') + "\"";
+  EXPECT_EQ(ChatError(Chat(deep)).param, "grammar");
+  EXPECT_EQ(ChatError(Chat(R"("grammar":")" + std::string(kMaxGrammarBytes + 1, 'a') + "\"")).param, "grammar");
+}
+
+TEST(ApiConstraints, LlamaCppGenerationFieldsAreImplementedOrRefused) {
+  auto r = ParseChatCompletionRequest(Chat(R"("n_predict":7,"ignore_eos":true,"repeat_last_n":-1)"), kLimits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->gen.max_tokens, 7);
+  EXPECT_TRUE(r->gen.ignore_eos);
+  EXPECT_EQ(r->gen.repeat_last_n, -1);
+  r = ParseChatCompletionRequest(Chat(R"("n_predict":-1,"penalty_last_n":5)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->gen.max_tokens);
+  EXPECT_EQ(r->gen.repeat_last_n, 5);
+  EXPECT_EQ(ChatError(Chat(R"("n_predict":0)")).param, "n_predict");
+  EXPECT_EQ(ChatError(Chat(R"("n_predict":5,"max_tokens":6)")).param, "n_predict");
+  for (const char* noop : {R"("mirostat":0)", R"("typical_p":1)", R"("skip_special_tokens":true)", R"("stop_token_ids":[])",
+                           R"("chat_template_kwargs":{})", R"("use_beam_search":false)", R"("n_keep":0)"}) {
+    EXPECT_TRUE(ParseChatCompletionRequest(Chat(noop), kLimits).ok()) << noop;
+  }
+  for (auto [field, param] : std::vector<std::pair<const char*, const char*>>{
+           {R"("mirostat":2)", "mirostat"}, {R"("typical_p":0.5)", "typical_p"}, {R"("dry_multiplier":0.8)", "dry_multiplier"},
+           {R"("xtc_probability":0.5)", "xtc_probability"}, {R"("samplers":["top_k"])", "samplers"},
+           {R"("min_tokens":3)", "min_tokens"}, {R"("stop_token_ids":[2])", "stop_token_ids"},
+           {R"("chat_template_kwargs":{"enable_thinking":false})", "chat_template_kwargs"},
+           {R"("skip_special_tokens":false)", "skip_special_tokens"}, {R"("n_keep":-1)", "n_keep"}}) {
+    EXPECT_EQ(ChatError(Chat(field)).param, param) << field;
+  }
 }
 
 // text_offset: byte offsets into the whole returned text, counting an echoed prompt and

@@ -62,10 +62,12 @@ std::optional<ApiError> Generation::Start() {
   req.sampling.presence_penalty = p_.gen.presence_penalty;
   req.sampling.frequency_penalty = p_.gen.frequency_penalty;
   req.sampling.logit_bias = p_.gen.logit_bias;
+  req.sampling.repeat_last_n = p_.gen.repeat_last_n;
   req.sampling.seed = p_.gen.seed.value_or(p_.seed);
   req.cache_salt = p_.cache_salt;
+  req.grammar = p_.grammar;
   const Tokenizer* tok = &tok_;
-  req.is_stop = [tok](int32_t id) { return tok->IsEog(id); };
+  if (!p_.gen.ignore_eos) req.is_stop = [tok](int32_t id) { return tok->IsEog(id); };
   req.logits = p_.gen.logprobs;
   const int k = p_.gen.top_logprobs;
   std::shared_ptr<Channel> ch = ch_;

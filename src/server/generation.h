@@ -20,6 +20,7 @@
 
 #include "engine/engine_loop.h"
 #include "model/tokenizer.h"
+#include "grammar/token_mask.h"
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
@@ -40,6 +41,7 @@ class Generation {
     GenerationParams gen;
     uint64_t cache_salt = 0;
     uint64_t seed = 0;  // used when gen.seed is absent
+    std::shared_ptr<const grammar::CompiledGrammar> grammar;  // gen.grammar bound to the vocabulary
   };
   // Borrows engine, tokenizer and metrics; they outlive the Generation.
   Generation(EngineLoop& engine, const Tokenizer& tok, ServerMetrics& metrics, Params p);

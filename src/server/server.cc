@@ -96,6 +96,11 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
 
 Server::~Server() = default;
 
+GrammarCache& Server::grammars() {
+  std::call_once(grammars_once_, [this] { grammars_ = std::make_unique<GrammarCache>(MakeTokenVocabulary(tok_)); });
+  return *grammars_;
+}
+
 Status Server::Bind() { return http_->Bind(); }
 
 void Server::Run() { http_->Run(); }
@@ -379,6 +384,18 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
   Generation::Params p;
   p.prompt = std::move(prompt);
   p.gen = gen;
+  if (gen.grammar) p.grammar = grammars().Get(*gen.grammar);
+  if (gen.ignore_eos) {
+    // As llama.cpp: the end tokens are banned, and generation runs to max_tokens.
+    size_t banned = 0;
+    for (const auto& [id, b] : p.gen.logit_bias) banned += b <= -100.0f && !tok_.IsEog(id);
+    for (int32_t id : grammars().vocab().eog()) p.gen.logit_bias.emplace_back(id, -100.0f);
+    if (banned + grammars().vocab().eog().size() >= static_cast<size_t>(model_.config().n_vocab)) {
+      ApiError e = MakeError(400, "'logit_bias' with 'ignore_eos' bans every token of the vocabulary");
+      e.param = "logit_bias";
+      return SendError(ex, e);
+    }
+  }
   p.cache_salt = salt;
   p.seed = Mix64(next_seed_.fetch_add(1));
   auto g = std::make_shared<Generation>(engine_, tok_, metrics_, std::move(p));

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/engine_loop.h"
 #include "engine/model.h"
 #include "model/tokenizer.h"
@@ -108,6 +109,11 @@ class Server : public HttpHandler {
   EngineLoop& engine_;
   const ServerOptions opts_;
   ApiLimits limits_;
+  // The vocabulary's token bytes for constrained decoding, built on the first request that
+  // needs them (O(n_vocab)); compiled grammars by hash.
+  std::once_flag grammars_once_;
+  std::unique_ptr<GrammarCache> grammars_;
+  GrammarCache& grammars();
   int64_t created_ = 0;
   std::atomic<uint64_t> next_seed_;
   std::atomic<uint64_t> next_id_;  // random start: ids differ across restarts
