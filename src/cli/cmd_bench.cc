@@ -12,6 +12,7 @@
 
 #include "cli/bench_chat.h"
 #include "cli/bench_prefix.h"
+#include "cli/bench_grammar.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
 #include "bench/grid_eval.h"
@@ -369,8 +370,9 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
+  auto grammar_bench = AddGrammarBench(app);
   auto chat = AddChatBench(app);
-  return [o, speed, prefix, po, serve, roofline, chat, st, sto, seo, gr, geo] {
+  return [o, speed, prefix, po, serve, roofline, grammar_bench, chat, st, sto, seo, gr, geo] {
     if (gr->parsed()) {
       if (geo->quick) {
         if (gr->count("--reps") == 0) geo->reps = 1;
@@ -406,6 +408,7 @@ Runner AddBenchCommand(CLI::App& app) {
       return bench::RunStoreEval(*seo);
     }
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
+    if (grammar_bench.first->parsed()) return RunGrammarBench(*grammar_bench.second);
     if (chat.first->parsed()) {
       if (chat.second->model.empty() && (chat.second->url.empty() || !chat.second->llama_server.empty())) {
         auto m = DefaultModel(false);

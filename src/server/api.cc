@@ -11,14 +11,16 @@
 
 // Fields accepted and ignored (they do not change the output of this server):
 //   user, store, metadata, service_tier, parallel_tool_calls, prediction,
-//   reasoning_effort; in messages: name, tool_call_id
+//   reasoning_effort, guided_decoding_backend; in messages: name, tool_call_id
 //   (role "tool" itself is refused), refusal; an empty tools / functions array,
 //   suffix "" and tool_choice "none".
 // Fields that would change the output and are not implemented are refused with 400 and
 // the parameter named: n != 1, best_of != 1, non-empty tools / functions,
-// tool_choice / function_call other than "none", response_format other than
-// {"type": "text"} (no JSON mode), modalities other than ["text"], audio,
-// web_search_options, a non-empty suffix, and tool_calls / function_call in messages.
+// tool_choice / function_call other than "none", regex constraints, modalities other
+// than ["text"], audio, web_search_options, a non-empty suffix, tool_calls /
+// function_call in messages, and the sampling fields of RefuseUnimplementedSampling.
+// Output constraints (response_format, grammar, json_schema, guided_*, ...): ReadConstraint
+// and docs/server.md.
 
 namespace trellis::server {
 namespace {
