@@ -296,7 +296,68 @@ Status Grammar::Finish() {
       }
     }
   }
+  InlineLeadingRefs();
   return Status::Ok();
+}
+
+void Grammar::InlineLeadingRefs() {
+  // An alternative that starts with a reference to a small rule R is replaced by R's
+  // alternatives followed by the rest: `s ::= r s | ""` with `r ::= [a-z] | "\\" e`
+  // becomes `s ::= [a-z] s | "\\" e s | ""`. The language is the same; what changes is
+  // that a character read by r's class now advances a frame of s itself, so a token
+  // spanning many repetitions stays inside one frame and its mask is decided there, once
+  // per position (token_mask.h), instead of depending on the stack below at every step.
+  // Rules all of whose alternatives start with a class, of at most 8 alternatives
+  // and 64 elements, are inlined; rounds until nothing changes (a rule whose alternatives
+  // now start with classes may be inlined in turn), so a printed grammar parses back to
+  // itself. Bounded in rounds and in growth.
+  constexpr size_t kMaxAlts = 8, kMaxRuleElements = 64, kMaxGrowth = size_t{1} << 20;
+  const size_t n = rules.size();
+  const size_t limit = elements.size() + kMaxGrowth;
+  for (int round = 0; round < 16; ++round) {
+  std::vector<bool> inlinable(n, false);
+  for (size_t r = 0; r < n; ++r) {
+    if (rules[r].alts.empty() || rules[r].alts.size() > kMaxAlts) continue;
+    size_t size = 0;
+    bool ok = true;
+    for (uint32_t a : rules[r].alts) {
+      // Only alternatives that start by reading a character: an empty or nullable start
+      // would put the rest of the outer alternative first, to be inlined again.
+      if (elements[a].kind != ElementKind::kClass) ok = false;
+      for (size_t i = a; elements[i].kind != ElementKind::kEnd; ++i) ++size;
+    }
+    inlinable[r] = ok && size <= kMaxRuleElements;
+  }
+  bool any = false;
+  for (size_t s = 0; s < n; ++s) {
+    std::vector<uint32_t> alts;
+    bool changed = false;
+    for (uint32_t a : rules[s].alts) {
+      const Element first = elements[a];
+      if (first.kind != ElementKind::kRef || !inlinable[first.arg] || first.arg == s) {
+        alts.push_back(a);
+        continue;
+      }
+      const std::vector<uint32_t> inner = rules[first.arg].alts;  // copy: elements may grow
+      size_t rest_len = 0;
+      while (elements[a + 1 + rest_len].kind != ElementKind::kEnd) ++rest_len;
+      if (elements.size() + inner.size() * (kMaxRuleElements + rest_len + 1) > limit) {
+        alts.push_back(a);
+        continue;
+      }
+      for (uint32_t b : inner) {
+        alts.push_back(static_cast<uint32_t>(elements.size()));
+        for (size_t i = b; elements[i].kind != ElementKind::kEnd; ++i) elements.push_back(elements[i]);
+        for (size_t i = 0; i < rest_len; ++i) elements.push_back(elements[a + 1 + i]);
+        elements.push_back(Element{ElementKind::kEnd, 0});
+      }
+      changed = true;
+    }
+    if (changed) rules[s].alts = std::move(alts);
+    any = any || changed;
+  }
+  if (!any) break;
+  }
 }
 
 namespace {

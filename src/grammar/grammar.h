@@ -92,6 +92,9 @@ struct Grammar {
   // InvalidArgument naming the offending rule.
   Status Finish();
 
+  // Inlines small rules at the start of alternatives (Finish calls it; see grammar.cc).
+  void InlineLeadingRefs();
+
   // GBNF text of the grammar (after desugaring), for messages and tests.
   std::string ToGbnf() const;
   // Content hash (xxh64 of ToGbnf()), the key under which compiled grammars are cached.

@@ -183,6 +183,20 @@ TEST(GbnfTest, AmbiguityIsCappedNotFollowed) {
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
 }
 
+TEST(GbnfTest, SmallRulesAreInlinedWhereAlternativesStart) {
+  // x* with x ::= [a-z] | "\\" [nt]: the star rule reads x's characters itself, so a
+  // token of many letters stays in one frame (token_mask.h).
+  const Grammar g = MustParse(R"~(root ::= "<" x* ">"
+x ::= [a-z] | "\\" [nt])~");
+  const std::string printed = g.ToGbnf();
+  EXPECT_NE(printed.find("::= [a-z] star-"), std::string::npos) << printed;
+  EXPECT_TRUE(Matches(g, "<ab\\ncd>"));
+  EXPECT_FALSE(Matches(g, "<ab\\x>"));
+  // Rules that may start empty are not inlined (it would multiply alternatives).
+  const Grammar e = MustParse("root ::= y \"z\"\ny ::= \"a\" | \"\"");
+  EXPECT_NE(e.ToGbnf().find("root ::= y"), std::string::npos) << e.ToGbnf();
+}
+
 TEST(GbnfTest, PrintedGrammarParsesToTheSameGrammar) {
   const char* text = R"~(root ::= item ("," item)* [\u00e9\-\]]? "\"q\""
 item ::= [a-z0-9_]+ | "(" root ")" | [^\x00-\x1f]{0,3})~";
