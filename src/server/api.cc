@@ -25,9 +25,7 @@
 namespace trellis::server {
 namespace {
 
-// Ordered: a JSON schema's properties keep the order the client wrote them in, which is
-// the order the constrained answer writes them in.
-using json = nlohmann::ordered_json;
+using json = nlohmann::json;
 
 // Model output and token pieces may hold partial UTF-8: replace, never throw.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -299,12 +297,73 @@ Parsed<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const std::string& p
   return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
 }
 
-Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string& param, const json& v) {
+// The source text of member `key` of the JSON object text `obj` (valid JSON: the body
+// was parsed), or empty if absent. A key written with escapes is not found (the caller
+// then falls back to the parsed value).
+std::string_view RawMember(std::string_view obj, std::string_view key) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < obj.size() && (obj[i] == ' ' || obj[i] == '\t' || obj[i] == '\n' || obj[i] == '\r')) ++i;
+  };
+  auto skip_string = [&] {  // at the opening quote; returns the raw content
+    const size_t b = ++i;
+    while (i < obj.size() && obj[i] != '"') i += obj[i] == '\\' ? 2 : 1;
+    return obj.substr(b, std::min(i++, obj.size()) - b);
+  };
+  auto skip_value = [&] {
+    ws();
+    const size_t b = i;
+    int depth = 0;
+    while (i < obj.size()) {
+      const char c = obj[i];
+      if (c == '"') {
+        skip_string();
+        if (depth == 0) break;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if (c == '}' || c == ']') {
+        if (depth == 0) break;  // the end of the enclosing object
+        if (--depth == 0) {
+          ++i;
+          break;
+        }
+      }
+      if (depth == 0 && c == ',') break;
+      ++i;
+    }
+    size_t e = i;
+    while (e > b && (obj[e - 1] == ' ' || obj[e - 1] == '\n' || obj[e - 1] == '\t' || obj[e - 1] == '\r')) --e;
+    return obj.substr(b, e - b);
+  };
+  ws();
+  if (i >= obj.size() || obj[i] != '{') return {};
+  ++i;
+  while (true) {
+    ws();
+    if (i >= obj.size() || obj[i] != '"') return {};
+    const std::string_view k = skip_string();
+    ws();
+    if (i >= obj.size() || obj[i] != ':') return {};
+    ++i;
+    const std::string_view v = skip_value();
+    if (k == key) return v;
+    ws();
+    if (i >= obj.size() || obj[i] != ',') return {};
+    ++i;
+  }
+}
+
+// `raw`: the value's source text when known, so the schema keeps the client's key order
+// (the parsed value's objects are sorted by key), which is the order the answer writes
+// properties in.
+Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string& param, const json& v,
+                                                              std::string_view raw = {}) {
   std::string text;
   if (v.is_string()) {
     text = v.get<std::string>();
   } else if (v.is_object() || v.is_boolean()) {
-    text = Dump(v);
+    text = raw.empty() ? Dump(v) : std::string(raw);
   } else {
     return Bad(param, "'" + param + "' must be a JSON schema (an object), got " + Describe(v));
   }
@@ -357,7 +416,7 @@ Parsed<std::shared_ptr<const grammar::Grammar>> ChoiceGrammar(const std::string&
 }
 
 // Reads every field that constrains the output's form; at most one may be given.
-void ReadConstraint(Reader& r, GenerationParams& g) {
+void ReadConstraint(Reader& r, std::string_view body, GenerationParams& g) {
   std::vector<std::pair<std::string, Parsed<std::shared_ptr<const grammar::Grammar>>>> found;
   auto refuse_regex = [&](const std::string& param) {
     r.Fail(param, "'" + param + "': regular-expression constraints are not supported yet (use a JSON schema or GBNF)");
@@ -371,7 +430,8 @@ void ReadConstraint(Reader& r, GenerationParams& g) {
       // llama.cpp also takes a schema here.
       auto schema = f->find("schema");
       found.emplace_back("response_format", schema != f->end() && !schema->is_null()
-                                                ? SchemaGrammar("response_format.schema", *schema)
+                                                ? SchemaGrammar("response_format.schema", *schema,
+                                                                RawMember(RawMember(body, "response_format"), "schema"))
                                                 : FixedGrammar(grammar::JsonObjectGbnf()));
     } else if (*type == "json_schema") {
       auto js = f->find("json_schema");
@@ -380,14 +440,17 @@ void ReadConstraint(Reader& r, GenerationParams& g) {
       }
       auto schema = js->find("schema");
       found.emplace_back("response_format", schema != js->end() && !schema->is_null()
-                                                ? SchemaGrammar("response_format.json_schema.schema", *schema)
+                                                ? SchemaGrammar("response_format.json_schema.schema", *schema,
+                                                                RawMember(RawMember(RawMember(body, "response_format"),
+                                                                                    "json_schema"), "schema"))
                                                 : FixedGrammar(grammar::JsonObjectGbnf()));
     } else if (*type != "text") {
       return r.Fail("response_format", "'response_format' type must be text, json_object or json_schema, got " + Describe(*type));
     }
   }
-  if (const json* v = r.Get("json_schema")) found.emplace_back("json_schema", SchemaGrammar("json_schema", *v));
-  if (const json* v = r.Get("guided_json")) found.emplace_back("guided_json", SchemaGrammar("guided_json", *v));
+  for (const char* key : {"json_schema", "guided_json"}) {
+    if (const json* v = r.Get(key)) found.emplace_back(key, SchemaGrammar(key, *v, RawMember(body, key)));
+  }
   for (const char* key : {"grammar", "guided_grammar", "ebnf"}) {
     if (const json* v = r.Get(key)) found.emplace_back(key, GbnfGrammar(key, *v));
   }
@@ -401,7 +464,7 @@ void ReadConstraint(Reader& r, GenerationParams& g) {
       const std::string param = "structured_outputs." + k;
       if (v.is_null()) continue;
       if (k == "json") {
-        found.emplace_back(param, SchemaGrammar(param, v));
+        found.emplace_back(param, SchemaGrammar(param, v, RawMember(RawMember(body, "structured_outputs"), "json")));
       } else if (k == "grammar") {
         found.emplace_back(param, GbnfGrammar(param, v));
       } else if (k == "choice") {
@@ -480,7 +543,7 @@ void RefuseUnimplementedSampling(Reader& r) {
 
 // Options common to chat and completions. `chat`: logprobs is a boolean with
 // top_logprobs; otherwise (legacy completions) logprobs is the number of top entries.
-void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationParams& g) {
+void ReadGeneration(Reader& r, std::string_view body, const ApiLimits& limits, bool chat, GenerationParams& g) {
   int64_t n = 1;
   if (r.Int("n", n, 1, 1000) && n != 1) r.Fail("n", "only n = 1 is supported");
   int64_t best_of = 1;
@@ -556,7 +619,7 @@ void ReadGeneration(Reader& r, const ApiLimits& limits, bool chat, GenerationPar
     if (!sr.ok()) r.Fail("stream_options.include_usage", sr.error().message);
   }
   ReadLogitBias(r, limits, g);
-  ReadConstraint(r, g);
+  ReadConstraint(r, body, g);
   if (g.grammar && g.ignore_eos) {
     r.Fail("ignore_eos", "'ignore_eos' with '" + g.grammar_param + "': a constrained answer ends with the end token");
   }
@@ -696,7 +759,7 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
         req.messages.push_back({rs == "developer" ? "system" : rs, std::move(text).value()});
       }
     }
-    ReadGeneration(r, limits, /*chat=*/true, req.gen);
+    ReadGeneration(r, body, limits, /*chat=*/true, req.gen);
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;
@@ -755,7 +818,7 @@ Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
     if (const json* s = r.Get("suffix"); s && !(s->is_string() && s->get_ref<const std::string&>().empty())) {
       r.Fail("suffix", "'suffix' is not supported");
     }
-    ReadGeneration(r, limits, /*chat=*/false, req.gen);
+    ReadGeneration(r, body, limits, /*chat=*/false, req.gen);
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;

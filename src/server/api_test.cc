@@ -704,6 +704,30 @@ TEST(ApiConstraints, EveryDialectCompilesToAGrammar) {
   EXPECT_FALSE(plain->gen.grammar);
 }
 
+// A schema's properties are written in the order the client declared them (the parsed
+// body sorts keys; the schema is read from the body's text), through every dialect.
+TEST(ApiConstraints, SchemaPropertiesKeepTheClientsOrder) {
+  const std::string schema =
+      R"({"type":"object","properties":{"zeta":{"type":"integer"}, "alpha" : {"type":"string","enum":["}{\"]"]}},)"
+      R"("required":["zeta","alpha"],"additionalProperties":false})";
+  for (const std::string& field : {"\"json_schema\": " + schema, "\"guided_json\":" + schema,
+                                   "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"o\", \"schema\": " + schema + "}}",
+                                   "\"structured_outputs\":{\"json\":" + schema + "}"}) {
+    auto r = ParseChatCompletionRequest(Chat(field), kLimits);
+    ASSERT_TRUE(r.ok()) << field << ": " << r.error().message;
+    auto accepts = [&](std::string_view text) {
+      grammar::StackArena arena;
+      grammar::StackMachine m(*r->gen.grammar, arena);
+      std::vector<grammar::StackId> set;
+      EXPECT_TRUE(m.Start(set).ok());
+      EXPECT_TRUE(m.AdvanceBytes(set, text).ok());
+      return std::binary_search(set.begin(), set.end(), grammar::kAccepted);
+    };
+    EXPECT_TRUE(accepts(R"({"zeta":1,"alpha":"}{\"]"})")) << field;
+    EXPECT_FALSE(accepts(R"({"alpha":"}{\"]","zeta":1})")) << field;
+  }
+}
+
 TEST(ApiConstraints, BadOrConflictingConstraintsAreRefusedNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {R"("grammar":"root ::= missing")", "grammar"},

@@ -1029,12 +1029,34 @@ def _(srv):
     run_all(cases, one)
 
 
-@check("response_format json_object -> 400; text -> 200", "default", spec=2, extra=1)
+@check("output constraints: json_object/json_schema/grammar -> 200; hostile grammars and schemas -> 400 fast",
+       "default", spec=2, extra=9)
 def _(srv):
-    expect_error(srv.post(CHAT, chat_body(response_format={"type": "json_object"})), 400, param="response_format")
-    expect_error(srv.post(CHAT, chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}})), 400,
-                 param="response_format", what="json_schema")
+    expect_ok_json(srv.post(CHAT, chat_body(response_format={"type": "json_object"})), "json_object")
+    expect_ok_json(srv.post(CHAT, chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}})),
+                   "json_schema without a schema")
     expect_ok_json(srv.post(CHAT, chat_body(response_format={"type": "text"})), "text")
+    t0 = time.monotonic()
+    deep_schema = {"type": "integer"}
+    for _ in range(14):  # 28 levels of JSON: under the body's depth limit, over the schema's
+        deep_schema = {"type": "array", "items": deep_schema}
+    many_props = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6000)}}
+    cases = [
+        ({"grammar": "root ::= root \"a\" | \"b\""}, "grammar"),                        # left recursion
+        ({"grammar": "root ::= " + "(" * 5000 + "\"a\"" + ")" * 5000}, "grammar"),       # nesting
+        ({"grammar": "root ::= \"a\"{1,100000000}"}, "grammar"),                        # repetition
+        ({"grammar": "root ::= x\nx ::= \"a\" x"}, "grammar"),                         # unsatisfiable
+        ({"grammar": "root ::= \"" + "a" * 300000 + "\""}, "grammar"),                  # size
+        ({"json_schema": {"type": "string", "pattern": "(a+)+$"}}, "json_schema"),         # unsupported
+        ({"json_schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}, "json_schema"),
+        ({"json_schema": many_props}, "json_schema"),                                    # too large a grammar
+    ]
+    for body, param in cases:
+        expect_error(srv.post(CHAT, chat_body(**body)), 400, param=param, what=str(body)[:80])
+    expect(time.monotonic() - t0 < slack(5), f"hostile constraints took {time.monotonic() - t0:.1f} s")
+    # Compiles (nested 14 deep): the answer is bounded by max_tokens, the server keeps serving.
+    r = srv.post(CHAT, chat_body(json_schema=deep_schema, max_tokens=8))
+    expect(r.status in (200, 400), f"deep schema: {r.status} {short(r.body)}")
 
 
 @check("tool_choice auto/required/object -> 400; none -> 200", "default", spec=4)
