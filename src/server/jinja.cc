@@ -300,6 +300,65 @@ struct Token {
 };
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Python's str.isspace() for one code point (what str.strip(), split() and jinja2's trim
+// use): the White_Space property plus the separators U+001C..U+001F.
+bool IsPySpace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// The code point at s[i] and its length in bytes; a byte that starts no well-formed
+// sequence is one "code point" of its own (0xFFFFFFFF), never whitespace, never split.
+size_t CodePointAt(std::string_view s, size_t i, uint32_t* cp) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (len == 0 || i + len > s.size()) {
+    *cp = 0xFFFFFFFF;
+    return 1;
+  }
+  uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+  for (size_t k = 1; k < len; ++k) {
+    const auto d = static_cast<unsigned char>(s[i + k]);
+    if ((d & 0xC0) != 0x80) {
+      *cp = 0xFFFFFFFF;
+      return 1;
+    }
+    v = (v << 6) | (d & 0x3F);
+  }
+  *cp = v;
+  return len;
+}
+
+// The code point ending at s[e - 1] (as CodePointAt would read it) and its length.
+size_t CodePointBefore(std::string_view s, size_t e, uint32_t* cp) {
+  size_t b = e - 1;
+  while (b > 0 && e - b < 4 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
+  if (CodePointAt(s, b, cp) == e - b) return e - b;
+  *cp = 0xFFFFFFFF;
+  return 1;
+}
+
+bool HasCodePoint(std::string_view set, uint32_t cp) {
+  for (size_t i = 0; i < set.size();) {
+    uint32_t c;
+    i += CodePointAt(set, i, &c);
+    if (c == cp && cp != 0xFFFFFFFF) return true;
+  }
+  return false;
+}
+
+// Length of the run of Python whitespace at the start / end of s[b, e).
+size_t SpaceRunAt(std::string_view s, size_t b, size_t e) {
+  size_t i = b;
+  while (i < e) {
+    uint32_t cp;
+    const size_t len = CodePointAt(s, i, &cp);
+    if (!IsPySpace(cp)) break;
+    i += len;
+  }
+  return i - b;
+}
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || (c >= '0' && c <= '9'); }
 
@@ -1685,27 +1744,42 @@ class Renderer {
     return r;
   }
 
-  static std::string StripChars(const std::string& s, const std::string* chars, bool left, bool right) {
-    auto strip = [&](char c) { return chars ? chars->find(c) != std::string::npos : IsSpace(c); };
-    size_t b = 0, e = s.size();
+  // Python's str.strip / lstrip / rstrip: whitespace by str.isspace(), or the code points
+  // of `chars`.
+  static void StripRange(std::string_view s, const std::string* chars, bool left, bool right, size_t& b, size_t& e) {
+    auto strip = [&](uint32_t cp) { return chars ? HasCodePoint(*chars, cp) : IsPySpace(cp); };
     if (left) {
-      while (b < e && strip(s[b])) ++b;
+      while (b < e) {
+        uint32_t cp;
+        const size_t len = CodePointAt(s, b, &cp);
+        if (b + len > e || !strip(cp)) break;
+        b += len;
+      }
     }
     if (right) {
-      while (e > b && strip(s[e - 1])) --e;
+      while (e > b) {
+        uint32_t cp;
+        const size_t len = CodePointBefore(s, e, &cp);
+        if (e - len < b || !strip(cp)) break;
+        e -= len;
+      }
     }
+  }
+
+  static std::string StripChars(const std::string& s, const std::string* chars, bool left, bool right) {
+    size_t b = 0, e = s.size();
+    StripRange(s, chars, left, right, b, e);
     return s.substr(b, e - b);
   }
 
   // Strip over pieces: trims the ends, keeping the pieces apart.
   static Value StripPieces(const Value& v, const std::string* chars, bool left, bool right) {
     std::vector<Piece> p = v.pieces();
-    auto strip = [&](char c) { return chars ? chars->find(c) != std::string::npos : IsSpace(c); };
     if (left) {
       while (!p.empty()) {
         std::string& t = p.front().text;
-        size_t b = 0;
-        while (b < t.size() && strip(t[b])) ++b;
+        size_t b = 0, e = t.size();
+        StripRange(t, chars, true, false, b, e);
         t.erase(0, b);
         if (!t.empty()) break;
         p.erase(p.begin());
@@ -1714,7 +1788,9 @@ class Renderer {
     if (right) {
       while (!p.empty()) {
         std::string& t = p.back().text;
-        while (!t.empty() && strip(t.back())) t.pop_back();
+        size_t b = 0, e = t.size();
+        StripRange(t, chars, false, true, b, e);
+        t.resize(e);
         if (!t.empty()) break;
         p.pop_back();
       }
@@ -1825,18 +1901,20 @@ class Renderer {
         } else {
           size_t i = 0;
           int64_t done = 0;
+          // Python's str.split(): runs of str.isspace() separate; past maxsplit the rest
+          // is kept as it is, trailing whitespace included.
           while (i < s.size()) {
-            while (i < s.size() && IsSpace(s[i])) ++i;
+            i += SpaceRunAt(s, i, s.size());
             if (i >= s.size()) break;
             size_t e = i;
             if (maxsplit >= 0 && done >= maxsplit) {
-              e = s.size();
-              std::string rest = s.substr(i);
-              while (!rest.empty() && IsSpace(rest.back())) rest.pop_back();
-              parts.push_back(Flat(rest, in));
+              parts.push_back(Flat(s.substr(i), in));
               break;
             }
-            while (e < s.size() && !IsSpace(s[e])) ++e;
+            while (e < s.size() && SpaceRunAt(s, e, s.size()) == 0) {
+              uint32_t cp;
+              e += CodePointAt(s, e, &cp);
+            }
             parts.push_back(Flat(s.substr(i, e - i), in));
             ++done;
             i = e;
@@ -1867,7 +1945,11 @@ class Renderer {
         }
         return Value::Pieces(std::move(out));
       }
-      if (m == "isdigit" || m == "isalpha" || m == "isspace" || m == "isupper" || m == "islower") {
+      if (m == "isspace") {
+        if (s.empty()) return Value::Bool(false);
+        return Value::Bool(SpaceRunAt(s, 0, s.size()) == s.size());
+      }
+      if (m == "isdigit" || m == "isalpha" || m == "isupper" || m == "islower") {
         if (s.empty()) return Value::Bool(false);
         for (unsigned char c : s) {
           const bool ok = m == "isdigit" ? std::isdigit(c) : m == "isalpha" ? std::isalpha(c) : m == "isspace" ? IsSpace(static_cast<char>(c))

@@ -38,6 +38,28 @@ TEST(JinjaTest, Basics) {
             "a b|['a', 'b']|True|yay");
 }
 
+// Python's whitespace (str.isspace: NBSP, U+2028, U+3000, U+0085, U+001F, ...) in trim,
+// strip, lstrip, rstrip, split and isspace. Expected: jinja2 3.1.6's output for the same
+// template and value (python3 -c "import jinja2; ...", see the commit).
+TEST(JinjaTest, StringWhitespaceIsPythons) {
+  const std::string s = "\u00a0\u3000 \u2028hi there\u2009\u0085\u202f\u205f\x1f\u00a0";
+  const Value g = Value::Dict({{"s", Value::Str(
+      "\xC2\xA0\xE3\x80\x80 \xE2\x80\xA8hi there\xE2\x80\x89\xC2\x85\xE2\x80\xAF\xE2\x81\x9F\x1F\xC2\xA0")}});
+  const std::string tail = "\xE2\x80\x89\xC2\x85\xE2\x80\xAF\xE2\x81\x9F\x1F\xC2\xA0";
+  EXPECT_EQ(Render("{{ s | trim }}|", g), "hi there|");
+  EXPECT_EQ(Render("{{ s.strip() }}|", g), "hi there|");
+  EXPECT_EQ(Render("{{ s.lstrip() }}|", g), "hi there" + tail + "|");
+  EXPECT_EQ(Render("{{ s.rstrip() }}|", g), "\xC2\xA0\xE3\x80\x80 \xE2\x80\xA8hi there|");
+  EXPECT_EQ(Render("{{ s.split() | join(',') }}|", g), "hi,there|");
+  EXPECT_EQ(Render("{{ s.split(None, 1) | join(',') }}|", g), "hi,there" + tail + "|");
+  EXPECT_EQ(Render("{{ s.isspace() }}|", g), "False|");
+  EXPECT_EQ(Render("{{ ('\xE3\x80\x80\xC2\xA0' ~ ' ').isspace() }}|", g), "True|");
+  EXPECT_EQ(Render("{{ '\xC3\xA9\xC3\xA9x\xC3\xA9\xC3\xA9'.strip('\xC3\xA9') }}|", g), "x|");
+  // A multi-byte character in strip's argument never strips part of another character.
+  EXPECT_EQ(Render("{{ '\xC3\xA8x'.strip('\xC3\xA9') }}|", g), "\xC3\xA8x|");
+  (void)s;
+}
+
 TEST(JinjaTest, WhitespaceControlAsJinja2) {
   // trim_blocks: the newline after a block tag goes; lstrip_blocks: indentation before it.
   EXPECT_EQ(Render("{% if true %}\n  a\n{% endif %}\nb"), "  a\nb");
