@@ -13,26 +13,6 @@
 namespace trellis::grammar {
 namespace {
 
-// Whether `text` is a complete document of `g`, read byte by byte.
-bool Matches(const Grammar& g, std::string_view text) {
-  StackArena arena;
-  StackMachine m(g, arena);
-  std::vector<StackId> set;
-  EXPECT_TRUE(m.Start(set).ok());
-  EXPECT_TRUE(m.AdvanceBytes(set, text).ok());
-  return std::binary_search(set.begin(), set.end(), kAccepted);
-}
-
-// Whether `text` can still be extended to a document.
-bool Prefix(const Grammar& g, std::string_view text) {
-  StackArena arena;
-  StackMachine m(g, arena);
-  std::vector<StackId> set;
-  EXPECT_TRUE(m.Start(set).ok());
-  EXPECT_TRUE(m.AdvanceBytes(set, text).ok());
-  return !set.empty();
-}
-
 Grammar MustParse(std::string_view text) {
   auto g = ParseGbnf(text);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << text;
@@ -85,18 +65,18 @@ TEST(GbnfTest, MatchesWhatTheGrammarSays) {
 TEST(GbnfTest, PrefixesOfCodePointsOnlyWhereAMemberCanFollow) {
   // [\u00e0-\u00ff]: C3 A0..C3 BF. C3 alone is a prefix; C3 80 is not (U+00C0 is outside).
   const Grammar g = MustParse(R"~(root ::= [\u00e0-\u00ff])~");
-  EXPECT_TRUE(Prefix(g, "\xC3"));
-  EXPECT_FALSE(Prefix(g, "\xC3\x80"));
+  EXPECT_TRUE(IsPrefix(g, "\xC3"));
+  EXPECT_FALSE(IsPrefix(g, "\xC3\x80"));
   EXPECT_TRUE(Matches(g, "\xC3\xA0"));
-  EXPECT_FALSE(Prefix(g, "\xC4"));
+  EXPECT_FALSE(IsPrefix(g, "\xC4"));
   // Overlong and surrogate encodings are never prefixes of anything.
   const Grammar any = MustParse("root ::= .*");
-  EXPECT_FALSE(Prefix(any, "\xC0"));
-  EXPECT_FALSE(Prefix(any, "\xE0\x80"));
-  EXPECT_FALSE(Prefix(any, "\xED\xA0"));
-  EXPECT_FALSE(Prefix(any, "\xF4\x90"));
-  EXPECT_FALSE(Prefix(any, "\xF5"));
-  EXPECT_TRUE(Prefix(any, "\xF4\x8F\xBF"));
+  EXPECT_FALSE(IsPrefix(any, "\xC0"));
+  EXPECT_FALSE(IsPrefix(any, "\xE0\x80"));
+  EXPECT_FALSE(IsPrefix(any, "\xED\xA0"));
+  EXPECT_FALSE(IsPrefix(any, "\xF4\x90"));
+  EXPECT_FALSE(IsPrefix(any, "\xF5"));
+  EXPECT_TRUE(IsPrefix(any, "\xF4\x8F\xBF"));
 }
 
 TEST(GbnfTest, RefusesBadGrammarsNamingTheProblem) {
@@ -135,7 +115,7 @@ TEST(GbnfTest, DropsAlternativesThatCanNeverComplete) {
   // `dead` can never finish, so "b" dead is not an option: "b" must not be a prefix.
   const Grammar g = MustParse("root ::= \"a\" | \"b\" dead\ndead ::= \"c\" dead");
   EXPECT_TRUE(Matches(g, "a"));
-  EXPECT_FALSE(Prefix(g, "b"));
+  EXPECT_FALSE(IsPrefix(g, "b"));
 }
 
 TEST(GbnfTest, HostileGrammarsAreRefusedOrBoundedQuickly) {

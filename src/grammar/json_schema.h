@@ -5,14 +5,17 @@
 // const, properties, required, additionalProperties (false, true or a schema; absent means
 // true, as the specification says), items, prefixItems, minItems, maxItems, string
 // minLength / maxLength, format date / time / date-time / uuid / email / ipv4, anyOf and
-// oneOf (as alternatives: a value matching several branches is not excluded), allOf of one
-// schema, $ref to "#", "#/$defs/..." and "#/definitions/..." (recursion allowed), boolean
-// schemas, and the annotations (title, description, default, examples, $schema, $id,
-// $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
+// oneOf (as alternatives: a value matching several branches is not excluded), with
+// keywords beside them applied to every branch, allOf (the parts' keywords merged; a
+// keyword in two parts is refused), additionalItems with draft-7 tuple `items`, $ref to
+// any JSON pointer inside the schema ("#", "#/$defs/...", ...; recursion allowed),
+// boolean schemas, and the annotations (title, description, default, examples, $schema,
+// $id, $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
 //
 // Everything else that constrains a value (pattern, minimum / maximum, multipleOf,
 // uniqueItems: true, not, if / then / else, patternProperties, propertyNames, contains,
-// min/maxProperties, dependentRequired, other formats, remote $refs) is refused with
+// min/maxProperties, dependentRequired, other formats, remote $refs, unknown keywords) is
+// refused with
 // Unsupported naming the keyword and where it sits: a schema is honoured completely or not
 // at all.
 //

@@ -17,15 +17,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-bool Matches(const Grammar& g, std::string_view text) {
-  StackArena arena;
-  StackMachine m(g, arena);
-  std::vector<StackId> set;
-  EXPECT_TRUE(m.Start(set).ok());
-  EXPECT_TRUE(m.AdvanceBytes(set, text).ok());
-  return std::binary_search(set.begin(), set.end(), kAccepted);
-}
-
 Grammar Compile(std::string_view schema) {
   auto g = CompileJsonSchema(schema);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << schema;

@@ -190,4 +190,22 @@ Status StackMachine::AdvanceBytes(std::vector<StackId>& set, std::string_view by
   return Status::Ok();
 }
 
+namespace {
+// The stacks after `text`, or none (an error counts as none).
+std::vector<StackId> ReadAll(const Grammar& g, std::string_view text) {
+  StackArena arena;
+  StackMachine m(g, arena);
+  std::vector<StackId> set;
+  if (!m.Start(set).ok() || !m.AdvanceBytes(set, text).ok()) return {};
+  return set;
+}
+}  // namespace
+
+bool Matches(const Grammar& g, std::string_view text) {
+  const std::vector<StackId> set = ReadAll(g, text);
+  return std::binary_search(set.begin(), set.end(), kAccepted);
+}
+
+bool IsPrefix(const Grammar& g, std::string_view text) { return !ReadAll(g, text).empty(); }
+
 }  // namespace trellis::grammar

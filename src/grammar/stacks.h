@@ -88,6 +88,11 @@ class StackMachine {
   std::vector<StackId> work_;
 };
 
+// Whether `text` is a complete document of `g` / can still be extended to one (read byte
+// by byte from the start; false also when the parse is too ambiguous to follow).
+bool Matches(const Grammar& g, std::string_view text);
+bool IsPrefix(const Grammar& g, std::string_view text);
+
 // Whether a partial UTF-8 sequence extended by `byte` is still the prefix of (or is) a
 // code point in `cls`: returns the new partial state (0 when a code point completed, in
 // which case *cp is set) or kNoMatch.
