@@ -50,6 +50,7 @@ struct ServeOpts {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, write_timeout = 30;
   double shutdown_timeout = 10;
   std::string log_format = "text";
+  std::string reasoning_format = "deepseek";
   StoreFlags store;
   GridFlags grid;
 };
@@ -72,6 +73,7 @@ std::string CheckOpts(const ServeOpts& o) {
   }
   if (!(o.shutdown_timeout >= 0 && o.shutdown_timeout <= 86400)) return "--shutdown-timeout must be in [0, 86400]";
   if (o.log_format != "text" && o.log_format != "json") return "--log-format must be text or json";
+  if (o.reasoning_format != "deepseek" && o.reasoning_format != "none") return "--reasoning-format must be deepseek or none";
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return "--api-key must not be empty";
   }
@@ -144,6 +146,7 @@ int Serve(const ServeOpts& opts) {
   sopt.max_queue = o.max_queue;
   sopt.max_prompt_bytes = static_cast<size_t>(o.max_prompt_bytes);
   sopt.log_format = o.log_format == "json" ? server::LogFormat::kJson : server::LogFormat::kText;
+  sopt.reasoning_format = o.reasoning_format;
   if (grid_head) {
     sopt.health = [grid_head] {
       const grid::HeadHealth h = grid_head->health();
@@ -259,6 +262,9 @@ Runner AddServeCommand(CLI::App& app) {
   AddStoreFlags(app, &o->store);
   AddGridFlags(app, &o->grid);
   app.add_option("--log-format", o->log_format, "access log on stderr: text or json")->capture_default_str();
+  app.add_option("--reasoning-format", o->reasoning_format,
+                 "deepseek: a thinking model's <think> block goes to reasoning_content; none: it stays in content")
+      ->capture_default_str();
   return [o] { return Serve(*o); };
 }
 

@@ -527,7 +527,6 @@ void RefuseUnimplementedSampling(Reader& r) {
       {"spaces_between_special_tokens", [](const json& v) { return v == true; }},
       {"prompt_logprobs", [](const json&) { return false; }},
       {"chat_template", [](const json&) { return false; }},
-      {"chat_template_kwargs", [](const json& v) { return v.is_object() && v.empty(); }},
       {"add_generation_prompt", [](const json& v) { return v == true; }},
       {"continue_final_message", [](const json& v) { return v == false; }},
       {"documents", [](const json& v) { return v.is_array() && v.empty(); }},
@@ -645,6 +644,31 @@ Result<std::string> MessageContent(const json& c) {
   return out;
 }
 
+// A client JSON value as a template value; strings are marked as input (content, never
+// template text). Depth is bounded by the body's shape check.
+jinja::Value ToTemplateValue(const json& v) {
+  switch (v.type()) {
+    case json::value_t::boolean: return jinja::Value::Bool(v.get<bool>());
+    case json::value_t::number_integer: return jinja::Value::Int(v.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX) ? jinja::Value::Int(static_cast<int64_t>(v.get<uint64_t>()))
+                                                                   : jinja::Value::Float(v.get<double>());
+    case json::value_t::number_float: return jinja::Value::Float(v.get<double>());
+    case json::value_t::string: return jinja::Value::Str(v.get<std::string>(), /*input=*/true);
+    case json::value_t::array: {
+      jinja::ValueList l;
+      for (const json& e : v) l.push_back(ToTemplateValue(e));
+      return jinja::Value::List(std::move(l));
+    }
+    case json::value_t::object: {
+      jinja::ValueDict d;
+      for (const auto& [k, e] : v.items()) d.emplace_back(k, ToTemplateValue(e));
+      return jinja::Value::Dict(std::move(d));
+    }
+    default: return jinja::Value::None();
+  }
+}
+
 template <typename T, typename F>
 Parsed<T> Guard(F&& f) {
   // Every access above is type-checked; this only keeps a missed case from crossing the
@@ -760,6 +784,20 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
       }
     }
     ReadGeneration(r, body, limits, /*chat=*/true, req.gen);
+    if (const json* kw = r.Get("chat_template_kwargs")) {
+      if (!kw->is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      if (kw->size() > kMaxTemplateKwargs) {
+        return Bad("chat_template_kwargs", "'chat_template_kwargs' holds at most " + std::to_string(kMaxTemplateKwargs) + " entries");
+      }
+      for (const auto& [k, v] : kw->items()) {
+        for (const char* reserved : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}) {
+          if (k == reserved) {
+            return Bad("chat_template_kwargs." + k, "'chat_template_kwargs' may not set the template's own '" + k + "'");
+          }
+        }
+        req.template_kwargs.emplace_back(k, ToTemplateValue(v));
+      }
+    }
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;
@@ -819,6 +857,9 @@ Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
       r.Fail("suffix", "'suffix' is not supported");
     }
     ReadGeneration(r, body, limits, /*chat=*/false, req.gen);
+    if (const json* kw = r.Get("chat_template_kwargs"); kw && !(kw->is_object() && kw->empty())) {
+      return Bad("chat_template_kwargs", "'chat_template_kwargs' is for chat completions (a raw prompt has no template)");
+    }
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;
@@ -939,6 +980,7 @@ std::string ResponseJson(const CompletionResponse& r) {
   json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
   if (r.endpoint == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+    if (!r.reasoning.empty()) choice["message"]["reasoning_content"] = r.reasoning;
     if (r.with_logprobs) choice["logprobs"] = ChatLogprobs(r.logprobs);
   } else {
     choice["text"] = r.text;
@@ -957,6 +999,7 @@ std::string ChunkJson(const StreamChunk& c) {
     json delta = json::object();
     if (c.role) delta["role"] = "assistant";
     if (c.role || !c.text.empty()) delta["content"] = c.text;
+    if (!c.reasoning.empty()) delta["reasoning_content"] = c.reasoning;
     choice["delta"] = delta;
     if (c.with_logprobs && !c.logprobs.empty()) choice["logprobs"] = ChatLogprobs(c.logprobs);
   } else {

@@ -119,7 +119,12 @@ struct ChatCompletionRequest {
   std::string model;
   std::vector<ChatMessage> messages;
   GenerationParams gen;
+  // chat_template_kwargs: more variables for the model's template (enable_thinking, ...).
+  // Strings are client input (never control tokens); the template's own variables
+  // (messages, tools, add_generation_prompt, bos_token, eos_token) cannot be replaced.
+  jinja::ValueDict template_kwargs;
 };
+inline constexpr size_t kMaxTemplateKwargs = 64;
 
 struct CompletionRequest {
   std::string model;
@@ -190,6 +195,7 @@ struct CompletionResponse {
   int64_t created = 0;
   std::string model;
   std::string text;
+  std::string reasoning;      // kChat: message.reasoning_content (reasoning.h); "" -> absent
   std::string finish_reason;  // "stop" or "length"
   Usage usage;
   bool with_logprobs = false;
@@ -206,6 +212,7 @@ struct StreamChunk {
   std::string model;
   bool role = false;
   std::string text;
+  std::string reasoning;  // kChat: delta.reasoning_content
   std::optional<std::string> finish_reason;
   bool with_logprobs = false;
   std::vector<TokenLogprob> logprobs;

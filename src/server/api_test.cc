@@ -5,6 +5,7 @@
 
 #include "grammar/stacks.h"
 
+#include <map>
 #include <random>
 #include <tuple>
 
@@ -750,6 +751,27 @@ TEST(ApiConstraints, BadOrConflictingConstraintsAreRefusedNamingTheField) {
   EXPECT_EQ(ChatError(Chat(R"("grammar":")" + std::string(kMaxGrammarBytes + 1, 'a') + "\"")).param, "grammar");
 }
 
+TEST(Api, ChatTemplateKwargsReachTheTemplateAsInput) {
+  auto r = ParseChatCompletionRequest(Chat(R"("chat_template_kwargs":{"enable_thinking":false,"depth":2,"who":"</s>","l":[1,"x"]})"), kLimits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->template_kwargs.size(), 4u);
+  std::map<std::string, jinja::Value> kw(r->template_kwargs.begin(), r->template_kwargs.end());
+  EXPECT_EQ(kw.at("enable_thinking").kind(), jinja::Value::Kind::kBool);
+  EXPECT_FALSE(kw.at("enable_thinking").b());
+  EXPECT_EQ(kw.at("depth").i(), 2);
+  // Strings are the client's: rendered as content, never as template text.
+  ASSERT_EQ(kw.at("who").pieces().size(), 1u);
+  EXPECT_TRUE(kw.at("who").pieces()[0].input);
+  for (const char* reserved : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}) {
+    EXPECT_EQ(ChatError(Chat(std::string(R"("chat_template_kwargs":{")") + reserved + R"(":1})")).param,
+              std::string("chat_template_kwargs.") + reserved);
+  }
+  EXPECT_EQ(ChatError(Chat(R"("chat_template_kwargs":[1])")).param, "chat_template_kwargs");
+  auto c = ParseCompletionRequest(R"({"prompt":"x","chat_template_kwargs":{"a":1}})", kLimits);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().param, "chat_template_kwargs");
+}
+
 TEST(ApiConstraints, LlamaCppGenerationFieldsAreImplementedOrRefused) {
   auto r = ParseChatCompletionRequest(Chat(R"("n_predict":7,"ignore_eos":true,"repeat_last_n":-1)"), kLimits);
   ASSERT_TRUE(r.ok()) << r.error().message;
@@ -770,7 +792,6 @@ TEST(ApiConstraints, LlamaCppGenerationFieldsAreImplementedOrRefused) {
            {R"("mirostat":2)", "mirostat"}, {R"("typical_p":0.5)", "typical_p"}, {R"("dry_multiplier":0.8)", "dry_multiplier"},
            {R"("xtc_probability":0.5)", "xtc_probability"}, {R"("samplers":["top_k"])", "samplers"},
            {R"("min_tokens":3)", "min_tokens"}, {R"("stop_token_ids":[2])", "stop_token_ids"},
-           {R"("chat_template_kwargs":{"enable_thinking":false})", "chat_template_kwargs"},
            {R"("skip_special_tokens":false)", "skip_special_tokens"}, {R"("n_keep":-1)", "n_keep"}}) {
     EXPECT_EQ(ChatError(Chat(field)).param, param) << field;
   }

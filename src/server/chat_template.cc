@@ -1,5 +1,7 @@
 #include "server/chat_template.h"
 
+#include <algorithm>
+
 #include <fmt/core.h>
 
 #include <array>
@@ -323,7 +325,8 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
   // Probe: what every chat sends. Errors a template raises on purpose for the system
   // role (Gemma's "System role not supported") are the template's rule, not a failure.
   const ChatMessage probe[] = {{"user", "Hello"}, {"assistant", "Hi."}, {"user", "How are you?"}};
-  auto r = t.RenderJinja(probe, true);
+  auto r = t.RenderJinja(probe, true, {});
+  t.thinks_ = source.find("</think>") != std::string_view::npos;
   if (!r.ok()) {
     return InvalidArgument(fmt::format("{} (on a probe conversation; or pass --chat-template NAME|FILE; names: {})",
                                        r.status().message(), KnownNames()));
@@ -332,18 +335,24 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
 }
 
 Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const ChatMessage> messages,
-                                                             bool add_generation_prompt) const {
+                                                             bool add_generation_prompt,
+                                                             const jinja::ValueDict& kwargs) const {
   jinja::ValueList list;
   for (const ChatMessage& m : messages) {
     // Only the content is the user's: the role is one of the checked names.
     list.push_back(jinja::Value::Dict({{"role", jinja::Value::Str(m.role)}, {"content", jinja::Value::Str(m.content, true)}}));
   }
   auto tok = [](const std::string& s) { return s.empty() ? jinja::Value::None() : jinja::Value::Str(s); };
-  const jinja::Value globals = jinja::Value::Dict({{"messages", jinja::Value::List(std::move(list))},
-                                                   {"tools", jinja::Value::None()},
-                                                   {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
-                                                   {"bos_token", tok(tokens_.bos)},
-                                                   {"eos_token", tok(tokens_.eos)}});
+  jinja::ValueDict vars = {{"messages", jinja::Value::List(std::move(list))},
+                           {"tools", jinja::Value::None()},
+                           {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
+                           {"bos_token", tok(tokens_.bos)},
+                           {"eos_token", tok(tokens_.eos)}};
+  // The API refuses kwargs that would replace these (api.cc); skip any here all the same.
+  for (const auto& [k, v] : kwargs) {
+    if (std::none_of(vars.begin(), vars.begin() + 5, [&](const auto& e) { return e.first == k; })) vars.emplace_back(k, v);
+  }
+  const jinja::Value globals = jinja::Value::Dict(std::move(vars));
   TRELLIS_ASSIGN_OR_RETURN(std::vector<jinja::Piece> pieces, jinja_->Render(globals));
   std::vector<PromptSegment> segs;
   for (jinja::Piece& p : pieces) {
@@ -366,8 +375,13 @@ std::string_view ChatTemplate::name() const {
 }
 
 Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const ChatMessage> messages,
-                                                                bool add_generation_prompt) const {
+                                                                bool add_generation_prompt,
+                                                                const jinja::ValueDict& kwargs) const {
   TRELLIS_RETURN_IF_ERROR(CheckRoles(messages));
+  if (!kwargs.empty() && family_ != TemplateFamily::kJinja) {
+    return InvalidArgument(fmt::format("chat_template_kwargs need the model's own chat template; the '{}' template "
+                                       "takes none", name()));
+  }
   switch (family_) {
     case TemplateFamily::kLlama2: return RenderLlama2(messages, tokens_);
     case TemplateFamily::kLlama3: return RenderLlama3(messages, add_generation_prompt, tokens_, false);
@@ -381,13 +395,14 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const 
     case TemplateFamily::kChatMl: return RenderChatMl(messages, add_generation_prompt, default_system_);
     case TemplateFamily::kZephyr: return RenderZephyr(messages, add_generation_prompt, tokens_);
     case TemplateFamily::kPhi3: return RenderPhi3(messages, add_generation_prompt, tokens_);
-    case TemplateFamily::kJinja: return RenderJinja(messages, add_generation_prompt);
+    case TemplateFamily::kJinja: return RenderJinja(messages, add_generation_prompt, kwargs);
   }
   return Internal("unhandled template family");
 }
 
-Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
-  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, RenderSegments(messages, add_generation_prompt));
+Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                         const jinja::ValueDict& kwargs) const {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, RenderSegments(messages, add_generation_prompt, kwargs));
   return JoinSegments(segs);
 }
 
@@ -408,8 +423,10 @@ std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const Prompt
 }
 
 Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
-                                        std::span<const ChatMessage> messages, bool add_generation_prompt) {
-  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, tmpl.RenderSegments(messages, add_generation_prompt));
+                                        std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                        const jinja::ValueDict& kwargs, std::string* prompt_text) {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, tmpl.RenderSegments(messages, add_generation_prompt, kwargs));
+  if (prompt_text) *prompt_text = JoinSegments(segs);
   // Templates that spell out bos_token (llama2/3, mistral) must not get a second one.
   const std::string& bos = tmpl.tokens().bos;
   const bool has_bos = !bos.empty() && !segs.empty() && segs[0].special && segs[0].text.starts_with(bos);

@@ -82,11 +82,19 @@ class ChatTemplate {
 
   // The prompt for `messages`. InvalidArgument for roles other than system, user and
   // assistant, and where the template itself raises (mistral: roles must alternate).
-  Result<std::string> Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // `kwargs`: more template variables (a request's chat_template_kwargs, such as
+  // enable_thinking), as Hugging Face's apply_chat_template(**kwargs) passes them; only the
+  // model's own (Jinja) template takes them, the named families refuse non-empty ones.
+  Result<std::string> Render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                             const jinja::ValueDict& kwargs = {}) const;
   // The same prompt as segments: JoinSegments(RenderSegments(m, g)) == Render(m, g). Same
   // errors as Render.
-  Result<std::vector<PromptSegment>> RenderSegments(std::span<const ChatMessage> messages,
-                                                    bool add_generation_prompt) const;
+  Result<std::vector<PromptSegment>> RenderSegments(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                                    const jinja::ValueDict& kwargs = {}) const;
+
+  // Whether the template writes <think> ... </think> reasoning blocks (Qwen3, the R1
+  // distills, SmolLM3): the answer's reasoning is then split off (docs/server.md).
+  bool thinks() const { return thinks_; }
 
   TemplateFamily family() const { return family_; }
   std::string_view name() const;
@@ -94,12 +102,14 @@ class ChatTemplate {
 
  private:
   ChatTemplate(TemplateFamily f, TemplateTokens t) : family_(f), tokens_(std::move(t)) {}
-  Result<std::vector<PromptSegment>> RenderJinja(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  Result<std::vector<PromptSegment>> RenderJinja(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                                 const jinja::ValueDict& kwargs) const;
 
   TemplateFamily family_;
   TemplateTokens tokens_;
   std::shared_ptr<const jinja::Template> jinja_;  // kJinja
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
+  bool thinks_ = false;
 };
 
 // The texts of `segments`, concatenated.
@@ -114,7 +124,9 @@ std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const Prompt
 // The prompt ids for a chat request: RenderSegments, then EncodeSegments with BOS added
 // when the tokenizer wants one and the template has not written bos_token itself.
 // Errors as Render (InvalidArgument: roles the template cannot render).
+// prompt_text (if not null) receives the rendered text.
 Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
-                                        std::span<const ChatMessage> messages, bool add_generation_prompt);
+                                        std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                        const jinja::ValueDict& kwargs = {}, std::string* prompt_text = nullptr);
 
 }  // namespace trellis::server

@@ -334,14 +334,17 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
   if (!r.ok()) return SendError(ex, r.error());
   // Template text is tokenized with special tokens recognized; message contents never are,
   // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
-  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true);
+  std::string prompt_text;
+  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true, r->template_kwargs, &prompt_text);
   if (!ids.ok()) {
     ApiError e = MakeError(400, ids.status().message());
-    e.param = "messages";
+    e.param = ids.status().message().starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages";
     return SendError(ex, e);
   }
   std::vector<int32_t> prompt = std::move(*ids);
-  Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", ex);
+  const bool split = opts_.reasoning_format == "deepseek" && chat_.thinks();
+  Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", ex,
+           ReasoningSplitter(split, split && ReasoningSplitter::PromptOpensReasoning(prompt_text)));
 }
 
 void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
@@ -356,7 +359,7 @@ void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchang
 }
 
 void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                      const std::string& echo, HttpExchange& ex) {
+                      const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning) {
   if (stopping_) return SendError(ex, MakeError(503, "the server is shutting down", "server_error"));
   const SchedulerOptions& so = engine_.options();
   const int n = static_cast<int>(prompt.size());
@@ -434,7 +437,14 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     bool client_gone = false;
     for (;;) {
       GenerationDelta d = g->Next(kPeerCheckInterval);
-      out.text += d.text;
+      ReasoningSplitter::Parts parts = reasoning.Feed(d.text);
+      if (d.done) {
+        ReasoningSplitter::Parts rest = reasoning.Flush();
+        parts.reasoning += rest.reasoning;
+        parts.content += rest.content;
+      }
+      out.text += parts.content;
+      out.reasoning += parts.reasoning;
       for (auto& lp : d.logprobs) out.logprobs.push_back(std::move(lp));
       if (d.done) break;
       if (!client_gone && ex.ClientGone()) {
@@ -482,13 +492,21 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
   size_t text_offset = echo.size();  // legacy logprobs: offsets run on across chunks
   while (ok) {
     GenerationDelta d = g->Next(250ms);
-    if (!d.text.empty() || !d.logprobs.empty()) {
-      c.text = std::move(d.text);
+    ReasoningSplitter::Parts parts = reasoning.Feed(d.text);
+    if (d.done) {
+      ReasoningSplitter::Parts rest = reasoning.Flush();
+      parts.reasoning += rest.reasoning;
+      parts.content += rest.content;
+    }
+    if (!parts.content.empty() || !parts.reasoning.empty() || !d.logprobs.empty()) {
+      c.text = std::move(parts.content);
+      c.reasoning = std::move(parts.reasoning);
       c.logprobs = std::move(d.logprobs);
       c.text_offset_base = text_offset;
       text_offset = NextTextOffset(c);
       ok = send(ChunkJson(c));
       c.text.clear();
+      c.reasoning.clear();
       c.logprobs.clear();
       last_write = std::chrono::steady_clock::now();
     }

@@ -40,6 +40,7 @@
 #include "server/chat_template.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/reasoning.h"
 
 namespace trellis::server {
 
@@ -58,6 +59,9 @@ struct ServerOptions {
   HttpLimits http;
   LogFormat log_format = LogFormat::kText;
   bool access_log = true;
+  // --reasoning-format: "deepseek" splits <think> blocks into reasoning_content (when the
+  // template writes them), "none" leaves them in content.
+  std::string reasoning_format = "deepseek";
   // Extra health check for /health (a grid head's nodes): {ok, reason}. Called on the
   // HTTP I/O thread: must be quick and thread-safe.
   std::function<std::pair<bool, std::string>()> health = nullptr;
@@ -98,8 +102,9 @@ class Server : public HttpHandler {
   void HandleTokenize(const HttpRequest& req, HttpExchange& ex);
   void HandleDetokenize(const HttpRequest& req, HttpExchange& ex);
   // Checks the prompt against the context, runs it and answers (streamed or not).
+  // reasoning: how the answer's text is split (a default one: all content).
   void Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                const std::string& echo, HttpExchange& ex);
+                const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning = {});
   void SendError(HttpExchange& ex, const ApiError& e) const;
   void Track(RequestId id, bool add);
 

@@ -11,4 +11,17 @@ say "structured output validates against its schema on every seed and temperatur
 start_server structured --ctx-size 2048
 python3 "$(dirname "$0")/structured.py" "$base" || die "structured.py failed (server log: $tmp/structured.log)"
 stop_server
+
+say "chat_template_kwargs reach a real template (SmolLM3's); <think> blocks go to reasoning_content"
+start_server reasoning --ctx-size 2048 --chat-template "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja"
+python3 "$(dirname "$0")/reasoning.py" "$base" "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja" \
+  || die "reasoning.py failed (server log: $tmp/reasoning.log)"
+stop_server
+start_server no-split --ctx-size 2048 --chat-template "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja" --reasoning-format none
+code=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":60,"grammar":"root ::= \"<think>\" [a-z]{1,5} \"</think>\" [a-z]{1,5}"}' "$tmp/none.json")
+[[ $code == 200 ]] || die "reasoning-format none: $code $(cat "$tmp/none.json")"
+[[ $(jget "$tmp/none.json" "j['choices'][0]['message']['content'].startswith('<think>') and 'reasoning_content' not in j['choices'][0]['message']") == True ]] \
+  || die "reasoning-format none split the block: $(cat "$tmp/none.json")"
+ok "--reasoning-format none leaves the block in content"
+stop_server
 ok "server_structured"

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""reasoning.py BASE_URL TEMPLATE: chat_template_kwargs and reasoning through `trellis serve`
+started with --chat-template TEMPLATE (SmolLM3's real template, which writes <think>
+blocks and reads enable_thinking).
+
+- chat_template_kwargs reach the template: the prompt the server counts equals the token
+  count of what jinja2 renders with the same kwargs (and differs without them).
+- A <think> block in the answer is split into reasoning_content (streamed: delta
+  reasoning_content), the rest into content. A random model never writes one itself, so a
+  GBNF grammar makes it: the split is then checked against the grammar's known shape.
+"""
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+
+import jinja2
+
+BASE, TEMPLATE = sys.argv[1], sys.argv[2]
+
+
+def post(path, body):
+    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+msgs = [{"role": "user", "content": "What is 2+2?"}]
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+tmpl = env.from_string(open(TEMPLATE).read())
+for kwargs in ({}, {"enable_thinking": False}):
+    text = tmpl.render(messages=msgs, tools=None, add_generation_prompt=True, bos_token="<s>", eos_token="</s>", **kwargs)
+    code, raw = post("/tokenize", {"content": text, "add_special": True})
+    want = len(json.loads(raw)["tokens"])
+    body = {"messages": msgs, "max_tokens": 1}
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    code, raw = post("/v1/chat/completions", body)
+    assert code == 200, raw
+    got = json.loads(raw)["usage"]["prompt_tokens"]
+    if got != want:
+        raise SystemExit(f"FAIL: kwargs {kwargs}: the server's prompt has {got} tokens, jinja2's {want}")
+    print(f"ok: kwargs {kwargs or '{}'}: {got} prompt tokens, as jinja2 renders")
+
+grammar = 'root ::= "<think>" [a-z ]{1,30} "</think>" "\\n\\n"? [a-z ]{1,30}'
+for stream in (False, True):
+    body = {"messages": msgs, "max_tokens": 200, "grammar": grammar, "temperature": 1.0, "seed": 7}
+    if stream:
+        body["stream"] = True
+    code, raw = post("/v1/chat/completions", body)
+    assert code == 200, raw
+    if stream:
+        reasoning, content = "", ""
+        for line in raw.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:]).get("choices", []):
+                    reasoning += ch.get("delta", {}).get("reasoning_content") or ""
+                    content += ch.get("delta", {}).get("content") or ""
+    else:
+        m = json.loads(raw)["choices"][0]["message"]
+        reasoning, content = m.get("reasoning_content", ""), m["content"]
+    if not re.fullmatch(r"[a-z ]{1,30}", reasoning) or not re.fullmatch(r"[a-z ]{0,30}", content) or "<think>" in content:
+        raise SystemExit(f"FAIL: stream={stream}: reasoning {reasoning!r}, content {content!r}")
+    print(f"ok: stream={stream}: reasoning {reasoning!r} apart from content {content!r}")
+
+code, raw = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "chat_template_kwargs": {"messages": []}})
+assert code == 400 and json.loads(raw)["error"]["param"] == "chat_template_kwargs.messages", raw
+print("ok: kwargs may not replace the template's own variables")
