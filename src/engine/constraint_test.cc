@@ -24,6 +24,31 @@ std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& path) {
   return std::move(t).value();
 }
 
+// A small random model (f32, the reference models' 1024-token vocabulary), its tokenizer
+// and a scheduler over it; `ok()` is false (with a failure recorded) if any part failed.
+struct SmallEngine {
+  explicit SmallEngine(const std::string& name) {
+    const std::string path = testing::WriteSmallModel(name, "f32");
+    auto m = Model::Load(path);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return;
+    model = std::move(m).value();
+    tok = LoadTokenizer(path);
+    SchedulerOptions o;
+    o.block_size = 16;
+    o.kv_blocks = 400;
+    o.n_ctx = 512;
+    auto s = Scheduler::Create(*model, o, pool);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) sched = std::move(s).value();
+  }
+  bool ok() const { return model && tok && sched; }
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+  ThreadPool pool{2};
+  std::unique_ptr<Scheduler> sched;
+};
+
 constexpr const char* kPersonSchema = R"~({
   "type": "object",
   "properties": {
@@ -72,22 +97,14 @@ TEST(ConstraintTest, MaskIsExactOnRealVocabularies) {
 // every answer over seeds and temperatures is a complete document of the schema that
 // ends with the end token, and reads back as the object the schema describes.
 TEST(ConstraintTest, EveryConstrainedAnswerIsValid) {
-  const std::string path = testing::WriteSmallModel("constraint.gguf", "f32");
-  auto m = Model::Load(path);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  auto tok = LoadTokenizer(path);
+  SmallEngine e("constraint.gguf");
+  ASSERT_TRUE(e.ok());
+  const Tokenizer* tok = e.tok.get();
   auto g = grammar::CompileJsonSchema(kPersonSchema);
   ASSERT_TRUE(g.ok());
   GrammarCache cache(MakeTokenVocabulary(*tok));
   auto compiled = cache.Get(*g);
   EXPECT_EQ(cache.Get(*g), compiled);  // the same grammar compiles once
-  ThreadPool pool(2);
-  SchedulerOptions o;
-  o.block_size = 16;
-  o.kv_blocks = 400;
-  o.n_ctx = 512;
-  auto sched = Scheduler::Create(**m, o, pool);
-  ASSERT_TRUE(sched.ok());
   std::vector<Request> reqs;
   for (int i = 0; i < 12; ++i) {
     Request r;
@@ -98,12 +115,11 @@ TEST(ConstraintTest, EveryConstrainedAnswerIsValid) {
     r.sampling.top_p = 1.0f;
     r.sampling.min_p = 0.0f;
     r.sampling.seed = 1000 + static_cast<uint64_t>(i);
-    const Tokenizer* t = tok.get();
-    r.is_stop = [t](int32_t id) { return t->IsEog(id); };
+    r.is_stop = [tok](int32_t id) { return tok->IsEog(id); };
     r.grammar = compiled;
     reqs.push_back(r);
   }
-  auto out = testing::RunAll(**sched, reqs);
+  auto out = testing::RunAll(*e.sched, reqs);
   for (size_t i = 0; i < out.size(); ++i) {
     SCOPED_TRACE(i);
     const RequestResult& res = out[i].result;
@@ -112,7 +128,6 @@ TEST(ConstraintTest, EveryConstrainedAnswerIsValid) {
     EXPECT_TRUE(tok->IsEog(res.tokens.back()));
     std::string text;
     for (size_t k = 0; k + 1 < res.tokens.size(); ++k) text += tok->TokenToPiece(res.tokens[k]);
-    if (i < 3) std::fprintf(stderr, "answer %zu (%zu tokens): %s\n", i, res.tokens.size(), text.c_str());
     auto check = *grammar::GrammarMatcher::Make(compiled);
     ASSERT_TRUE(check->AcceptBytes(text).ok()) << text;
     EXPECT_TRUE(check->complete()) << text;
@@ -127,24 +142,15 @@ TEST(ConstraintTest, EveryConstrainedAnswerIsValid) {
 
 // Unconstrained, the same model does not write such documents: the check above has teeth.
 TEST(ConstraintTest, UnconstrainedAnswersAreNotJson) {
-  const std::string path = testing::WriteSmallModel("constraint_free.gguf", "f32");
-  auto m = Model::Load(path);
-  ASSERT_TRUE(m.ok());
-  auto tok = LoadTokenizer(path);
-  ThreadPool pool(2);
-  SchedulerOptions o;
-  o.block_size = 16;
-  o.kv_blocks = 200;
-  o.n_ctx = 256;
-  auto sched = Scheduler::Create(**m, o, pool);
-  ASSERT_TRUE(sched.ok());
+  SmallEngine e("constraint_free.gguf");
+  ASSERT_TRUE(e.ok());
   Request r;
   r.prompt = {1, 10, 20, 30};
   r.max_tokens = 40;
   r.sampling.temperature = 0.8f;
-  auto out = testing::RunAll(**sched, {r});
+  auto out = testing::RunAll(*e.sched, {r});
   std::string text;
-  for (int32_t t : out[0].result.tokens) text += tok->TokenToPiece(t);
+  for (int32_t t : out[0].result.tokens) text += e.tok->TokenToPiece(t);
   EXPECT_FALSE(nlohmann::json::accept(text)) << text;
 }
 

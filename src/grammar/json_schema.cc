@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -78,6 +79,69 @@ bool HasType(const json& v, std::string_view t) {
   return false;
 }
 
+// Whether no value can match both schemas, as far as their surface shows: different
+// types (integer is a number), disjoint const/enum values, or objects that require a
+// common property with disjoint const/enum values (a discriminated union). False when
+// unsure. oneOf is honoured only for branches disjoint this way: a grammar for
+// alternatives cannot exclude a value that matches two of them.
+bool SurelyDisjoint(const json& a, const json& b) {
+  if (!a.is_object() || !b.is_object()) return false;
+  auto values = [](const json& s) -> std::optional<std::vector<json>> {
+    if (s.contains("const")) return std::vector<json>{s["const"]};
+    if (s.contains("enum") && s["enum"].is_array()) return std::vector<json>(s["enum"].begin(), s["enum"].end());
+    return std::nullopt;
+  };
+  auto types = [](const json& s) -> std::optional<std::vector<std::string>> {
+    if (!s.contains("type")) return std::nullopt;
+    std::vector<std::string> t;
+    if (s["type"].is_string()) t.push_back(s["type"]);
+    if (s["type"].is_array()) {
+      for (const json& e : s["type"]) {
+        if (e.is_string()) t.push_back(e);
+      }
+    }
+    return t;
+  };
+  auto overlap = [](const std::string& x, const std::string& y) {
+    return x == y || (x == "integer" && y == "number") || (x == "number" && y == "integer");
+  };
+  const auto va = values(a), vb = values(b);
+  const auto ta = types(a), tb = types(b);
+  if (va && vb) {
+    for (const json& x : *va) {
+      for (const json& y : *vb) {
+        if (x == y) return false;
+      }
+    }
+    return true;
+  }
+  if (va && tb) return std::none_of(va->begin(), va->end(), [&](const json& v) {
+    return std::any_of(tb->begin(), tb->end(), [&](const std::string& t) { return HasType(v, t); });
+  });
+  if (vb && ta) return SurelyDisjoint(b, a);
+  if (ta && tb) {
+    bool any = false;
+    for (const std::string& x : *ta) {
+      for (const std::string& y : *tb) any = any || overlap(x, y);
+    }
+    if (!any) return true;
+    // Both objects: a discriminator property required by both, with disjoint values.
+    if (*ta == std::vector<std::string>{"object"} && *tb == std::vector<std::string>{"object"} && a.contains("required") &&
+        b.contains("required") && a.contains("properties") && b.contains("properties") && a["required"].is_array() &&
+        b["required"].is_array()) {
+      for (const json& p : a["required"]) {
+        if (!p.is_string() || std::find(b["required"].begin(), b["required"].end(), p) == b["required"].end()) continue;
+        const std::string name = p;
+        if (a["properties"].contains(name) && b["properties"].contains(name) && values(a["properties"][name]) &&
+            values(b["properties"][name]) && SurelyDisjoint(a["properties"][name], b["properties"][name])) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 class Converter {
  public:
   Converter(const json& root, const GrammarLimits& limits) : root_(root), limits_(limits) {}
@@ -150,7 +214,7 @@ class Converter {
       for (const std::string& k : constraining) {
         if (k != key) base[k] = s[k];
       }
-      std::string body;
+      std::vector<json> branches;  // base merged in; false branches left out
       for (size_t i = 0; i < alts.size(); ++i) {
         if (alts[i].is_boolean() && !alts[i].get<bool>()) continue;  // a branch nothing matches
         json branch = alts[i].is_boolean() ? json::object() : alts[i];
@@ -161,7 +225,22 @@ class Converter {
           }
           branch[k] = v;
         }
-        TRELLIS_ASSIGN_OR_RETURN(std::string e, Visit(branch, fmt::format("{}/{}/{}", path, key, i), depth + 1));
+        branches.push_back(std::move(branch));
+      }
+      if (std::string_view(key) == "oneOf") {
+        for (size_t i = 0; i < branches.size(); ++i) {
+          for (size_t j = i + 1; j < branches.size(); ++j) {
+            if (!SurelyDisjoint(branches[i], branches[j])) {
+              return Unsupported(fmt::format("'oneOf' at '{}': two branches may both match a value, which a grammar "
+                                             "cannot exclude (use anyOf, or give the branches different types or const "
+                                             "discriminators)", where));
+            }
+          }
+        }
+      }
+      std::string body;
+      for (size_t i = 0; i < branches.size(); ++i) {
+        TRELLIS_ASSIGN_OR_RETURN(std::string e, Visit(branches[i], fmt::format("{}/{}/{}", path, key, i), depth + 1));
         body += (body.empty() ? "" : " | ") + e;
       }
       if (body.empty()) return InvalidArgument(fmt::format("every branch of '{}' at '{}' is false: no value is valid", key, where));

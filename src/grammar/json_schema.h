@@ -4,9 +4,11 @@
 // Supported (what OpenAI's strict mode allows, and more): type (one or a list), enum,
 // const, properties, required, additionalProperties (false, true or a schema; absent means
 // true, as the specification says), items, prefixItems, minItems, maxItems, string
-// minLength / maxLength, format date / time / date-time / uuid / email / ipv4, anyOf and
-// oneOf (as alternatives: a value matching several branches is not excluded), with
-// keywords beside them applied to every branch, allOf (the parts' keywords merged; a
+// minLength / maxLength, format date / time / date-time / uuid / email / ipv4, anyOf, and
+// oneOf whose branches surely exclude each other (different types, disjoint const/enum
+// values, or objects with a required const discriminator; other oneOfs are refused, since
+// a grammar cannot exclude a value matching two branches), with keywords beside them
+// applied to every branch, allOf (the parts' keywords merged; a
 // keyword in two parts is refused), additionalItems with draft-7 tuple `items`, $ref to
 // any JSON pointer inside the schema ("#", "#/$defs/...", ...; recursion allowed),
 // boolean schemas, and the annotations (title, description, default, examples, $schema,

@@ -59,6 +59,12 @@ TEST(JsonSchemaTest, AcceptsInstancesAndRejectsOthers) {
        {"[\"a\",null]", "[\"a\",null,null]"},
        {"[\"a\"]", "[\"a\",1]"}},
       {R"~({"anyOf": [{"type": "integer"}, {"type": "boolean"}]})~", {"1", "true"}, {"\"1\""}},
+      {R"~({"oneOf": [{"type": "integer"}, {"type": "boolean"}, {"enum": ["x", null]}]})~", {"1", "true", "\"x\"", "null"}, {"\"y\""}},
+      {R"~({"oneOf": [{"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind"],
+                        "additionalProperties": false},
+                       {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}}, "required": ["kind"],
+                        "additionalProperties": false}]})~",
+       {"{\"kind\":\"cat\",\"lives\":9}", "{\"kind\":\"dog\",\"good\":true}"}, {"{\"kind\":\"cat\",\"good\":true}"}},
       {R"~({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
            "required": ["v", "next"], "additionalProperties": false}}, "$ref": "#/$defs/node"})~",
        {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":null}}"},
@@ -88,6 +94,8 @@ TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
             {R"~({"$ref": "http://example.com/schema"})~", "only references inside the schema"},
       {R"~({"type": "string", "format": "hostname"})~", "'format' \"hostname\""},
       {R"~({"type": "object", "minProperties": 1})~", "'minProperties'"},
+      {R"~({"oneOf": [{"type": "number"}, {"type": "integer"}]})~", "may both match"},
+      {R"~({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}}, {"type": "object"}]})~", "may both match"},
       {R"~({"anyOf": [{"type": "string", "minLength": 2}], "minLength": 1})~", "both beside and inside"},
       {R"~({"allOf": [{"type": "string"}, {"type": "string"}]})~", "more than one part of 'allOf'"},
   };
@@ -212,7 +220,7 @@ TEST(JsonSchemaTest, OfficialTestSuiteDraft7) {
   std::set<std::pair<std::string, std::string>> seen;
   int compiled = 0, refused = 0, checked = 0;
   for (const char* file : {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
-                           "maxItems", "minItems", "maxLength", "minLength", "anyOf", "allOf", "ref", "definitions",
+                           "maxItems", "minItems", "maxLength", "minLength", "anyOf", "oneOf", "allOf", "ref", "definitions",
                            "boolean_schema", "default"}) {
     std::ifstream in(dir / (std::string(file) + ".json"));
     ASSERT_TRUE(in) << file;

@@ -349,8 +349,8 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const Cha
                            {"bos_token", tok(tokens_.bos)},
                            {"eos_token", tok(tokens_.eos)}};
   // The API refuses kwargs that would replace these (api.cc); skip any here all the same.
-  for (const auto& [k, v] : kwargs) {
-    if (std::none_of(vars.begin(), vars.begin() + 5, [&](const auto& e) { return e.first == k; })) vars.emplace_back(k, v);
+  for (const auto& kv : kwargs) {
+    if (std::none_of(vars.begin(), vars.begin() + 5, [&](const auto& e) { return e.first == kv.first; })) vars.push_back(kv);
   }
   const jinja::Value globals = jinja::Value::Dict(std::move(vars));
   TRELLIS_ASSIGN_OR_RETURN(std::vector<jinja::Piece> pieces, jinja_->Render(globals));

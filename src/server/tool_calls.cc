@@ -1,0 +1,181 @@
+#include "server/tool_calls.h"
+
+#include <nlohmann/json.hpp>
+
+namespace trellis::server {
+namespace {
+
+using json = nlohmann::ordered_json;  // a call's arguments keep the model's key order
+
+bool Has(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
+
+std::string_view Trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+json Parse(std::string_view text) { return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false); }
+
+// One call from its JSON object, or false.
+bool ReadCall(const json& j, const char* args_key, ParsedToolCall& out) {
+  if (!j.is_object()) return false;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
+  auto args = j.find(args_key);
+  if (args == j.end()) args = j.find("arguments");
+  json a = json::object();
+  if (args != j.end()) {
+    if (args->is_string()) {
+      a = Parse(args->get_ref<const std::string&>());
+    } else {
+      a = *args;
+    }
+  }
+  if (!a.is_object()) return false;
+  out.name = name->get<std::string>();
+  out.arguments = a.dump(-1, ' ', false, json::error_handler_t::replace);
+  return true;
+}
+
+// A JSON array of calls (mistral, phi4), or false.
+bool ReadCallArray(std::string_view text, std::vector<ParsedToolCall>& out) {
+  const json j = Parse(Trim(text));
+  if (!j.is_array() || j.empty()) return false;
+  std::vector<ParsedToolCall> calls;
+  for (const json& e : j) {
+    ParsedToolCall c;
+    if (!ReadCall(e, "arguments", c)) return false;
+    calls.push_back(std::move(c));
+  }
+  out.insert(out.end(), calls.begin(), calls.end());
+  return true;
+}
+
+// Blocks between `open` and `close` (close may be absent at the very end); each block's
+// body parsed by `read`; text outside, and blocks that do not parse, are content.
+template <typename F>
+ParsedAnswer Blocks(std::string_view text, std::string_view open, std::string_view close, F&& read) {
+  ParsedAnswer out;
+  std::string content;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t b = text.find(open, pos);
+    if (b == std::string_view::npos) {
+      content += text.substr(pos);
+      break;
+    }
+    content += text.substr(pos, b - pos);
+    const size_t body = b + open.size();
+    size_t e = close.empty() ? std::string_view::npos : text.find(close, body);
+    const size_t body_end = e == std::string_view::npos ? text.size() : e;
+    const size_t next = e == std::string_view::npos ? text.size() : e + close.size();
+    if (!read(text.substr(body, body_end - body), out.calls)) content += text.substr(b, next - b);
+    pos = next;
+  }
+  out.content = std::string(Trim(content));
+  return out;
+}
+
+}  // namespace
+
+ToolCallFormat DetectToolCallFormat(std::string_view src) {
+  if (Has(src, "<tool_call>")) return ToolCallFormat::kHermes;
+  if (Has(src, "[TOOL_CALLS]")) return ToolCallFormat::kMistral;
+  if (Has(src, "<|tool_call|>")) return ToolCallFormat::kPhi4;
+  if (Has(src, "<|python_tag|>") || (Has(src, "ipython") && Has(src, "parameters"))) return ToolCallFormat::kLlama3;
+  return ToolCallFormat::kGeneric;
+}
+
+const char* ToolCallFormatName(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kGeneric: return "generic";
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3: return "llama3";
+    case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kPhi4: return "phi4";
+  }
+  return "?";
+}
+
+std::string_view ToolCallTrigger(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return "<tool_call>";
+    case ToolCallFormat::kMistral: return "[TOOL_CALLS]";
+    case ToolCallFormat::kPhi4: return "<|tool_call|>";
+    case ToolCallFormat::kLlama3:
+    case ToolCallFormat::kGeneric: return "";
+  }
+  return "";
+}
+
+ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
+  switch (f) {
+    case ToolCallFormat::kHermes:
+      return Blocks(text, "<tool_call>", "</tool_call>", [](std::string_view body, std::vector<ParsedToolCall>& calls) {
+        ParsedToolCall c;
+        if (!ReadCall(Parse(Trim(body)), "arguments", c)) return false;
+        calls.push_back(std::move(c));
+        return true;
+      });
+    case ToolCallFormat::kMistral:
+      return Blocks(text, "[TOOL_CALLS]", "", [](std::string_view body, std::vector<ParsedToolCall>& calls) {
+        return ReadCallArray(body, calls);
+      });
+    case ToolCallFormat::kPhi4:
+      return Blocks(text, "<|tool_call|>", "<|/tool_call|>", [](std::string_view body, std::vector<ParsedToolCall>& calls) {
+        return ReadCallArray(body, calls);
+      });
+    case ToolCallFormat::kLlama3: {
+      // The whole answer: one or more JSON calls separated by ';', maybe after the tag.
+      std::string_view t = Trim(text);
+      if (t.starts_with("<|python_tag|>")) t = Trim(t.substr(14));
+      ParsedAnswer out;
+      size_t pos = 0;
+      while (pos <= t.size()) {
+        size_t semi = t.find(';', pos);
+        // A ';' inside a JSON string is not a separator: extend until the piece parses.
+        while (true) {
+          const std::string_view piece = t.substr(pos, semi == std::string_view::npos ? std::string_view::npos : semi - pos);
+          ParsedToolCall c;
+          if (ReadCall(Parse(Trim(piece)), "parameters", c)) {
+            out.calls.push_back(std::move(c));
+            break;
+          }
+          if (semi == std::string_view::npos) {
+            out.calls.clear();  // not all calls: the answer is text
+            out.content = std::string(Trim(text));
+            return out;
+          }
+          semi = t.find(';', semi + 1);
+        }
+        if (semi == std::string_view::npos) break;
+        pos = semi + 1;
+        if (Trim(t.substr(pos)).empty()) break;
+      }
+      return out;
+    }
+    case ToolCallFormat::kGeneric: {
+      ParsedAnswer out;
+      const json j = Parse(Trim(text));
+      if (j.is_object() && j.contains("tool_calls") && j["tool_calls"].is_array() && !j["tool_calls"].empty()) {
+        for (const json& e : j["tool_calls"]) {
+          ParsedToolCall c;
+          if (!ReadCall(e, "arguments", c)) {
+            out.calls.clear();
+            out.content = std::string(Trim(text));
+            return out;
+          }
+          out.calls.push_back(std::move(c));
+        }
+        return out;
+      }
+      out.content = std::string(Trim(text));
+      return out;
+    }
+  }
+  return {std::string(text), {}};
+}
+
+}  // namespace trellis::server

@@ -1,0 +1,49 @@
+// Tool calls in a model's answer: the syntax each family was trained to write, detected
+// from its chat template, parsed into OpenAI's tool_calls.
+//
+//   hermes   <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>   (Qwen 2.5 / 3,
+//            Hermes, SmolLM3); several blocks for parallel calls
+//   llama3   {"name": "f", "parameters": {...}} as the whole answer, optionally after
+//            <|python_tag|>; several separated by ";" (Llama 3.1 / 3.2 JSON tool use)
+//   mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]          (Mistral Nemo)
+//   phi4     <|tool_call|>[{"name": "f", "arguments": {...}}]<|/tool_call|>  (Phi-4-mini)
+//   generic  {"tool_calls": [{"name": "f", "arguments": {...}}]} as the whole answer, for
+//            templates with no syntax of their own (what a forced call writes)
+//
+// A call is a JSON object with a string "name" and an object "arguments" ("parameters"
+// in llama3), or arguments given as a string holding a JSON object. Text outside the calls
+// is the answer's content. A block that does not parse as a call stays content: the
+// client sees what the model wrote, never a call it did not make.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trellis::server {
+
+enum class ToolCallFormat { kGeneric, kHermes, kLlama3, kMistral, kPhi4 };
+
+ToolCallFormat DetectToolCallFormat(std::string_view template_source);
+const char* ToolCallFormatName(ToolCallFormat f);
+
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // compact JSON text of an object
+};
+
+struct ParsedAnswer {
+  std::string content;  // the text outside the calls, trimmed of surrounding whitespace
+  std::vector<ParsedToolCall> calls;
+};
+
+// Parses a whole answer (not a stream).
+ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text);
+
+// The text that opens a call in this format ("<tool_call>", "[TOOL_CALLS]", ...): where a
+// lazy grammar switches on. Empty for formats whose call is the whole answer.
+std::string_view ToolCallTrigger(ToolCallFormat f);
+
+}  // namespace trellis::server
