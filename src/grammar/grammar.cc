@@ -133,6 +133,46 @@ Result<Grammar> GrammarBuilder::Build(uint32_t root) && {
   return std::move(g_);
 }
 
+Result<uint32_t> Embed(GrammarBuilder& b, const Grammar& g, std::string_view prefix) {
+  std::vector<uint32_t> ids(g.rules.size());
+  for (size_t r = 0; r < g.rules.size(); ++r) {
+    TRELLIS_ASSIGN_OR_RETURN(ids[r], b.RuleId(fmt::format("{}{}", prefix, g.rules[r].name)));
+    if (b.Defined(ids[r])) return InvalidArgument(fmt::format("grammar rule '{}{}' is defined twice", prefix, g.rules[r].name));
+  }
+  std::vector<Element> alt;
+  for (size_t r = 0; r < g.rules.size(); ++r) {
+    for (uint32_t start : g.rules[r].alts) {
+      alt.clear();
+      for (uint32_t i = start; g.elements[i].kind != ElementKind::kEnd; ++i) {
+        Element e = g.elements[i];
+        e.arg = e.kind == ElementKind::kRef ? ids[e.arg] : b.ClassId(g.classes[e.arg]);
+        alt.push_back(e);
+      }
+      TRELLIS_RETURN_IF_ERROR(b.AddAlt(ids[r], alt));
+    }
+    b.MarkDefined(ids[r]);
+  }
+  return ids[g.root];
+}
+
+Status AppendLiteral(GrammarBuilder& b, std::string_view s, std::vector<Element>& out) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return InvalidArgument("grammar literal is not UTF-8");
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return InvalidArgument("grammar literal is not UTF-8");
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return InvalidArgument("grammar literal is not UTF-8");
+    out.push_back(Element{ElementKind::kClass, b.ClassId(CharClass::Single(cp))});
+    i += n;
+  }
+  return Status::Ok();
+}
+
 Status AppendRepetition(GrammarBuilder& b, const std::vector<Element>& x, uint32_t min, int64_t max,
                         std::vector<Element>& out) {
   const GrammarLimits& lim = b.limits();

@@ -130,6 +130,15 @@ class GrammarBuilder {
   std::vector<std::pair<std::string, uint32_t>> names_;  // sorted by name
 };
 
+// Copies the rules of the (finished) grammar `g` into `b`, each named `prefix` + its name,
+// and returns the id its root has there: how grammars are composed (a tool call around
+// its arguments' schema, an answer after a reasoning block).
+Result<uint32_t> Embed(GrammarBuilder& b, const Grammar& g, std::string_view prefix);
+
+// Elements matching the UTF-8 text `s` exactly (one class per code point), appended to
+// `out`. InvalidArgument if `s` is not well-formed UTF-8.
+Status AppendLiteral(GrammarBuilder& b, std::string_view s, std::vector<Element>& out);
+
 // Repetition X{min,max} of a sequence (max < 0: unbounded) as elements appended to `out`,
 // creating helper rules in `b` (X* and X? forms as the file comment says).
 Status AppendRepetition(GrammarBuilder& b, const std::vector<Element>& x, uint32_t min, int64_t max,

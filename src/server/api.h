@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "server/answer_grammar.h"
 #include "server/chat_template.h"
 
 namespace trellis::server {
@@ -115,10 +116,28 @@ inline constexpr size_t kMaxStopBytes = 256;  // per stop string
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxLogitBias = 4096;  // logit_bias entries
 
+// A function the model may call (tools[i].function, or functions[i]).
+struct ToolDefinition {
+  std::string name;        // [A-Za-z0-9_-]{1,64}, unique in the request
+  std::string parameters;  // its JSON schema, as text in the client's key order; "" if none
+  size_t description_bytes = 0;
+  bool strict = false;
+  // The grammar a call's arguments are held to (tool_choice other than none): its
+  // parameters schema, {} for none; null when the schema has a keyword the converter
+  // lacks and neither strict nor a forced choice asks for it (any JSON object then).
+  std::shared_ptr<const grammar::Grammar> arguments;
+};
+inline constexpr size_t kMaxTools = 128;
+
 struct ChatCompletionRequest {
   std::string model;
   std::vector<ChatMessage> messages;
   GenerationParams gen;
+  std::vector<ToolDefinition> tools;
+  jinja::Value tools_value;  // the tools for the template, in the client's key order
+  ToolChoice tool_choice = ToolChoice::kNone;  // auto when tools come without a tool_choice
+  std::string tool_choice_name;                // kNamed
+  bool parallel_tool_calls = true;
   // chat_template_kwargs: more variables for the model's template (enable_thinking, ...).
   // Strings are client input (never control tokens); the template's own variables
   // (messages, tools, add_generation_prompt, bos_token, eos_token) cannot be replaced.
@@ -181,6 +200,13 @@ struct TokenLogprob {
 
 enum class Endpoint { kChat, kCompletion };
 
+// A call the answer made: message.tool_calls[i] / delta.tool_calls[i].
+struct ToolCallOut {
+  std::string id;         // "call_" + 24 characters
+  std::string name;
+  std::string arguments;  // JSON text of an object (OpenAI sends it as a string)
+};
+
 // Legacy completions logprobs carry text_offset: the byte offset of each token's text in
 // the whole returned `text`. A response or chunk numbers its tokens from text_offset_base:
 //   non-streamed: the length of the echoed prompt (0 without echo);
@@ -196,7 +222,8 @@ struct CompletionResponse {
   std::string model;
   std::string text;
   std::string reasoning;      // kChat: message.reasoning_content (reasoning.h); "" -> absent
-  std::string finish_reason;  // "stop" or "length"
+  std::vector<ToolCallOut> tool_calls;  // kChat: message.tool_calls (content null if text is "")
+  std::string finish_reason;  // "stop", "length" or "tool_calls"
   Usage usage;
   bool with_logprobs = false;
   std::vector<TokenLogprob> logprobs;
@@ -213,6 +240,8 @@ struct StreamChunk {
   bool role = false;
   std::string text;
   std::string reasoning;  // kChat: delta.reasoning_content
+  std::vector<ToolCallOut> tool_calls;  // kChat: delta.tool_calls, numbered from tool_call_index
+  size_t tool_call_index = 0;
   std::optional<std::string> finish_reason;
   bool with_logprobs = false;
   std::vector<TokenLogprob> logprobs;

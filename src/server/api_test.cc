@@ -62,7 +62,7 @@ TEST(Api, RejectsBadChatBodies) {
   EXPECT_EQ(ChatError(R"({"messages":[]})").param, "messages");
   EXPECT_EQ(ChatError(R"({"messages":"hi"})").param, "messages");
   EXPECT_EQ(ChatError(R"({"messages":[{"role":"user"}]})").param, "messages[0].content");
-  EXPECT_EQ(ChatError(R"({"messages":[{"role":"tool","content":"x"}]})").param, "messages[0].role");
+  EXPECT_EQ(ChatError(R"({"messages":[{"role":"robot","content":"x"}]})").param, "messages[0].role");
   EXPECT_EQ(ChatError(R"({"messages":[{"role":"user","content":5}]})").param, "messages[0].content");
   const std::string m = R"("messages":[{"role":"user","content":"hi"}])";
   EXPECT_EQ(ChatError("{" + m + R"(,"temperature":2.5})").param, "temperature");
@@ -491,7 +491,7 @@ TEST(ApiHostile, WrongTypesForEveryFieldAre400WithParam) {
       {"logprobs", not_bool},
       {"stop", {"1", "true", "{}", "[1]", "[\"\"]", "[[\"a\"]]", "[null]"}},
       {"stream_options", {"1", "\"x\"", "[]"}},
-      {"tools", {"1", "\"x\"", "{}", "[{}]"}},
+      {"tools", {"1", "\"x\"", "{}"}},
       {"logit_bias", {"1", "\"x\"", "{\"-1\":5}", "{\"1e3\":5}", "{\" 1\":5}", "{\"\":5}", "{\"99999999999\":1}",
                       "{\"1\":101}", "{\"1\":\"5\"}", "{\"1\":true}", "[[1]]", "[[\"1\",5]]", "[[1,true]]",
                       "[[-1,false]]", "[1]"}},
@@ -641,7 +641,8 @@ TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {
   for (const char* ok : {R"("response_format":null)", R"("response_format":{"type":"text"})", R"("tool_choice":null)",
                          R"("tool_choice":"none")", R"("tools":[])", R"("logit_bias":{})", R"("user":"u")",
                          R"("parallel_tool_calls":true)", R"("n":1)", R"("modalities":["text"])",
-                         R"("store":false)", R"("metadata":{"a":"b"})", R"("function_call":"none")"}) {
+                         R"("store":false)", R"("metadata":{"a":"b"})", R"("function_call":"none")",
+                         R"("tool_choice":"auto")", R"("function_call":"auto")", R"("functions":[{"name":"f"}])"}) {
     auto r = ParseChatCompletionRequest(Chat(ok), kLimits);
     EXPECT_TRUE(r.ok()) << ok << ": " << r.error().message;
   }
@@ -651,17 +652,16 @@ TEST(ApiHostile, UnsupportedOutputOptionsAreRefused) {
     EXPECT_EQ(e.param.rfind("response_format", 0), 0u) << bad << ": " << e.param;
     EXPECT_NE(e.message.find("response_format"), std::string::npos) << e.message;
   }
-  for (const char* bad : {R"("tool_choice":"auto")", R"("tool_choice":"required")",
+  for (const char* bad : {R"("tool_choice":"always")", R"("tool_choice":"required")",
                           R"("tool_choice":{"type":"function","function":{"name":"f"}})", R"("tool_choice":1)"}) {
     EXPECT_EQ(ChatError(Chat(bad)).param, "tool_choice") << bad;
   }
-  EXPECT_EQ(ChatError(Chat(R"("functions":[{"name":"f"}])")).param, "functions");
-  EXPECT_EQ(ChatError(Chat(R"("function_call":"auto")")).param, "function_call");
+  EXPECT_EQ(ChatError(Chat(R"("function_call":"required")")).param, "function_call");
   EXPECT_EQ(ChatError(Chat(R"("modalities":["text","audio"])")).param, "modalities");
   EXPECT_EQ(ChatError(Chat(R"("audio":{"voice":"alloy"})")).param, "audio");
   EXPECT_EQ(ChatError(Chat(R"("web_search_options":{})")).param, "web_search_options");
   EXPECT_EQ(ChatError(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})").param,
-            "messages[0].tool_calls");
+            "messages[0].tool_calls[0].function");
   auto p = ParseCompletionRequest(R"({"prompt":"x","response_format":{"type":"yaml"}})", kLimits);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.error().param, "response_format");
@@ -825,6 +825,154 @@ TEST(ApiHostile, TextOffsetsCountEchoAndEarlierChunks) {
   next.logprobs = {{" a", -0.2f, {}}, {" time", -0.3f, {}}};
   EXPECT_EQ(json::parse(ChunkJson(next))["choices"][0]["logprobs"]["text_offset"], json::array({9, 11}));
   EXPECT_EQ(NextTextOffset(next), 16u);
+}
+
+}  // namespace
+}  // namespace trellis::server
+
+namespace trellis::server {
+namespace {
+
+const char kWeatherTool[] =
+    R"({"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object",)"
+    R"("properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}})";
+
+std::string WithTools(const std::string& extra) {
+  return std::string(R"({"messages":[{"role":"user","content":"hi"}],"tools":[)") + kWeatherTool + "]" +
+         (extra.empty() ? "" : "," + extra) + "}";
+}
+
+TEST(ApiTools, ToolsAndChoicesAreRead) {
+  auto r = ParseChatCompletionRequest(WithTools(""), kLimits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->tools.size(), 1u);
+  EXPECT_EQ(r->tools[0].name, "get_weather");
+  EXPECT_EQ(r->tool_choice, ToolChoice::kAuto);  // tools without a choice: auto
+  ASSERT_TRUE(r->tools[0].arguments);
+  EXPECT_TRUE(grammar::Matches(*r->tools[0].arguments, R"({"city": "Oslo", "days": 3})"));
+  EXPECT_FALSE(grammar::Matches(*r->tools[0].arguments, R"({"days": 3})"));
+  // The template sees the tools in the client's key order (a std::map would sort them).
+  EXPECT_EQ(jinja::ToJson(r->tools_value.list()[0]),
+            R"({"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": )"
+            R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, )"
+            R"("required": ["city"]}}})");
+  EXPECT_EQ(r->tools[0].parameters,
+            R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})");
+
+  auto named = ParseChatCompletionRequest(
+      WithTools(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"parallel_tool_calls":false)"), kLimits);
+  ASSERT_TRUE(named.ok()) << named.error().message;
+  EXPECT_EQ(named->tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(named->tool_choice_name, "get_weather");
+  EXPECT_FALSE(named->parallel_tool_calls);
+  auto none = ParseChatCompletionRequest(WithTools(R"("tool_choice":"none")"), kLimits);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->tool_choice, ToolChoice::kNone);
+  EXPECT_FALSE(none->tools[0].arguments);  // nothing to hold calls to
+  auto req = ParseChatCompletionRequest(WithTools(R"("tool_choice":"required")"), kLimits);
+  ASSERT_TRUE(req.ok());
+  EXPECT_EQ(req->tool_choice, ToolChoice::kRequired);
+
+  // The deprecated functions / function_call.
+  auto legacy = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"user","content":"hi"}],"functions":[{"name":"f","parameters":{"type":"object"}}],)"
+      R"("function_call":{"name":"f"}})", kLimits);
+  ASSERT_TRUE(legacy.ok()) << legacy.error().message;
+  EXPECT_EQ(legacy->tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(jinja::ToJson(legacy->tools_value.list()[0]),
+            R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})");
+  // No parameters: the empty parameter list.
+  auto empty = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"now"}}]})", kLimits);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(grammar::Matches(*empty->tools[0].arguments, "{}"));
+  EXPECT_FALSE(grammar::Matches(*empty->tools[0].arguments, R"({"a": 1})"));
+}
+
+TEST(ApiTools, BadToolsAreRefusedNamingTheField) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})", "tools[0].function"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"retrieval","function":{"name":"f"}}]})", "tools[0].type"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       "tools[0].function.name"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}},)"
+       R"({"type":"function","function":{"name":"f"}}]})", "tools[1].function.name"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})",
+       "tools[0].function.parameters"},
+      {WithTools(R"("tool_choice":{"type":"function","function":{"name":"other"}})"), "tool_choice"},
+      {WithTools(R"("tool_choice":{"type":"function"})"), "tool_choice"},
+      {WithTools(R"("parallel_tool_calls":"yes")"), "parallel_tool_calls"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f",)"
+       R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}],"tool_choice":"required"})",
+       "tools[0].function.parameters"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","strict":true,)"
+       R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}]})",
+       "tools[0].function.parameters"},
+      {R"({"messages":[{"role":"user","content":"hi"},{"role":"tool","content":"x","tool_call_id":5}]})",
+       "messages[1].tool_call_id"},
+      {R"({"messages":[{"role":"user","content":"hi","tool_calls":[]}, {"role":"user","tool_calls":[{"function":{"name":"f"}}]}]})",
+       "messages[1].tool_calls"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":5}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"({"messages":[{"role":"assistant","content":null}]})", "messages[0].content"},
+  };
+  for (const auto& [body, param] : cases) EXPECT_EQ(ChatError(body).param, param) << body;
+  // Tools on a raw prompt: refused.
+  auto p = ParseCompletionRequest(R"({"prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", kLimits);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().param, "tools");
+  // auto and not strict: a schema keyword the converter lacks holds the call to any object.
+  auto lax = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f",)"
+      R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}]})", kLimits);
+  ASSERT_TRUE(lax.ok()) << lax.error().message;
+  EXPECT_FALSE(lax->tools[0].arguments);
+}
+
+TEST(ApiTools, ToolCallsAndResultsReachTheTemplateWithArgumentsAsObjects) {
+  auto r = ParseChatCompletionRequest(
+      R"({"messages":[{"role":"user","content":"hi"},)"
+      R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
+      R"("function":{"name":"f","arguments":"{\"z\": 1, \"a\": [true]}"}},)"
+      R"({"id":"c2","type":"function","function":{"name":"f","arguments":"not json"}}]},)"
+      R"({"role":"tool","tool_call_id":"c1","content":"ok"}]})", kLimits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->messages.size(), 3u);
+  const ChatMessage& a = r->messages[1];
+  EXPECT_TRUE(a.content_null);
+  ASSERT_EQ(a.extra.size(), 1u);
+  EXPECT_EQ(a.extra[0].first, "tool_calls");
+  EXPECT_EQ(jinja::ToJson(a.extra[0].second),
+            R"([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"z": 1, "a": [true]}}}, )"
+            R"({"id": "c2", "type": "function", "function": {"name": "f", "arguments": "not json"}}])");
+  const ChatMessage& t = r->messages[2];
+  EXPECT_EQ(t.role, "tool");
+  EXPECT_EQ(t.content, "ok");
+  ASSERT_EQ(t.extra.size(), 1u);
+  EXPECT_EQ(t.extra[0].first, "tool_call_id");
+}
+
+TEST(ApiTools, ToolCallsInResponsesAndChunks) {
+  CompletionResponse r;
+  r.id = "x";
+  r.model = "m";
+  r.finish_reason = "tool_calls";
+  r.tool_calls = {{"call_1", "f", R"({"a":1})"}};
+  const json j = json::parse(ResponseJson(r));
+  const json& m = j["choices"][0]["message"];
+  EXPECT_TRUE(m["content"].is_null());
+  EXPECT_EQ(m["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"a":1})");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  StreamChunk c;
+  c.tool_calls = {{"call_2", "g", "{}"}};
+  c.tool_call_index = 1;
+  const json d = json::parse(ChunkJson(c))["choices"][0]["delta"];
+  EXPECT_EQ(d["tool_calls"][0]["index"], 1);
+  EXPECT_EQ(d["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_FALSE(d.contains("content"));
 }
 
 }  // namespace

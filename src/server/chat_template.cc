@@ -1,5 +1,7 @@
 #include "server/chat_template.h"
 
+#include <cctype>
+
 #include <algorithm>
 
 #include <fmt/core.h>
@@ -26,6 +28,16 @@ constexpr std::array<NamedFamily, 8> kFamilies{{
 }};
 
 bool Has(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
+// `word` in `s` as a whole identifier ("tools", not "xml_tools" or "tools_in_user_message").
+bool HasWord(std::string_view s, std::string_view word) {
+  const auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t p = s.find(word); p != std::string_view::npos; p = s.find(word, p + 1)) {
+    const size_t e = p + word.size();
+    if ((p == 0 || !ident(s[p - 1])) && (e == s.size() || !ident(s[e]))) return true;
+  }
+  return false;
+}
 
 // Python's str.strip() / Jinja's |trim: ASCII whitespace at both ends.
 std::string Trim(std::string_view s) {
@@ -55,8 +67,8 @@ std::string ChatMlDefaultSystem(std::string_view jinja) {
 
 Status CheckRoles(std::span<const ChatMessage> messages) {
   for (const ChatMessage& m : messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return InvalidArgument("unsupported message role '" + m.role + "' (system, user, assistant)");
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+      return InvalidArgument("unsupported message role '" + m.role + "' (system, user, assistant, tool)");
     }
   }
   return Status::Ok();
@@ -268,7 +280,91 @@ std::vector<PromptSegment> RenderPhi3(std::span<const ChatMessage> msgs, bool ge
   return out.Take();
 }
 
+bool HasTools(const jinja::Value& tools) {
+  return tools.kind() == jinja::Value::Kind::kList && !tools.list().empty();
+}
+
+bool HasToolCalls(const ChatMessage& m) {
+  for (const auto& [k, v] : m.extra) {
+    if (k == "tool_calls") return v.kind() == jinja::Value::Kind::kList && !v.list().empty();
+  }
+  return false;
+}
+
+const jinja::Value* Extra(const ChatMessage& m, std::string_view key) {
+  for (const auto& [k, v] : m.extra) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+bool NeedsPolyfill(const ChatTemplate& t, std::span<const ChatMessage> messages, const jinja::Value& tools) {
+  if (HasTools(tools) && !t.renders_tools()) return true;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "tool" && !t.renders_tool_role()) return true;
+    if (HasToolCalls(m) && !t.renders_tool_calls()) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::vector<ChatMessage> PolyfillTools(const ChatTemplate& tmpl, std::span<const ChatMessage> messages,
+                                       const jinja::Value& tools) {
+  std::vector<ChatMessage> out;
+  std::string system;
+  if (HasTools(tools) && !tmpl.renders_tools()) {
+    system =
+        "You can call functions. To call one or more, answer with only this JSON and nothing else:\n"
+        "{\"tool_calls\": [{\"name\": \"<function name>\", \"arguments\": {<its arguments>}}]}\n"
+        "Otherwise answer normally.\n\nThe functions:";
+    for (const jinja::Value& t : tools.list()) {
+      const jinja::Value* f = t.Find("function");
+      system += "\n" + jinja::ToJson(f ? *f : t);
+    }
+  }
+  bool placed = system.empty();
+  for (const ChatMessage& m : messages) {
+    ChatMessage c = m;
+    if (!placed && m.role == "system") {
+      c.content = c.content.empty() ? system : c.content + "\n\n" + system;
+      c.content_null = false;
+      placed = true;
+    } else if (!placed && !tmpl.takes_system()) {
+      c.content = system + "\n\n" + c.content;  // Gemma and others without a system turn
+      c.content_null = false;
+      placed = true;
+    } else if (!placed) {
+      out.push_back({"system", system, false, {}});
+      placed = true;
+    }
+    if (HasToolCalls(m) && !tmpl.renders_tool_calls()) {
+      jinja::ValueList calls;
+      for (const jinja::Value& tc : Extra(m, "tool_calls")->list()) {
+        const jinja::Value* f = tc.Find("function");
+        const jinja::Value* name = f ? f->Find("name") : nullptr;
+        const jinja::Value* args = f ? f->Find("arguments") : nullptr;
+        calls.push_back(jinja::Value::Dict({{"name", name ? *name : jinja::Value::None()},
+                                            {"arguments", args ? *args : jinja::Value::Dict()}}));
+      }
+      const std::string json = jinja::ToJson(jinja::Value::Dict({{"tool_calls", jinja::Value::List(std::move(calls))}}));
+      c.content = c.content.empty() ? json : c.content + "\n" + json;
+      c.content_null = false;
+      std::erase_if(c.extra, [](const auto& kv) { return kv.first == "tool_calls"; });
+    }
+    if (m.role == "tool" && !tmpl.renders_tool_role()) {
+      jinja::ValueDict r;
+      if (const jinja::Value* id = Extra(m, "tool_call_id")) r.emplace_back("tool_call_id", *id);
+      if (const jinja::Value* n = Extra(m, "name")) r.emplace_back("name", *n);
+      r.emplace_back("content", jinja::Value::Str(m.content, true));
+      c.role = "user";
+      c.content = jinja::ToJson(jinja::Value::Dict({{"tool_response", jinja::Value::Dict(std::move(r))}}));
+      c.content_null = false;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 std::string ChatTemplate::KnownNames() {
   std::string s;
@@ -327,6 +423,14 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
   const ChatMessage probe[] = {{"user", "Hello"}, {"assistant", "Hi."}, {"user", "How are you?"}};
   auto r = t.RenderJinja(probe, true, {});
   t.thinks_ = source.find("</think>") != std::string_view::npos;
+  t.source_ = std::string(source);
+  t.renders_tools_ = HasWord(source, "tools");
+  t.renders_tool_calls_ = HasWord(source, "tool_calls");
+  t.renders_tool_role_ = Has(source, "\"tool\"") || Has(source, "'tool'");
+  if (r.ok()) {
+    const ChatMessage with_system[] = {{"system", "Be brief."}, {"user", "Hello"}};
+    t.takes_system_ = t.RenderJinja(with_system, true, {}).ok();
+  }
   if (!r.ok()) {
     return InvalidArgument(fmt::format("{} (on a probe conversation; or pass --chat-template NAME|FILE; names: {})",
                                        r.status().message(), KnownNames()));
@@ -336,15 +440,21 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
 
 Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const ChatMessage> messages,
                                                              bool add_generation_prompt,
-                                                             const jinja::ValueDict& kwargs) const {
+                                                             const ChatVars& chat_vars) const {
   jinja::ValueList list;
   for (const ChatMessage& m : messages) {
-    // Only the content is the user's: the role is one of the checked names.
-    list.push_back(jinja::Value::Dict({{"role", jinja::Value::Str(m.role)}, {"content", jinja::Value::Str(m.content, true)}}));
+    // Only the content and the extras are the user's: the role is one of the checked names.
+    jinja::ValueDict d = {{"role", jinja::Value::Str(m.role)},
+                          {"content", m.content_null ? jinja::Value::None() : jinja::Value::Str(m.content, true)}};
+    for (const auto& kv : m.extra) {
+      if (kv.first != "role" && kv.first != "content") d.push_back(kv);
+    }
+    list.push_back(jinja::Value::Dict(std::move(d)));
   }
   auto tok = [](const std::string& s) { return s.empty() ? jinja::Value::None() : jinja::Value::Str(s); };
+  const jinja::ValueDict& kwargs = chat_vars.kwargs;
   jinja::ValueDict vars = {{"messages", jinja::Value::List(std::move(list))},
-                           {"tools", jinja::Value::None()},
+                           {"tools", HasTools(chat_vars.tools) ? chat_vars.tools : jinja::Value::None()},
                            {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
                            {"bos_token", tok(tokens_.bos)},
                            {"eos_token", tok(tokens_.eos)}};
@@ -376,8 +486,19 @@ std::string_view ChatTemplate::name() const {
 
 Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const ChatMessage> messages,
                                                                 bool add_generation_prompt,
-                                                                const jinja::ValueDict& kwargs) const {
+                                                                const ChatVars& vars) const {
+  std::vector<ChatMessage> polyfilled;
+  if (NeedsPolyfill(*this, messages, vars.tools)) {
+    polyfilled = PolyfillTools(*this, messages, vars.tools);
+    messages = polyfilled;
+  }
   TRELLIS_RETURN_IF_ERROR(CheckRoles(messages));
+  for (const ChatMessage& m : messages) {
+    if (m.role == "tool" && family_ != TemplateFamily::kJinja) {
+      return InvalidArgument(fmt::format("the '{}' template has no tool role", name()));
+    }
+  }
+  const jinja::ValueDict& kwargs = vars.kwargs;
   if (!kwargs.empty() && family_ != TemplateFamily::kJinja) {
     return InvalidArgument(fmt::format("chat_template_kwargs need the model's own chat template; the '{}' template "
                                        "takes none", name()));
@@ -395,14 +516,14 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderSegments(std::span<const 
     case TemplateFamily::kChatMl: return RenderChatMl(messages, add_generation_prompt, default_system_);
     case TemplateFamily::kZephyr: return RenderZephyr(messages, add_generation_prompt, tokens_);
     case TemplateFamily::kPhi3: return RenderPhi3(messages, add_generation_prompt, tokens_);
-    case TemplateFamily::kJinja: return RenderJinja(messages, add_generation_prompt, kwargs);
+    case TemplateFamily::kJinja: return RenderJinja(messages, add_generation_prompt, vars);
   }
   return Internal("unhandled template family");
 }
 
 Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                         const jinja::ValueDict& kwargs) const {
-  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, RenderSegments(messages, add_generation_prompt, kwargs));
+                                         const ChatVars& vars) const {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, RenderSegments(messages, add_generation_prompt, vars));
   return JoinSegments(segs);
 }
 
@@ -424,8 +545,8 @@ std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const Prompt
 
 Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
                                         std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                        const jinja::ValueDict& kwargs, std::string* prompt_text) {
-  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, tmpl.RenderSegments(messages, add_generation_prompt, kwargs));
+                                        const ChatVars& vars, std::string* prompt_text) {
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<PromptSegment> segs, tmpl.RenderSegments(messages, add_generation_prompt, vars));
   if (prompt_text) *prompt_text = JoinSegments(segs);
   // Templates that spell out bos_token (llama2/3, mistral) must not get a second one.
   const std::string& bos = tmpl.tokens().bos;

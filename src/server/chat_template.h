@@ -47,8 +47,27 @@
 namespace trellis::server {
 
 struct ChatMessage {
-  std::string role;     // "system", "user" or "assistant"
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c, bool null = false, jinja::ValueDict x = {})
+      : role(std::move(r)), content(std::move(c)), content_null(null), extra(std::move(x)) {}
+  std::string role;     // "system", "user", "assistant" or "tool"
   std::string content;
+  bool content_null = false;  // "content": null (an assistant turn holding only tool calls)
+  // The rest of the message as the client sent it, in its key order, for the model's own
+  // template (Hugging Face hands the message dict over whole): tool_calls (arguments as
+  // objects), tool_call_id, name, reasoning_content, ... Strings are input.
+  jinja::ValueDict extra;
+};
+
+// What a conversation gives the template besides its messages.
+struct ChatVars {
+  ChatVars() = default;
+  ChatVars(jinja::ValueDict kw) : kwargs(std::move(kw)) {}  // NOLINT: implicit by design
+  // chat_template_kwargs (enable_thinking, ...), as apply_chat_template(**kwargs) passes them.
+  jinja::ValueDict kwargs;
+  // The request's tools: a list of {"type": "function", "function": {...}} dicts in the
+  // client's key order (strings are input); undefined or an empty list: none.
+  jinja::Value tools;
 };
 
 // A piece of a rendered prompt: written by the template (special = true: markers, role
@@ -80,17 +99,30 @@ class ChatTemplate {
   // The names FromName accepts, comma separated.
   static std::string KnownNames();
 
-  // The prompt for `messages`. InvalidArgument for roles other than system, user and
-  // assistant, and where the template itself raises (mistral: roles must alternate).
-  // `kwargs`: more template variables (a request's chat_template_kwargs, such as
-  // enable_thinking), as Hugging Face's apply_chat_template(**kwargs) passes them; only the
-  // model's own (Jinja) template takes them, the named families refuse non-empty ones.
+  // The prompt for `messages`. InvalidArgument for roles other than system, user,
+  // assistant and tool, and where the template itself raises (mistral: roles must
+  // alternate). vars.kwargs: more template variables; only the model's own (Jinja) template
+  // takes them, the named families refuse non-empty ones. vars.tools and the messages'
+  // tool calls and results: a template that renders them itself (it names `tools`,
+  // `tool_calls`, the tool role) gets them as Hugging Face passes them; for one that does
+  // not, and for the named families, they are written into the conversation as text
+  // (PolyfillTools) in the generic tool-call syntax (tool_calls.h).
   Result<std::string> Render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                             const jinja::ValueDict& kwargs = {}) const;
+                             const ChatVars& vars = {}) const;
   // The same prompt as segments: JoinSegments(RenderSegments(m, g)) == Render(m, g). Same
   // errors as Render.
   Result<std::vector<PromptSegment>> RenderSegments(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                                    const jinja::ValueDict& kwargs = {}) const;
+                                                    const ChatVars& vars = {}) const;
+
+  // Whether the template renders tool definitions / assistant tool calls / tool-role
+  // results itself (false for the named families).
+  bool renders_tools() const { return renders_tools_; }
+  bool renders_tool_calls() const { return renders_tool_calls_; }
+  bool renders_tool_role() const { return renders_tool_role_; }
+  // Whether the template takes a system message (Gemma's raises on one).
+  bool takes_system() const { return takes_system_; }
+  // The template's source (empty for the named families).
+  const std::string& source() const { return source_; }
 
   // Whether the template writes <think> ... </think> reasoning blocks (Qwen3, the R1
   // distills, SmolLM3): the answer's reasoning is then split off (docs/server.md).
@@ -103,14 +135,24 @@ class ChatTemplate {
  private:
   ChatTemplate(TemplateFamily f, TemplateTokens t) : family_(f), tokens_(std::move(t)) {}
   Result<std::vector<PromptSegment>> RenderJinja(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                                 const jinja::ValueDict& kwargs) const;
+                                                 const ChatVars& vars) const;
 
   TemplateFamily family_;
   TemplateTokens tokens_;
   std::shared_ptr<const jinja::Template> jinja_;  // kJinja
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
   bool thinks_ = false;
+  bool renders_tools_ = false, renders_tool_calls_ = false, renders_tool_role_ = false, takes_system_ = true;
+  std::string source_;
 };
+
+// For a template that cannot render tools: `messages` with the tool definitions written
+// into the system message (one is added first if there is none), assistant tool calls
+// written as the generic syntax's JSON in their content, and tool results as user
+// messages holding {"tool_response": {...}} JSON. Each step only where the template lacks
+// it (renders_tools / renders_tool_calls / renders_tool_role).
+std::vector<ChatMessage> PolyfillTools(const ChatTemplate& tmpl, std::span<const ChatMessage> messages,
+                                       const jinja::Value& tools);
 
 // The texts of `segments`, concatenated.
 std::string JoinSegments(std::span<const PromptSegment> segments);
@@ -127,6 +169,6 @@ std::vector<int32_t> EncodeSegments(const Tokenizer& tok, std::span<const Prompt
 // prompt_text (if not null) receives the rendered text.
 Result<std::vector<int32_t>> EncodeChat(const ChatTemplate& tmpl, const Tokenizer& tok,
                                         std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                        const jinja::ValueDict& kwargs = {}, std::string* prompt_text = nullptr);
+                                        const ChatVars& vars = {}, std::string* prompt_text = nullptr);
 
 }  // namespace trellis::server

@@ -10,7 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "model/gguf.h"
+#include "server/api.h"
 #include "model/gguf_writer.h"
 
 namespace trellis::server {
@@ -177,8 +180,13 @@ TEST(ChatTemplate, EveryNameRoundTrips) {
     EXPECT_EQ(t->name(), n);
     std::vector<ChatMessage> one = {{"user", "x"}};
     EXPECT_TRUE(t->Render(one, true).ok()) << n;
-    std::vector<ChatMessage> tool = {{"tool", "x"}};
-    EXPECT_FALSE(t->Render(tool, true).ok()) << n;
+    // The named families have no tool role: a tool result is written as a user turn.
+    std::vector<ChatMessage> tool = {{"user", "x"}, {"assistant", "y"}, {"tool", "42"}};
+    auto r = t->Render(tool, true);
+    ASSERT_TRUE(r.ok()) << n << ": " << r.status().ToString();
+    EXPECT_NE(r->find("{\"tool_response\": {\"content\": \"42\"}}"), std::string::npos) << n << ": " << *r;
+    std::vector<ChatMessage> robot = {{"robot", "x"}};
+    EXPECT_FALSE(t->Render(robot, true).ok()) << n;
   }
 }
 
@@ -401,8 +409,100 @@ TEST(ChatTemplateSegments, TemplateMarkersStillAreSpecial) {
   EXPECT_EQ(std::count(li->begin(), li->end(), spm->bos_id()), 1);
   EXPECT_EQ(std::count(li->begin(), li->end(), spm->eos_id()), 0);
   // Errors pass through.
-  std::vector<ChatMessage> tool = {{"tool", "x"}};
-  EXPECT_FALSE(EncodeChat(*z, *spm, tool, true).ok());
+  std::vector<ChatMessage> robot = {{"robot", "x"}};
+  EXPECT_FALSE(EncodeChat(*z, *spm, robot, true).ok());
+}
+
+// ---- tools ---------------------------------------------------------------------------
+
+// Conversations with tools, tool calls and tool results, sent as an OpenAI client sends
+// them (arguments as JSON strings), parsed by the API reader and rendered by the
+// interpreter: the prompt equals what jinja2 renders from what vLLM and llama.cpp hand
+// the template (tests/data/templates/golden_tools.json, tools/render_tool_templates.py).
+TEST(ChatTemplate, ToolConversationsRenderAsHuggingFace) {
+  std::ifstream gf(std::string(TRELLIS_TEST_DATA) + "/templates/golden_tools.json");
+  ASSERT_TRUE(gf.good());
+  const auto golden = nlohmann::ordered_json::parse(gf);
+  ApiLimits limits;
+  limits.n_ctx = 8192;
+  int checked = 0;
+  for (const auto& [name, t] : golden["templates"].items()) {
+    TemplateTokens tokens;
+    tokens.bos = t["bos_token"].is_null() ? "" : t["bos_token"].get<std::string>();
+    tokens.eos = t["eos_token"].is_null() ? "" : t["eos_token"].get<std::string>();
+    auto tmpl = ChatTemplate::FromJinja(ReadTemplate(name + ".jinja"), tokens);
+    ASSERT_TRUE(tmpl.ok()) << name << ": " << tmpl.status().ToString();
+    EXPECT_TRUE(tmpl->renders_tools() && tmpl->renders_tool_calls() && tmpl->renders_tool_role()) << name;
+    for (const auto& [key, want] : t["cases"].items()) {
+      const std::string body = golden["requests"][key].dump();
+      auto req = ParseChatCompletionRequest(body, limits);
+      ASSERT_TRUE(req.ok()) << key << ": " << req.error().message;
+      ChatVars vars;
+      vars.tools = req->tools_value;
+      auto out = tmpl->Render(req->messages, true, vars);
+      if (want.contains("error")) {
+        ASSERT_FALSE(out.ok()) << name << " " << key;
+        EXPECT_NE(out.status().message().find(want["error"].get<std::string>()), std::string::npos) << out.status().ToString();
+      } else {
+        ASSERT_TRUE(out.ok()) << name << " " << key << ": " << out.status().ToString();
+        EXPECT_EQ(*out, want["text"].get<std::string>()) << name << " " << key;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * 5);
+}
+
+// Templates that render no tools get them written into the conversation: the functions
+// in the system turn (or the first user turn where there is no system turn), calls as the
+// generic syntax's JSON, results as user turns.
+TEST(ChatTemplate, ToolsArePolyfilledForTemplatesWithout) {
+  const jinja::Value tools = jinja::Value::List({jinja::Value::Dict(
+      {{"type", jinja::Value::Str("function")},
+       {"function", jinja::Value::Dict({{"name", jinja::Value::Str("f", true)},
+                                        {"parameters", jinja::Value::Dict({{"type", jinja::Value::Str("object", true)}})}})}})});
+  ChatMessage call{"assistant", "", true, {}};
+  call.extra.emplace_back(
+      "tool_calls",
+      jinja::Value::List({jinja::Value::Dict(
+          {{"id", jinja::Value::Str("c1", true)},
+           {"function", jinja::Value::Dict({{"name", jinja::Value::Str("f", true)},
+                                            {"arguments", jinja::Value::Dict({{"x", jinja::Value::Int(1)}})}})}})}));
+  ChatMessage result{"tool", "done", false, {{"tool_call_id", jinja::Value::Str("c1", true)}}};
+  const std::vector<ChatMessage> msgs = {{"user", "go"}, call, result};
+  ChatVars vars;
+  vars.tools = tools;
+
+  auto gemma = ChatTemplate::FromJinja(ReadTemplate("google-gemma-2-2b-it.jinja"), {"<bos>", "<eos>"});
+  ASSERT_TRUE(gemma.ok());
+  EXPECT_FALSE(gemma->renders_tools());
+  EXPECT_FALSE(gemma->takes_system());
+  auto g = gemma->Render(msgs, true, vars);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(*g,
+            "<bos><start_of_turn>user\nYou can call functions. To call one or more, answer with only this JSON and "
+            "nothing else:\n{\"tool_calls\": [{\"name\": \"<function name>\", \"arguments\": {<its arguments>}}]}\n"
+            "Otherwise answer normally.\n\nThe functions:\n{\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}\n\ngo"
+            "<end_of_turn>\n<start_of_turn>model\n{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"x\": 1}}]}"
+            "<end_of_turn>\n<start_of_turn>user\n{\"tool_response\": {\"tool_call_id\": \"c1\", \"content\": \"done\"}}"
+            "<end_of_turn>\n<start_of_turn>model\n");
+
+  // A named family: a system turn is added first.
+  auto chatml = ChatTemplate::FromName("chatml", {});
+  ASSERT_TRUE(chatml.ok());
+  auto c = chatml->Render(msgs, true, vars);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->starts_with("<|im_start|>system\nYou can call functions.")) << *c;
+  EXPECT_NE(c->find("<|im_start|>user\n{\"tool_response\""), std::string::npos) << *c;
+
+  // The polyfilled text is content: a tool description cannot forge a turn.
+  auto segs = chatml->RenderSegments(msgs, true, vars);
+  ASSERT_TRUE(segs.ok());
+  for (const PromptSegment& s : *segs) {
+    if (s.special) {
+      EXPECT_EQ(s.text.find("You can call"), std::string::npos) << s.text;
+    }
+  }
 }
 
 }  // namespace

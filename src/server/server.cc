@@ -37,6 +37,21 @@ uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
 
 std::string RandomHex(uint64_t x) { return fmt::format("{:016x}", Mix64(x)); }
 
+// A tool call's id: "call_" and 24 random letters and digits, as OpenAI's.
+std::string CallId() {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % 62];
+  return id;
+}
+
+std::string_view TrimSpace(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\n' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -70,6 +85,7 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
     : model_(model),
       tok_(tok),
       chat_(std::move(chat)),
+      tool_format_(chat_.renders_tools() ? DetectToolCallFormat(chat_.source()) : ToolCallFormat::kGeneric),
       engine_(engine),
       opts_(std::move(opts)),
       created_(UnixNow()),
@@ -335,16 +351,45 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
   // Template text is tokenized with special tokens recognized; message contents never are,
   // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
   std::string prompt_text;
-  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true, r->template_kwargs, &prompt_text);
+  ChatVars vars(r->template_kwargs);
+  vars.tools = r->tools_value;
+  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true, vars, &prompt_text);
   if (!ids.ok()) {
     ApiError e = MakeError(400, ids.status().message());
     e.param = ids.status().message().starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages";
     return SendError(ex, e);
   }
   std::vector<int32_t> prompt = std::move(*ids);
+  const bool opens = ReasoningSplitter::PromptOpensReasoning(prompt_text);
+  const bool calls = r->tool_choice != ToolChoice::kNone && !r->tools.empty();
+  GenerationParams gen = r->gen;
+  if (calls || (gen.grammar && chat_.thinks())) {
+    // The grammar the answer is held to: the calls in the model's syntax, after any
+    // reasoning (answer_grammar.h).
+    AnswerSpec spec;
+    spec.format = tool_format_;
+    spec.choice = r->tool_choice;
+    spec.parallel = r->parallel_tool_calls;
+    spec.content = gen.grammar;
+    spec.reasoning = !chat_.thinks() ? ReasoningPrefix::kNone : opens ? ReasoningPrefix::kOpen : ReasoningPrefix::kOptional;
+    for (const ToolDefinition& t : r->tools) {
+      if (r->tool_choice == ToolChoice::kNamed && t.name != r->tool_choice_name) continue;
+      spec.tools.push_back({t.name, t.arguments});
+    }
+    grammar::GrammarLimits limits;
+    limits.max_source_bytes = kMaxGrammarBytes;
+    auto g = BuildAnswerGrammar(spec, limits);
+    if (!g.ok()) {
+      ApiError e = MakeError(400, "the tools and output constraint make too large a grammar: " + g.status().message());
+      e.param = calls ? "tools" : gen.grammar_param;
+      return SendError(ex, e);
+    }
+    gen.grammar = *g;
+    if (gen.grammar_param.empty()) gen.grammar_param = "tools";
+  }
   const bool split = opts_.reasoning_format == "deepseek" && chat_.thinks();
-  Generate(Endpoint::kChat, std::move(prompt), r->gen, salt, "", ex,
-           ReasoningSplitter(split, split && ReasoningSplitter::PromptOpensReasoning(prompt_text)));
+  Generate(Endpoint::kChat, std::move(prompt), gen, salt, "", ex, ReasoningSplitter(split, split && opens),
+           calls ? ToolCallStream(tool_format_) : ToolCallStream());
 }
 
 void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
@@ -359,7 +404,8 @@ void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchang
 }
 
 void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                      const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning) {
+                      const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning,
+                      ToolCallStream tools) {
   if (stopping_) return SendError(ex, MakeError(503, "the server is shutting down", "server_error"));
   const SchedulerOptions& so = engine_.options();
   const int n = static_cast<int>(prompt.size());
@@ -443,10 +489,15 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
         parts.reasoning += rest.reasoning;
         parts.content += rest.content;
       }
-      out.text += parts.content;
+      out.text += tools.Feed(parts.content);
       out.reasoning += parts.reasoning;
       for (auto& lp : d.logprobs) out.logprobs.push_back(std::move(lp));
-      if (d.done) break;
+      if (d.done) {
+        ToolCallStream::End end = tools.Finish();
+        out.text += end.content;
+        for (ParsedToolCall& c : end.calls) out.tool_calls.push_back({CallId(), std::move(c.name), std::move(c.arguments)});
+        break;
+      }
       if (!client_gone && ex.ClientGone()) {
         client_gone = true;
         metrics_.CountDisconnect();
@@ -460,6 +511,10 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     }
     if (g->failed()) return SendError(ex, MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error"));
     out.finish_reason = g->finish_reason();
+    if (!out.tool_calls.empty()) {
+      out.finish_reason = "tool_calls";
+      out.text = std::string(TrimSpace(out.text));
+    }
     out.usage = g->usage();
     account();
     HttpResponse res;
@@ -498,8 +553,15 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       parts.reasoning += rest.reasoning;
       parts.content += rest.content;
     }
-    if (!parts.content.empty() || !parts.reasoning.empty() || !d.logprobs.empty()) {
-      c.text = std::move(parts.content);
+    std::string content = tools.Feed(parts.content);
+    if (d.done) {
+      ToolCallStream::End end = tools.Finish();
+      content += end.content;
+      for (ParsedToolCall& call : end.calls) c.tool_calls.push_back({CallId(), std::move(call.name), std::move(call.arguments)});
+    }
+    const bool made_calls = !c.tool_calls.empty();
+    if (!content.empty() || !parts.reasoning.empty() || !d.logprobs.empty() || made_calls) {
+      c.text = std::move(content);
       c.reasoning = std::move(parts.reasoning);
       c.logprobs = std::move(d.logprobs);
       c.text_offset_base = text_offset;
@@ -508,13 +570,14 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       c.text.clear();
       c.reasoning.clear();
       c.logprobs.clear();
+      c.tool_calls.clear();
       last_write = std::chrono::steady_clock::now();
     }
     if (ok && d.done) {
       if (g->failed()) {
         ok = send(ErrorJson(MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error")));
       } else {
-        c.finish_reason = g->finish_reason();
+        c.finish_reason = made_calls ? "tool_calls" : g->finish_reason();
         ok = send(ChunkJson(c));
         if (ok && gen.include_usage) ok = send(UsageChunkJson(ep, id, created, opts_.model_id, g->usage()));
       }

@@ -38,6 +38,7 @@
 #include "model/tokenizer.h"
 #include "server/api.h"
 #include "server/chat_template.h"
+#include "server/tool_calls.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/reasoning.h"
@@ -102,15 +103,20 @@ class Server : public HttpHandler {
   void HandleTokenize(const HttpRequest& req, HttpExchange& ex);
   void HandleDetokenize(const HttpRequest& req, HttpExchange& ex);
   // Checks the prompt against the context, runs it and answers (streamed or not).
-  // reasoning: how the answer's text is split (a default one: all content).
+  // reasoning: how the answer's text is split (a default one: all content); tools: where
+  // its calls are found (a default one: none).
   void Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning = {});
+                const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning = {},
+                ToolCallStream tools = {});
   void SendError(HttpExchange& ex, const ApiError& e) const;
   void Track(RequestId id, bool add);
 
   const Model& model_;
   const Tokenizer& tok_;
   const ChatTemplate chat_;
+  // How the model writes tool calls: its template's syntax, or the generic one written
+  // into the prompt for templates that do not render tools (PolyfillTools).
+  const ToolCallFormat tool_format_;
   EngineLoop& engine_;
   const ServerOptions opts_;
   ApiLimits limits_;

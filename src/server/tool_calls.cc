@@ -178,4 +178,53 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
   return {std::string(text), {}};
 }
 
+std::string ToolCallStream::Feed(std::string_view content) {
+  if (!enabled_) return std::string(content);
+  held_ += content;
+  if (holding_) return {};
+  const std::string_view trigger = ToolCallTrigger(format_);
+  if (trigger.empty()) {
+    // The call is the whole answer: decided by its first non-whitespace character.
+    const size_t b = held_.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return {};
+    if (held_[b] == '{' || std::string_view(held_).substr(b).starts_with("<|python_tag|>") ||
+        std::string_view("<|python_tag|>").starts_with(std::string_view(held_).substr(b))) {
+      // '{' or the tag (or, while short, what may become the tag): hold.
+      if (held_[b] == '{' || held_.size() - b >= 14) holding_ = true;
+      return {};
+    }
+    enabled_ = false;  // text: pass it all on
+    return std::move(held_);
+  }
+  if (const size_t t = held_.find(trigger); t != std::string::npos) {
+    std::string out = held_.substr(0, t);
+    held_.erase(0, t);
+    holding_ = true;
+    return out;
+  }
+  // Keep the longest suffix that is a proper prefix of the trigger.
+  size_t keep = std::min(held_.size(), trigger.size() - 1);
+  while (keep > 0 && !trigger.starts_with(std::string_view(held_).substr(held_.size() - keep))) --keep;
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+ToolCallStream::End ToolCallStream::Finish() {
+  End end;
+  if (held_.empty()) return end;
+  if (holding_) {
+    ParsedAnswer a = ParseToolCalls(format_, held_);
+    if (!a.calls.empty()) {
+      end.calls = std::move(a.calls);
+      end.content = std::move(a.content);
+      held_.clear();
+      return end;
+    }
+  }
+  end.content = std::move(held_);
+  held_.clear();
+  return end;
+}
+
 }  // namespace trellis::server

@@ -46,4 +46,30 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text);
 // lazy grammar switches on. Empty for formats whose call is the whole answer.
 std::string_view ToolCallTrigger(ToolCallFormat f);
 
+// A streamed answer that may hold calls: content is passed on until a call may have
+// begun (the format's trigger; for formats whose call is the whole answer, an answer
+// opening with '{' or <|python_tag|>), and held from there; text that could still be the
+// start of the trigger is held until it cannot. Finish() parses what was held: its calls,
+// or, when it holds none, the held text as content after all.
+class ToolCallStream {
+ public:
+  ToolCallStream() = default;  // disabled: everything is content
+  explicit ToolCallStream(ToolCallFormat f) : enabled_(true), format_(f) {}
+
+  // Content safe to send now.
+  std::string Feed(std::string_view content);
+  struct End {
+    std::string content;  // held text that turned out not to be calls
+    std::vector<ParsedToolCall> calls;
+  };
+  End Finish();
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_ = false;
+  ToolCallFormat format_ = ToolCallFormat::kGeneric;
+  bool holding_ = false;  // a call may have begun: everything from held_ on is kept
+  std::string held_;
+};
+
 }  // namespace trellis::server

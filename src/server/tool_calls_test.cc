@@ -1,5 +1,9 @@
 #include "server/tool_calls.h"
 
+#include "grammar/json_schema.h"
+#include "grammar/stacks.h"
+#include "server/answer_grammar.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -98,6 +102,158 @@ TEST(ToolCalls, MistralPhi4AndGeneric) {
   EXPECT_EQ(a.content, "[TOOL_CALLS][{\"name\": \"f\"");
   EXPECT_EQ(ToolCallTrigger(ToolCallFormat::kHermes), "<tool_call>");
   EXPECT_EQ(ToolCallTrigger(ToolCallFormat::kLlama3), "");
+}
+
+
+// ---- streaming -----------------------------------------------------------------------
+
+// Feeds `text` one byte at a time; returns what was sent and the end.
+std::pair<std::string, ToolCallStream::End> StreamBytes(ToolCallFormat f, std::string_view text) {
+  ToolCallStream s(f);
+  std::string sent;
+  for (char c : text) sent += s.Feed(std::string_view(&c, 1));
+  return {sent, s.Finish()};
+}
+
+TEST(ToolCallStream, ContentPassesUntilTheTriggerAndCallsAreParsedAtTheEnd) {
+  auto [sent, end] = StreamBytes(ToolCallFormat::kHermes,
+                                 "Let me check. <tool_c is not it.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>");
+  EXPECT_EQ(sent, "Let me check. <tool_c is not it.\n");
+  ASSERT_EQ(end.calls.size(), 1u);
+  EXPECT_EQ(end.calls[0].name, "f");
+  EXPECT_EQ(end.calls[0].arguments, "{\"a\":1}");
+  EXPECT_EQ(end.content, "");
+}
+
+TEST(ToolCallStream, HeldTextThatIsNoCallIsContentAfterAll) {
+  auto [sent, end] = StreamBytes(ToolCallFormat::kHermes, "a <tool_call> not json");
+  EXPECT_EQ(sent + end.content, "a <tool_call> not json");
+  EXPECT_TRUE(end.calls.empty());
+  // A text that ends inside what could have been the trigger.
+  auto [sent2, end2] = StreamBytes(ToolCallFormat::kHermes, "x <tool");
+  EXPECT_EQ(sent2 + end2.content, "x <tool");
+}
+
+TEST(ToolCallStream, WholeAnswerFormatsDecideOnTheFirstCharacter) {
+  auto [sent, end] = StreamBytes(ToolCallFormat::kLlama3, "  {\"name\": \"f\", \"parameters\": {}}");
+  EXPECT_EQ(sent, "");
+  ASSERT_EQ(end.calls.size(), 1u);
+  auto [sent2, end2] = StreamBytes(ToolCallFormat::kGeneric, " Hello {not a call}");
+  EXPECT_EQ(sent2 + end2.content, " Hello {not a call}");
+  EXPECT_TRUE(end2.calls.empty());
+  EXPECT_EQ(sent2.size(), std::string(" Hello {not a call}").size());  // streamed, not held
+  // Disabled: everything passes.
+  ToolCallStream off;
+  EXPECT_EQ(off.Feed("<tool_call>"), "<tool_call>");
+}
+
+// ---- the answer grammar --------------------------------------------------------------
+
+std::shared_ptr<const grammar::Grammar> Schema(const char* s) {
+  auto g = grammar::CompileJsonSchema(s);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return std::make_shared<grammar::Grammar>(std::move(*g));
+}
+
+std::shared_ptr<const grammar::Grammar> Build(const AnswerSpec& spec) {
+  auto g = BuildAnswerGrammar(spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return g.ok() ? *g : nullptr;
+}
+
+AnswerSpec WeatherSpec(ToolCallFormat f, ToolChoice choice) {
+  AnswerSpec spec;
+  spec.format = f;
+  spec.choice = choice;
+  spec.tools = {{"get_weather", Schema(R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false})")},
+                {"now", nullptr}};
+  return spec;
+}
+
+TEST(AnswerGrammar, RequiredCallsInEachFormat) {
+  const std::pair<ToolCallFormat, std::string> calls[] = {
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},
+      {ToolCallFormat::kLlama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"},
+      {ToolCallFormat::kPhi4, "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]<|/tool_call|>"},
+      {ToolCallFormat::kGeneric, "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]}"},
+  };
+  for (const auto& [f, text] : calls) {
+    auto g = Build(WeatherSpec(f, ToolChoice::kRequired));
+    ASSERT_TRUE(g);
+    EXPECT_TRUE(grammar::Matches(*g, text)) << ToolCallFormatName(f) << ": " << text;
+    // What the grammar admits, the parser reads back.
+    ParsedAnswer a = ParseToolCalls(f, text);
+    ASSERT_EQ(a.calls.size(), 1u) << ToolCallFormatName(f);
+    EXPECT_EQ(a.calls[0].arguments, "{\"city\":\"Paris\"}");
+    // Arguments outside the schema, an unknown tool, free text: refused.
+    std::string bad = text;
+    bad.replace(bad.find("city"), 4, "town");
+    EXPECT_FALSE(grammar::IsPrefix(*g, bad)) << bad;
+    std::string unknown = text;
+    unknown.replace(unknown.find("get_weather"), 11, "get_wealth!");
+    EXPECT_FALSE(grammar::IsPrefix(*g, unknown)) << unknown;
+    EXPECT_FALSE(grammar::IsPrefix(*g, "Sure, ")) << ToolCallFormatName(f);
+  }
+}
+
+TEST(AnswerGrammar, ParallelCallsOnlyWhenAllowed) {
+  AnswerSpec spec = WeatherSpec(ToolCallFormat::kHermes, ToolChoice::kRequired);
+  const std::string two =
+      "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  EXPECT_TRUE(grammar::Matches(*Build(spec), two));
+  EXPECT_EQ(ParseToolCalls(ToolCallFormat::kHermes, two).calls.size(), 2u);
+  spec.parallel = false;
+  EXPECT_FALSE(grammar::Matches(*Build(spec), two));
+  EXPECT_TRUE(grammar::Matches(*Build(spec), "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+}
+
+TEST(AnswerGrammar, AutoIsFreeTextUntilACallBegins) {
+  auto g = Build(WeatherSpec(ToolCallFormat::kHermes, ToolChoice::kAuto));
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(grammar::Matches(*g, ""));
+  EXPECT_TRUE(grammar::Matches(*g, "Just text, with <tags> and <tool_ca and << <tool_cal."));
+  EXPECT_TRUE(grammar::Matches(*g, "Checking.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+  // Once the trigger is written, only a valid call may follow.
+  EXPECT_FALSE(grammar::IsPrefix(*g, "x <tool_call>\nhello"));
+  EXPECT_FALSE(grammar::Matches(*g, "x <tool_call>\n{\"name\": \"now\", \"arguments\": {}}"));  // unclosed
+  EXPECT_FALSE(grammar::IsPrefix(*g, "<<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"x\""));
+
+  // Formats whose call is the whole answer: '{' opens a call.
+  auto l = Build(WeatherSpec(ToolCallFormat::kLlama3, ToolChoice::kAuto));
+  EXPECT_TRUE(grammar::Matches(*l, "The weather is fine {really}."));
+  EXPECT_TRUE(grammar::Matches(*l, " {\"name\": \"now\", \"parameters\": {}}"));
+  EXPECT_FALSE(grammar::IsPrefix(*l, "{\"nome\""));
+
+  // With a content constraint: a call, or that content.
+  AnswerSpec spec = WeatherSpec(ToolCallFormat::kHermes, ToolChoice::kAuto);
+  spec.content = Schema(R"({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]})");
+  auto c = Build(spec);
+  EXPECT_TRUE(grammar::Matches(*c, "{\"answer\": 4}"));
+  EXPECT_TRUE(grammar::Matches(*c, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(grammar::IsPrefix(*c, "The answer"));
+}
+
+TEST(AnswerGrammar, ReasoningComesFirstThenTheConstrainedAnswer) {
+  AnswerSpec spec;
+  spec.content = Schema(R"({"enum": ["yes", "no"]})");
+  spec.reasoning = ReasoningPrefix::kOptional;
+  auto g = Build(spec);
+  EXPECT_TRUE(grammar::Matches(*g, "\"yes\""));
+  EXPECT_TRUE(grammar::Matches(*g, "<think>\nIs it? </thin </think < yes.\n</think>\n\n\"no\""));
+  EXPECT_FALSE(grammar::IsPrefix(*g, "<think>x</think>\n\nmaybe"));
+  EXPECT_FALSE(grammar::Matches(*g, "<think>never closed"));
+  spec.reasoning = ReasoningPrefix::kOpen;  // the prompt opened the block
+  auto o = Build(spec);
+  EXPECT_TRUE(grammar::Matches(*o, "thinking...</think>\"yes\""));
+  EXPECT_FALSE(grammar::Matches(*o, "\"yes\""));
+  // Nothing to constrain: no grammar.
+  AnswerSpec none;
+  none.reasoning = ReasoningPrefix::kOptional;
+  auto n = BuildAnswerGrammar(none);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, nullptr);
 }
 
 }  // namespace

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Renders the tool-calling templates of tests/data/templates with jinja2 as Hugging Face's
+apply_chat_template does (see render_chat_templates.py), for conversations with tools,
+assistant tool calls and tool results, and writes tests/data/templates/golden_tools.json.
+
+Each conversation is kept twice: as the request body an OpenAI client sends (tool-call
+arguments as JSON strings), and rendered from what a template is given after
+vLLM's and llama.cpp's conversion (arguments parsed into objects, key order kept). The C++
+test (chat_template_test.cc) parses the request with the server's API reader and renders
+it with the interpreter: the prompt must equal jinja2's. Not part of the build; needs
+python3-jinja2.
+"""
+import copy
+import json
+import os
+import sys
+
+from render_chat_templates import HERE, TOKENS, raise_exception, tojson
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Key order deliberately not alphabetical: templates write tools back with tojson, and HF
+# keeps the order the client gave.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city.",
+    "parameters": {"type": "object", "properties": {
+        "location": {"type": "string", "description": "City name, e.g. Paris"},
+        "unit": {"enum": ["celsius", "fahrenheit"], "type": "string"}},
+        "required": ["location"]}}}
+SEARCH = {"type": "function", "function": {
+    "name": "search_docs", "parameters": {"properties": {
+        "query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1}},
+        "type": "object", "required": ["query", "max_results"], "additionalProperties": False},
+    "description": "Search the documentation \u2014 caf\u00e9 \"quoted\"."}}
+
+SYS = {"role": "system", "content": "You are a helpful assistant."}
+USER = {"role": "user", "content": "What's the weather in Paris, and find docs on 'ssd cache'?"}
+CALL1 = {"id": "call00001", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris\", \"unit\": \"celsius\"}"}}
+CALL2 = {"id": "call00002", "type": "function",
+         "function": {"name": "search_docs", "arguments": "{\"query\": \"ssd cache\", \"max_results\": 3}"}}
+ASSIST1 = {"role": "assistant", "content": None, "tool_calls": [CALL1]}
+ASSIST2 = {"role": "assistant", "content": None, "tool_calls": [CALL1, CALL2]}
+RESULT1 = {"role": "tool", "tool_call_id": "call00001", "content": "{\"temperature\": 18, \"sky\": \"clear\"}"}
+RESULT2 = {"role": "tool", "tool_call_id": "call00002", "content": "1. SSD tier\n2. GDSF eviction"}
+DONE = {"role": "assistant", "content": "It is 18 \u00b0C and clear in Paris."}
+USER2 = {"role": "user", "content": "Thanks. And in Lyon?"}
+
+REQUESTS = {
+    "tools_system_user": {"messages": [SYS, USER], "tools": [WEATHER, SEARCH]},
+    "tools_user": {"messages": [USER], "tools": [WEATHER, SEARCH]},
+    "tool_loop": {"messages": [SYS, USER, ASSIST1, RESULT1], "tools": [WEATHER, SEARCH]},
+    "tool_loop_done": {"messages": [SYS, USER, ASSIST1, RESULT1, DONE, USER2], "tools": [WEATHER, SEARCH]},
+    "parallel_calls": {"messages": [SYS, USER, ASSIST2, RESULT1, RESULT2], "tools": [WEATHER, SEARCH]},
+}
+
+TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407"]
+
+
+def for_template(messages):
+    """What vLLM and llama.cpp hand the template: arguments as objects."""
+    out = copy.deepcopy(messages)
+    for m in out:
+        for c in m.get("tool_calls") or []:
+            args = c["function"].get("arguments")
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except ValueError:
+                    continue
+                if isinstance(parsed, dict):
+                    c["function"]["arguments"] = parsed
+    return out
+
+
+def main():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    out = {"jinja2_version": jinja2.__version__, "requests": REQUESTS, "templates": {}}
+    for name in TEMPLATES:
+        bos, eos = TOKENS[name]
+        with open(os.path.join(HERE, name + ".jinja"), encoding="utf-8") as f:
+            tmpl = env.from_string(f.read())
+        cases = {}
+        for key, req in REQUESTS.items():
+            try:
+                cases[key] = {"text": tmpl.render(messages=for_template(req["messages"]), tools=req["tools"],
+                                                  add_generation_prompt=True, bos_token=bos, eos_token=eos)}
+            except jinja2.exceptions.TemplateError as e:
+                cases[key] = {"error": str(e)}
+        out["templates"][name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
+    path = os.path.join(HERE, "golden_tools.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("wrote", path, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
