@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "grammar/stacks.h"
 #include "server/generation.h"
 
 namespace trellis::server {
@@ -37,12 +38,14 @@ uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
 
 std::string RandomHex(uint64_t x) { return fmt::format("{:016x}", Mix64(x)); }
 
-// A tool call's id: "call_" and 24 random letters and digits, as OpenAI's.
-std::string CallId() {
+// A tool call's id: "call_" and 24 random letters and digits, as OpenAI's; nine letters
+// and digits for Mistral, whose templates refuse any other id when the call comes back.
+std::string CallId(ToolCallFormat f) {
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % 62];
+  const bool mistral = f == ToolCallFormat::kMistral;
+  std::string id = mistral ? "" : "call_";
+  for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlphabet[rng() % 62];
   return id;
 }
 
@@ -363,15 +366,22 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
   const bool opens = ReasoningSplitter::PromptOpensReasoning(prompt_text);
   const bool calls = r->tool_choice != ToolChoice::kNone && !r->tools.empty();
   GenerationParams gen = r->gen;
-  if (calls || (gen.grammar && chat_.thinks())) {
+  // A grammar that writes the reasoning block itself is used as it is.
+  // A prompt that ends with a closed block (thinking switched off: Qwen3's and SmolLM3's
+  // empty <think></think>) has the model answer at once.
+  const bool closed = TrimSpace(prompt_text).ends_with("</think>");
+  const bool reasons = chat_.thinks() && !closed && !(gen.grammar && grammar::IsPrefix(*gen.grammar, "<think>"));
+  if (calls || (gen.grammar && reasons)) {
     // The grammar the answer is held to: the calls in the model's syntax, after any
     // reasoning (answer_grammar.h).
     AnswerSpec spec;
     spec.format = tool_format_;
     spec.choice = r->tool_choice;
-    spec.parallel = r->parallel_tool_calls;
+    // Llama 3.1's template takes one call per turn back ("This model only supports single
+    // tool-calls at once!"): its answers hold one.
+    spec.parallel = r->parallel_tool_calls && tool_format_ != ToolCallFormat::kLlama3;
     spec.content = gen.grammar;
-    spec.reasoning = !chat_.thinks() ? ReasoningPrefix::kNone : opens ? ReasoningPrefix::kOpen : ReasoningPrefix::kOptional;
+    spec.reasoning = !reasons ? ReasoningPrefix::kNone : opens ? ReasoningPrefix::kOpen : ReasoningPrefix::kOptional;
     for (const ToolDefinition& t : r->tools) {
       if (r->tool_choice == ToolChoice::kNamed && t.name != r->tool_choice_name) continue;
       spec.tools.push_back({t.name, t.arguments});
@@ -495,7 +505,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       if (d.done) {
         ToolCallStream::End end = tools.Finish();
         out.text += end.content;
-        for (ParsedToolCall& c : end.calls) out.tool_calls.push_back({CallId(), std::move(c.name), std::move(c.arguments)});
+        for (ParsedToolCall& c : end.calls) out.tool_calls.push_back({CallId(tool_format_), std::move(c.name), std::move(c.arguments)});
         break;
       }
       if (!client_gone && ex.ClientGone()) {
@@ -557,7 +567,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     if (d.done) {
       ToolCallStream::End end = tools.Finish();
       content += end.content;
-      for (ParsedToolCall& call : end.calls) c.tool_calls.push_back({CallId(), std::move(call.name), std::move(call.arguments)});
+      for (ParsedToolCall& call : end.calls) c.tool_calls.push_back({CallId(tool_format_), std::move(call.name), std::move(call.arguments)});
     }
     const bool made_calls = !c.tool_calls.empty();
     if (!content.empty() || !parts.reasoning.empty() || !d.logprobs.empty() || made_calls) {

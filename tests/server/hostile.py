@@ -1059,12 +1059,50 @@ def _(srv):
     expect(r.status in (200, 400), f"deep schema: {r.status} {short(r.body)}")
 
 
-@check("tool_choice auto/required/object -> 400; none -> 200", "default", spec=4)
+@check("tool_choice required / unknown name without tools -> 400; none / auto -> 200", "default", spec=4)
 def _(srv):
-    run_all(["auto", "required", {"type": "function", "function": {"name": "f"}}],
+    run_all(["required", {"type": "function", "function": {"name": "f"}}],
             lambda v: expect_error(srv.post(CHAT, chat_body(tool_choice=v)), 400, param="tool_choice",
                                    what=f"tool_choice {json.dumps(v)}"))
     expect_ok_json(srv.post(CHAT, chat_body(tool_choice="none")), "none")
+    expect_ok_json(srv.post(CHAT, chat_body(tool_choice="auto")), "auto")
+
+
+def tool(name="f", params=None):
+    fn = {"name": name}
+    if params is not None:
+        fn["parameters"] = params
+    return {"type": "function", "function": fn}
+
+
+@check("hostile tools: 129 tools, injected names, bad schemas, huge calls -> 400 in bounded time", "default", extra=9)
+def _(srv):
+    deep = {"type": "object"}
+    for _ in range(80):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    cases = [
+        ("129 tools", {"tools": [tool(f"f{i}") for i in range(129)]}, "tools"),
+        ("name with a quote", {"tools": [tool('f", "arguments": {}}')], "tool_choice": "required"}, "tools[0].function.name"),
+        ("65-character name", {"tools": [tool("f" * 65)]}, "tools[0].function.name"),
+        ("left-recursive schema, forced",
+         {"tools": [tool("f", {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}})],
+          "tool_choice": "required"}, "tools[0].function.parameters"),
+        ("schema 80 deep, forced", {"tools": [tool("f", deep)], "tool_choice": "required"}, None),  # the body check
+        ("unsatisfiable schema, forced",
+         {"tools": [tool("f", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+                                "additionalProperties": False, "minProperties": 2})], "tool_choice": "required"},
+         "tools[0].function.parameters"),
+        ("tool_calls on a user turn", {"messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+        ("tool_call_id 5", {"messages": [{"role": "user", "content": "x"},
+                                         {"role": "tool", "content": "x", "tool_call_id": 5}]}, "messages[1].tool_call_id"),
+        ("arguments a number", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": 5}}]}]},
+         "messages[1].tool_calls[0].function.arguments"),
+    ]
+    t0 = time.monotonic()
+    run_all(cases, lambda c: expect_error(srv.post(CHAT, chat_body(**c[1])), 400, param=c[2], what=c[0]))
+    expect(time.monotonic() - t0 < slack(5), f"hostile tools took {time.monotonic() - t0:.1f} s")
 
 
 @check("presence/frequency_penalty in [-2,2] -> 200; 3 -> 400", "default", spec=2, extra=1)
@@ -1095,11 +1133,10 @@ def _(srv):
     run_all(cases, lambda b: expect_error(post_text(srv, CHAT, b), 400, what=f"body {b[:30]!r}"))
 
 
-@check("messages [] / role tool / unknown role -> 400", "default", extra=3)
+@check("messages [] / unknown role -> 400", "default", extra=2)
 def _(srv):
     run_all([
         ("messages []", {"messages": [], "max_tokens": 1}),
-        ("role tool", {"messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}], "max_tokens": 1}),
         ("role wizard", {"messages": [{"role": "wizard", "content": "x"}], "max_tokens": 1}),
     ], lambda c: expect_error(srv.post(CHAT, c[1]), 400, what=c[0]))
 

@@ -12,6 +12,18 @@ start_server structured --ctx-size 2048
 python3 "$(dirname "$0")/structured.py" "$base" || die "structured.py failed (server log: $tmp/structured.log)"
 stop_server
 
+# Tool calls in each family's syntax: the embedded model's template renders no tools
+# (the generic syntax, written into the prompt), then real templates with their own.
+say "tool calls are valid for their tools' schemas, in every family's syntax"
+for spec in generic: hermes:Qwen-Qwen2.5-7B-Instruct llama3:meta-llama-Llama-3.1-8B-Instruct \
+            mistral:mistralai-Mistral-Nemo-Instruct-2407; do
+  fmt=${spec%%:*} file=${spec#*:}
+  start_server "tools-$fmt" --ctx-size 2048 ${file:+--chat-template "$DATA/templates/$file.jinja"}
+  python3 "$(dirname "$0")/tools.py" "$base" "$fmt" || die "tools.py $fmt failed (server log: $tmp/tools-$fmt.log)"
+  stop_server
+done
+ok "tool calls in four syntaxes"
+
 say "chat_template_kwargs reach a real template (SmolLM3's); <think> blocks go to reasoning_content"
 start_server reasoning --ctx-size 2048 --chat-template "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja"
 python3 "$(dirname "$0")/reasoning.py" "$base" "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja" \
