@@ -25,6 +25,7 @@
 #include "engine/scheduler.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "server/reasoning.h"
 #include "util/clock.h"
 
 namespace trellis::cli {
@@ -124,7 +125,8 @@ class Chat {
 
   void Turn(const std::string& user, bool tty) {
     history_.push_back({"user", user});
-    auto ids = server::EncodeChat(tmpl_, tok_, Messages(), true);
+    std::string prompt_text;
+    auto ids = server::EncodeChat(tmpl_, tok_, Messages(), true, {}, &prompt_text);
     if (!ids.ok()) {
       history_.pop_back();
       Note(fmt::format("error: {}", ids.status().message()));
@@ -150,6 +152,26 @@ class Chat {
     std::vector<int32_t> out;
     size_t printed = 0;
     std::string text;
+    // A thinking model's reasoning is shown apart from its answer (dimmed on a terminal,
+    // between [thinking] and [answer] lines otherwise) and kept out of the history.
+    server::ReasoningSplitter split(tmpl_.thinks(),
+                                    tmpl_.thinks() && server::ReasoningSplitter::PromptOpensReasoning(prompt_text));
+    std::string answer;
+    bool in_reasoning = false;
+    auto show = [&](const server::ReasoningSplitter::Parts& p) {
+      if (!p.reasoning.empty()) {
+        if (!in_reasoning) std::fputs(tty ? "\x1b[2m" : "[thinking]\n", stdout);
+        in_reasoning = true;
+        std::fwrite(p.reasoning.data(), 1, p.reasoning.size(), stdout);
+      }
+      if (!p.content.empty()) {
+        if (in_reasoning) std::fputs(tty ? "\x1b[0m\n" : "\n[answer]\n", stdout);
+        in_reasoning = false;
+        std::fwrite(p.content.data(), 1, p.content.size(), stdout);
+        answer += p.content;
+      }
+      std::fflush(stdout);
+    };
     RequestResult result;
     bool done = false;
     const double t0 = NowSeconds();
@@ -161,8 +183,7 @@ class Chat {
       text = tok.Decode(out);
       const size_t upto = CompleteUtf8Prefix(text);
       if (upto > printed) {
-        std::fwrite(text.data() + printed, 1, upto - printed, stdout);
-        std::fflush(stdout);
+        show(split.Feed(std::string_view(text).substr(printed, upto - printed)));
         printed = upto;
       }
     };
@@ -189,14 +210,16 @@ class Chat {
       sched_.Step();
     }
     sigaction(SIGINT, &old, nullptr);
-    if (printed < text.size()) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+    if (printed < text.size()) show(split.Feed(std::string_view(text).substr(printed)));
+    show(split.Flush());
+    if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
     std::fputc('\n', stdout);
     if (result.reason == FinishReason::kError) {
       history_.pop_back();
       Note(fmt::format("error: {}", result.error.message()));
       return;
     }
-    history_.push_back({"assistant", text});
+    history_.push_back({"assistant", answer});
     const double end = NowSeconds();
     const double ttft = out.empty() ? end - t0 : t_first - t0;
     const double decode = out.size() > 1 ? end - t_first : 0;

@@ -89,4 +89,29 @@ for pair in "qwen2:Qwen-Qwen2.5-7B-Instruct" "qwen3:Qwen-Qwen2.5-7B-Instruct" "p
   ok "$arch: $(grep '^\[prompt' <<<"$out" | tail -1)"
 done
 
+say "a thinking model's reasoning is shown apart from the answer and kept out of the history"
+# A template that opens the reasoning block in the generation prompt (as the R1 distills'
+# do): a random model never closes it, so its whole reply is reasoning, the answer is
+# empty, and the next turn's prompt holds none of the reasoning text.
+cat >"$tmp/think.jinja" <<'EOF'
+{% for m in messages %}<|{{ m.role }}|>
+{{ m.content }}</s>
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+<think>
+{% endif %}{# the reasoning ends at </think> #}
+EOF
+out=$(printf 'Think about it\nAgain\n' |
+      timeout 60 "$TRELLIS" chat -m "$model" --chat-template "$tmp/think.jinja" -n 6 --temp 0 -t 1 2>&1) || die "$out"
+[[ $(grep -c '^\[thinking\]$' <<<"$out") -eq 2 ]] || die "no [thinking] block per turn: $out"
+p2=$(grep '^\[prompt' <<<"$out" | tail -1 | sed -E 's/^\[prompt ([0-9]+) tokens.*/\1/')
+# The same template without the marker does not think: its history keeps the reply, so
+# its second prompt is longer by the reply's tokens.
+sed 's/{# the reasoning ends at <\/think> #}//' "$tmp/think.jinja" >"$tmp/plain.jinja"
+plain=$(printf 'Think about it\nAgain\n' |
+        timeout 60 "$TRELLIS" chat -m "$model" --chat-template "$tmp/plain.jinja" -n 6 --temp 0 -t 1 2>&1) || die "$plain"
+! grep -q '^\[thinking\]$' <<<"$plain" || die "a template without </think> showed reasoning: $plain"
+q2=$(grep '^\[prompt' <<<"$plain" | tail -1 | sed -E 's/^\[prompt ([0-9]+) tokens.*/\1/')
+[[ $q2 -gt $p2 ]] || die "the reasoning went into the history ($p2 tokens, $q2 with the reply kept): $out"
+ok "reasoning apart; turn 2 prompt $p2 tokens ($q2 with the reply kept)"
+
 echo "PASS cli_chat: $n_checks checks"
