@@ -1,8 +1,11 @@
 #include "engine/constraint.h"
 
+#include <algorithm>
+
 namespace trellis {
 
-std::shared_ptr<const grammar::TokenVocabulary> MakeTokenVocabulary(const Tokenizer& tok) {
+std::shared_ptr<const grammar::TokenVocabulary> MakeTokenVocabulary(const Tokenizer& tok,
+                                                                    std::span<const int32_t> rendered) {
   const int32_t n = tok.n_vocab();
   std::vector<std::string> pieces(static_cast<size_t>(n));
   std::vector<int32_t> eog;
@@ -11,7 +14,8 @@ std::shared_ptr<const grammar::TokenVocabulary> MakeTokenVocabulary(const Tokeni
       eog.push_back(id);
       continue;
     }
-    pieces[static_cast<size_t>(id)] = tok.TokenToPiece(id, /*render_special=*/false);
+    pieces[static_cast<size_t>(id)] =
+        tok.TokenToPiece(id, /*render_special=*/std::binary_search(rendered.begin(), rendered.end(), id));
   }
   return std::make_shared<grammar::TokenVocabulary>(std::move(pieces), std::move(eog));
 }

@@ -13,6 +13,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 
 #include "grammar/grammar.h"
@@ -21,7 +22,11 @@
 
 namespace trellis {
 
-std::shared_ptr<const grammar::TokenVocabulary> MakeTokenVocabulary(const Tokenizer& tok);
+// `rendered` (sorted): control tokens that count as their text (the markers of a
+// tool-call syntax: see StreamDecoder), so a grammar writing "[TOOL_CALLS]" may pick the
+// token the model was trained to emit.
+std::shared_ptr<const grammar::TokenVocabulary> MakeTokenVocabulary(const Tokenizer& tok,
+                                                                    std::span<const int32_t> rendered = {});
 
 // Compiled grammars by content hash, the most recently used `capacity` kept: an agent
 // sending the same schema every turn compiles it, and fills its per-position masks, once.

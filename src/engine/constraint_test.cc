@@ -93,6 +93,37 @@ TEST(ConstraintTest, MaskIsExactOnRealVocabularies) {
   }
 }
 
+// Control tokens named as rendered (a tool-call syntax's markers) count as their text:
+// the decoder shows them, and a grammar that writes their text may pick them; others stay
+// without bytes. Phi-3's vocabulary has <|user|> and <|end|> as control tokens.
+TEST(ConstraintTest, RenderedControlTokensCountAsTheirText) {
+  auto tok = LoadTokenizer(std::string(TRELLIS_TEST_DATA) + "/vocab/ggml-vocab-phi-3.gguf");
+  const std::vector<int32_t> user = tok->Encode("<|user|>", false, true);
+  const std::vector<int32_t> end = tok->Encode("<|end|>", false, true);
+  ASSERT_EQ(user.size(), 1u);
+  ASSERT_EQ(end.size(), 1u);
+  ASSERT_EQ(tok->TokenToPiece(user[0]), "");  // a control token
+  StreamDecoder plain(*tok);
+  EXPECT_EQ(plain.Push(user[0]), "");
+  StreamDecoder shown(*tok, std::vector<int32_t>{user[0]});
+  EXPECT_EQ(shown.Push(user[0]), "<|user|>");
+  EXPECT_EQ(shown.Push(end[0]), "");
+
+  auto g = grammar::ParseGbnf(R"(root ::= "<|user|>" [a-z]+)");
+  ASSERT_TRUE(g.ok());
+  const std::vector<int32_t> rendered = {user[0]};
+  auto vocab = MakeTokenVocabulary(*tok, rendered);
+  EXPECT_EQ(vocab->piece(user[0]), "<|user|>");
+  EXPECT_EQ(vocab->piece(end[0]), "");
+  auto m = *grammar::GrammarMatcher::Make(std::make_shared<grammar::CompiledGrammar>(*g, vocab));
+  grammar::TokenMask mask(vocab->n_vocab());
+  ASSERT_TRUE(m->FillMask(mask).ok());
+  EXPECT_TRUE(mask.Test(user[0]));
+  auto without = *grammar::GrammarMatcher::Make(std::make_shared<grammar::CompiledGrammar>(*g, MakeTokenVocabulary(*tok)));
+  ASSERT_TRUE(without->FillMask(mask).ok());
+  EXPECT_FALSE(mask.Test(user[0]));
+}
+
 // A random-weight model never writes valid JSON by itself: held to the schema's grammar,
 // every answer over seeds and temperatures is a complete document of the schema that
 // ends with the end token, and reads back as the object the schema describes.

@@ -531,7 +531,7 @@ StreamDecoder::StreamDecoder(const Tokenizer& tok, bool render_special)
     : tok_(tok), render_special_(render_special) {}
 
 std::string StreamDecoder::Push(int32_t id) {
-  pending_ += tok_.TokenToPiece(id, render_special_);
+  pending_ += tok_.TokenToPiece(id, render_special_ || std::binary_search(rendered_.begin(), rendered_.end(), id));
   return Drain(/*at_end=*/false);
 }
 

@@ -123,6 +123,9 @@ class Tokenizer {
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool render_special = false);
+  // Control tokens in `ids` (sorted) are rendered as their text even without
+  // render_special: the markers a tool-call syntax is written in ([TOOL_CALLS], ...).
+  StreamDecoder(const Tokenizer& tok, std::vector<int32_t> ids) : tok_(tok), render_special_(false), rendered_(std::move(ids)) {}
 
   std::string Push(int32_t id);
   std::string Flush();
@@ -133,6 +136,7 @@ class StreamDecoder {
 
   const Tokenizer& tok_;
   bool render_special_;
+  std::vector<int32_t> rendered_;  // sorted
   std::string pending_;  // bytes of an incomplete UTF-8 sequence (at most 3)
 };
 

@@ -42,7 +42,7 @@ Generation::Generation(EngineLoop& engine, const Tokenizer& tok, ServerMetrics& 
       metrics_(metrics),
       p_(std::move(p)),
       ch_(std::make_shared<Channel>()),
-      decoder_(tok),
+      decoder_(tok, p_.rendered),
       stop_(p_.gen.stop) {}
 
 Generation::~Generation() {

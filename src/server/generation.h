@@ -42,6 +42,7 @@ class Generation {
     uint64_t cache_salt = 0;
     uint64_t seed = 0;  // used when gen.seed is absent
     std::shared_ptr<const grammar::CompiledGrammar> grammar;  // gen.grammar bound to the vocabulary
+    std::vector<int32_t> rendered;  // control tokens shown as their text (sorted; tool-call markers)
   };
   // Borrows engine, tokenizer and metrics; they outlive the Generation.
   Generation(EngineLoop& engine, const Tokenizer& tok, ServerMetrics& metrics, Params p);

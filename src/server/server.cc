@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -94,6 +95,13 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
       created_(UnixNow()),
       next_seed_(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())),
       next_id_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {
+  for (std::string_view marker : ToolCallMarkers(tool_format_)) {
+    const std::vector<int32_t> ids = tok_.Encode(marker, /*add_bos=*/false, /*parse_special=*/true);
+    if (ids.size() == 1 && tok_.TokenToPiece(ids[0]).empty() && tok_.TokenToPiece(ids[0], true) == marker) {
+      marker_tokens_.push_back(ids[0]);
+    }
+  }
+  std::sort(marker_tokens_.begin(), marker_tokens_.end());
   limits_.model_id = opts_.model_id;
   limits_.n_ctx = engine_.options().n_ctx;
   limits_.n_vocab = model_.config().n_vocab;
@@ -116,7 +124,7 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
 Server::~Server() = default;
 
 GrammarCache& Server::grammars() {
-  std::call_once(grammars_once_, [this] { grammars_ = std::make_unique<GrammarCache>(MakeTokenVocabulary(tok_)); });
+  std::call_once(grammars_once_, [this] { grammars_ = std::make_unique<GrammarCache>(MakeTokenVocabulary(tok_, marker_tokens_)); });
   return *grammars_;
 }
 
@@ -456,6 +464,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     }
   }
   p.cache_salt = salt;
+  p.rendered = marker_tokens_;
   p.seed = Mix64(next_seed_.fetch_add(1));
   auto g = std::make_shared<Generation>(engine_, tok_, metrics_, std::move(p));
   if (auto err = g->Start()) return SendError(ex, *err);

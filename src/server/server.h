@@ -117,6 +117,8 @@ class Server : public HttpHandler {
   // How the model writes tool calls: its template's syntax, or the generic one written
   // into the prompt for templates that do not render tools (PolyfillTools).
   const ToolCallFormat tool_format_;
+  // Its markers that are control tokens in this vocabulary, rendered as text (sorted).
+  std::vector<int32_t> marker_tokens_;
   EngineLoop& engine_;
   const ServerOptions opts_;
   ApiLimits limits_;

@@ -110,6 +110,17 @@ std::string_view ToolCallTrigger(ToolCallFormat f) {
   return "";
 }
 
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return {"<tool_call>", "</tool_call>"};
+    case ToolCallFormat::kMistral: return {"[TOOL_CALLS]"};
+    case ToolCallFormat::kPhi4: return {"<|tool_call|>", "<|/tool_call|>"};
+    case ToolCallFormat::kLlama3: return {"<|python_tag|>"};
+    case ToolCallFormat::kGeneric: break;
+  }
+  return {};
+}
+
 ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
   switch (f) {
     case ToolCallFormat::kHermes:

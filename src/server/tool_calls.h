@@ -46,6 +46,11 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text);
 // lazy grammar switches on. Empty for formats whose call is the whole answer.
 std::string_view ToolCallTrigger(ToolCallFormat f);
 
+// The marker texts of a format's calls ("[TOOL_CALLS]", "<|tool_call|>", ...). Where the
+// vocabulary has them as control tokens, the server renders those tokens as their text
+// (StreamDecoder) and lets grammars pick them, as the model was trained to write them.
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat f);
+
 // A streamed answer that may hold calls: content is passed on until a call may have
 // begun (the format's trigger; for formats whose call is the whole answer, an answer
 // opening with '{' or <|python_tag|>), and held from there; text that could still be the
