@@ -23,7 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api.h"
+#include "server/answer_grammar.h"
 #include "server/chat_template.h"
+#include "server/tool_calls.h"
 
 namespace trellis::server {
 namespace {
@@ -123,15 +125,52 @@ void FuzzChat(std::string_view body) {
   CheckGeneration(req->gen, /*chat=*/true);
   FUZZ_CHECK(!req->messages.empty());
   for (const ChatMessage& m : req->messages) {
-    FUZZ_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant");
+    FUZZ_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool");
+    FUZZ_CHECK(!m.content_null || m.content.empty());
   }
   CheckResponses(Endpoint::kChat, req->model, req->messages.back().content, req->gen);
+
+  // Tools: names unique and valid, a named choice among them, every forced tool's
+  // arguments held to a grammar; the composed answer grammar builds or is refused cleanly
+  // in every syntax, and the answer parser and stream take the content whatever it is.
+  FUZZ_CHECK(req->tool_choice == ToolChoice::kNone || !req->tools.empty());
+  for (const ToolDefinition& t : req->tools) {
+    FUZZ_CHECK(!t.name.empty() && t.name.size() <= 64);
+    FUZZ_CHECK(std::count_if(req->tools.begin(), req->tools.end(), [&](const ToolDefinition& o) { return o.name == t.name; }) == 1);
+    const bool forced = req->tool_choice == ToolChoice::kRequired ||
+                        (req->tool_choice == ToolChoice::kNamed && t.name == req->tool_choice_name);
+    if (forced || (t.strict && req->tool_choice == ToolChoice::kAuto)) FUZZ_CHECK(t.arguments != nullptr);
+  }
+  if (req->tool_choice == ToolChoice::kNamed) {
+    FUZZ_CHECK(std::any_of(req->tools.begin(), req->tools.end(),
+                           [&](const ToolDefinition& t) { return t.name == req->tool_choice_name; }));
+  }
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3, ToolCallFormat::kGeneric}) {
+    AnswerSpec spec;
+    spec.format = f;
+    spec.choice = req->tool_choice;
+    spec.parallel = req->parallel_tool_calls;
+    spec.content = req->gen.grammar;
+    spec.reasoning = f == ToolCallFormat::kHermes ? ReasoningPrefix::kOptional : ReasoningPrefix::kNone;
+    for (const ToolDefinition& t : req->tools) spec.tools.push_back({t.name, t.arguments});
+    auto g = BuildAnswerGrammar(spec);
+    if (!g.ok()) FUZZ_CHECK(!g.status().message().empty());
+    const std::string& content = req->messages.back().content;
+    ParsedAnswer a = ParseToolCalls(f, content);
+    for (const ParsedToolCall& c : a.calls) FUZZ_CHECK(MustParse(c.arguments).is_object());
+    ToolCallStream s(f);
+    std::string sent = s.Feed(content);
+    ToolCallStream::End end = s.Finish();
+    if (end.calls.empty()) FUZZ_CHECK(sent + end.content == content);
+  }
+  ChatVars vars;  // the named families take no kwargs; the tools they polyfill
+  vars.tools = req->tools_value;
 
   for (const char* name : kFamilies) {
     auto tmpl = ChatTemplate::FromName(name, TemplateTokens{});
     FUZZ_CHECK(tmpl.ok());
     for (bool add_generation_prompt : {true, false}) {
-      auto prompt = tmpl->Render(req->messages, add_generation_prompt);
+      auto prompt = tmpl->Render(req->messages, add_generation_prompt, vars);
       if (!prompt.ok()) {
         FUZZ_CHECK(!prompt.status().message().empty());
         continue;
