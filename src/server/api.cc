@@ -1090,6 +1090,9 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
       }
     }
     ReadGeneration(r, body, limits, /*chat=*/true, req.gen);
+    if (r.ok() && req.gen.ignore_eos && req.tool_choice != ToolChoice::kNone && !req.tools.empty()) {
+      return Bad("ignore_eos", "'ignore_eos' with tools: an answer of calls ends with the end token");
+    }
     if (const json* kw = r.Get("chat_template_kwargs")) {
       if (!kw->is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       if (kw->size() > kMaxTemplateKwargs) {

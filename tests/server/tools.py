@@ -161,7 +161,8 @@ print(f"ok: tool loop; turn 2 reused {cached} of {usage2['prompt_tokens']} promp
 # The 400s.
 for extra, param in [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                      ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
-                     ({"tools": [], "tool_choice": "required"}, "tool_choice")]:
+                     ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+                     ({"tool_choice": "required", "ignore_eos": True}, "ignore_eos")]:
     body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
     body.update(extra)
     code, raw = post(body)
