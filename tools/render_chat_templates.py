@@ -28,6 +28,8 @@ TOKENS = {
     "HuggingFaceTB-SmolLM3-3B": (None, "<|im_end|>"),
     "google-gemma-2-2b-it": ("<bos>", "<eos>"),
     "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>"),
+    "Qwen-Qwen3": (None, "<|im_end|>"),
+    "google-gemma-3": ("<bos>", "<end_of_turn>"),
 }
 
 S = {"role": "system", "content": "You are a terse assistant."}

@@ -46,6 +46,10 @@ ASSIST2 = {"role": "assistant", "content": None, "tool_calls": [CALL1, CALL2]}
 RESULT1 = {"role": "tool", "tool_call_id": "call00001", "content": "{\"temperature\": 18, \"sky\": \"clear\"}"}
 RESULT2 = {"role": "tool", "tool_call_id": "call00002", "content": "1. SSD tier\n2. GDSF eviction"}
 DONE = {"role": "assistant", "content": "It is 18 \u00b0C and clear in Paris."}
+# An answer after reasoning, as a client sends it back (vLLM's and llama.cpp's field name).
+THOUGHT = {"role": "assistant", "content": "It is 18 \u00b0C.", "reasoning_content": "The tool said 18."}
+THOUGHT_CALL = {"role": "assistant", "content": None, "reasoning_content": "I need the weather.",
+                "tool_calls": [CALL1]}
 USER2 = {"role": "user", "content": "Thanks. And in Lyon?"}
 
 REQUESTS = {
@@ -54,9 +58,21 @@ REQUESTS = {
     "tool_loop": {"messages": [SYS, USER, ASSIST1, RESULT1], "tools": [WEATHER, SEARCH]},
     "tool_loop_done": {"messages": [SYS, USER, ASSIST1, RESULT1, DONE, USER2], "tools": [WEATHER, SEARCH]},
     "parallel_calls": {"messages": [SYS, USER, ASSIST2, RESULT1, RESULT2], "tools": [WEATHER, SEARCH]},
+    "thinking_history": {"messages": [SYS, USER, THOUGHT_CALL, RESULT1, THOUGHT, USER2],
+                         "tools": [WEATHER, SEARCH]},
+    "thinking_off": {"messages": [SYS, USER, ASSIST1, RESULT1], "tools": [WEATHER, SEARCH],
+                     "chat_template_kwargs": {"enable_thinking": False}},
 }
 
-TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407"]
+# Templates only this file renders (render_chat_templates.py cannot: no date_string).
+TOOL_TOKENS = {"meta-llama-Llama-3.2": ("<|begin_of_text|>", "<|eot_id|>")}
+
+# Variables a template reads that Hugging Face fills from the clock (Llama 3.2's
+# strftime_now default): fixed here so the rendering is the same every day.
+TEMPLATE_KWARGS = {"meta-llama-Llama-3.2": {"date_string": "26 Jul 2024"}}
+
+TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
+             "Qwen-Qwen3", "meta-llama-Llama-3.2"]
 
 
 def for_template(messages):
@@ -75,23 +91,50 @@ def for_template(messages):
     return out
 
 
+def null_content_as_empty(tmpl, bos, eos):
+    """Whether the template fails on an assistant turn of only tool calls with content
+    None (Qwen3's tests '</think>' in the content) and renders with "": llama.cpp's chat
+    layer then hands it "" (its template capability probe), and so does Trellis."""
+    probe = [{"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]}]
+    def ok(msgs):
+        try:
+            tmpl.render(messages=msgs, tools=None, add_generation_prompt=False, bos_token=bos, eos_token=eos,
+                        date_string="26 Jul 2024")
+            return True
+        except (TypeError, jinja2.exceptions.TemplateError):
+            return False
+    empty = copy.deepcopy(probe)
+    empty[1]["content"] = ""
+    return not ok(probe) and ok(empty)
+
+
 def main():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     out = {"jinja2_version": jinja2.__version__, "requests": REQUESTS, "templates": {}}
     for name in TEMPLATES:
-        bos, eos = TOKENS[name]
+        bos, eos = TOKENS.get(name) or TOOL_TOKENS[name]
         with open(os.path.join(HERE, name + ".jinja"), encoding="utf-8") as f:
             tmpl = env.from_string(f.read())
         cases = {}
+        as_empty = null_content_as_empty(tmpl, bos, eos)
         for key, req in REQUESTS.items():
+            kwargs = dict(TEMPLATE_KWARGS.get(name, {}), **req.get("chat_template_kwargs", {}))
+            messages = for_template(req["messages"])
+            for m in messages if as_empty else []:
+                if m.get("content") is None:
+                    m["content"] = ""
             try:
-                cases[key] = {"text": tmpl.render(messages=for_template(req["messages"]), tools=req["tools"],
-                                                  add_generation_prompt=True, bos_token=bos, eos_token=eos)}
+                cases[key] = {"text": tmpl.render(messages=messages, tools=req["tools"],
+                                                  add_generation_prompt=True, bos_token=bos, eos_token=eos,
+                                                  **kwargs)}
             except jinja2.exceptions.TemplateError as e:
                 cases[key] = {"error": str(e)}
-        out["templates"][name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
+        out["templates"][name] = {"bos_token": bos, "eos_token": eos, "kwargs": TEMPLATE_KWARGS.get(name, {}),
+                                  "cases": cases}
     path = os.path.join(HERE, "golden_tools.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)

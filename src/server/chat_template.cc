@@ -431,6 +431,21 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
     const ChatMessage with_system[] = {{"system", "Be brief."}, {"user", "Hello"}};
     t.takes_system_ = t.RenderJinja(with_system, true, {}).ok();
   }
+  if (r.ok() && t.renders_tool_calls_) {
+    // An assistant turn of only tool calls has content null (OpenAI's form). Qwen3's
+    // template tests '</think>' in the content and fails on null; llama.cpp's template
+    // probe then hands such templates "" instead, and so do we.
+    jinja::ValueDict fn = {{"name", jinja::Value::Str("f", true)}, {"arguments", jinja::Value::Dict({})}};
+    jinja::Value calls = jinja::Value::List({jinja::Value::Dict(
+        {{"id", jinja::Value::Str("c1", true)}, {"type", jinja::Value::Str("function", true)},
+         {"function", jinja::Value::Dict(std::move(fn))}})});
+    ChatMessage call{"assistant", "", true, {{"tool_calls", calls}}};
+    const ChatMessage with_call[] = {{"user", "Hello"}, call};
+    if (!t.RenderJinja(with_call, false, {}).ok()) {
+      t.null_content_as_empty_ = true;
+      if (!t.RenderJinja(with_call, false, {}).ok()) t.null_content_as_empty_ = false;  // fails either way: as it is
+    }
+  }
   if (!r.ok()) {
     return InvalidArgument(fmt::format("{} (on a probe conversation; or pass --chat-template NAME|FILE; names: {})",
                                        r.status().message(), KnownNames()));
@@ -445,7 +460,8 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const Cha
   for (const ChatMessage& m : messages) {
     // Only the content and the extras are the user's: the role is one of the checked names.
     jinja::ValueDict d = {{"role", jinja::Value::Str(m.role)},
-                          {"content", m.content_null ? jinja::Value::None() : jinja::Value::Str(m.content, true)}};
+                          {"content", m.content_null && !null_content_as_empty_ ? jinja::Value::None()
+                                                                                : jinja::Value::Str(m.content, true)}};
     for (const auto& kv : m.extra) {
       if (kv.first != "role" && kv.first != "content") d.push_back(kv);
     }

@@ -121,6 +121,9 @@ class ChatTemplate {
   bool renders_tool_role() const { return renders_tool_role_; }
   // Whether the template takes a system message (Gemma's raises on one).
   bool takes_system() const { return takes_system_; }
+  // Whether a null content (an assistant turn of only tool calls) is rendered as "":
+  // true for templates that fail on null and render with "" (Qwen3's), probed at start.
+  bool null_content_as_empty() const { return null_content_as_empty_; }
   // The template's source (empty for the named families).
   const std::string& source() const { return source_; }
 
@@ -143,6 +146,7 @@ class ChatTemplate {
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
   bool thinks_ = false;
   bool renders_tools_ = false, renders_tool_calls_ = false, renders_tool_role_ = false, takes_system_ = true;
+  bool null_content_as_empty_ = false;  // null contents are rendered as "" (the template fails on null)
   std::string source_;
 };
 

@@ -433,11 +433,13 @@ TEST(ChatTemplate, ToolConversationsRenderAsHuggingFace) {
     auto tmpl = ChatTemplate::FromJinja(ReadTemplate(name + ".jinja"), tokens);
     ASSERT_TRUE(tmpl.ok()) << name << ": " << tmpl.status().ToString();
     EXPECT_TRUE(tmpl->renders_tools() && tmpl->renders_tool_calls() && tmpl->renders_tool_role()) << name;
+    EXPECT_EQ(tmpl->null_content_as_empty(), name == "Qwen-Qwen3") << name;
     for (const auto& [key, want] : t["cases"].items()) {
       const std::string body = golden["requests"][key].dump();
       auto req = ParseChatCompletionRequest(body, limits);
       ASSERT_TRUE(req.ok()) << key << ": " << req.error().message;
-      ChatVars vars;
+      ChatVars vars(req->template_kwargs);
+      for (const auto& [k, v] : t["kwargs"].items()) vars.kwargs.emplace_back(k, jinja::Value::Str(v.get<std::string>(), true));
       vars.tools = req->tools_value;
       auto out = tmpl->Render(req->messages, true, vars);
       if (want.contains("error")) {
@@ -450,7 +452,7 @@ TEST(ChatTemplate, ToolConversationsRenderAsHuggingFace) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 3 * 5);
+  EXPECT_EQ(checked, 5 * 7);
 }
 
 // Templates that render no tools get them written into the conversation: the functions

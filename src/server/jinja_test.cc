@@ -207,7 +207,7 @@ TEST(JinjaTest, ShippedTemplatesRenderAsHuggingFace) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 7 * 14);
+  EXPECT_EQ(checked, 9 * 14);
 }
 
 }  // namespace
