@@ -155,21 +155,29 @@ Result<uint32_t> Embed(GrammarBuilder& b, const Grammar& g, std::string_view pre
   return ids[g.root];
 }
 
-Status AppendLiteral(GrammarBuilder& b, std::string_view s, std::vector<Element>& out) {
+bool DecodeUtf8(std::string_view s, std::vector<uint32_t>& out) {
+  static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return InvalidArgument("grammar literal is not UTF-8");
+    if (n == 0 || i + n > s.size()) return false;
     uint32_t cp = n == 1 ? c : c & (0x7F >> n);
     for (size_t k = 1; k < n; ++k) {
       const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return InvalidArgument("grammar literal is not UTF-8");
+      if ((d & 0xC0) != 0x80) return false;
       cp = (cp << 6) | (d & 0x3F);
     }
-    if (cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return InvalidArgument("grammar literal is not UTF-8");
-    out.push_back(Element{ElementKind::kClass, b.ClassId(CharClass::Single(cp))});
+    if (cp < kMin[n] || cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    out.push_back(cp);
     i += n;
   }
+  return true;
+}
+
+Status AppendLiteral(GrammarBuilder& b, std::string_view s, std::vector<Element>& out) {
+  std::vector<uint32_t> cps;
+  if (!DecodeUtf8(s, cps)) return InvalidArgument("grammar literal is not UTF-8");
+  for (uint32_t cp : cps) out.push_back(Element{ElementKind::kClass, b.ClassId(CharClass::Single(cp))});
   return Status::Ok();
 }
 

@@ -135,6 +135,10 @@ class GrammarBuilder {
 // its arguments' schema, an answer after a reasoning block).
 Result<uint32_t> Embed(GrammarBuilder& b, const Grammar& g, std::string_view prefix);
 
+// Appends the code points of the UTF-8 text `s` to `out`; false if `s` is not well-formed
+// UTF-8 (overlong forms, surrogates and code points above U+10FFFF are not).
+bool DecodeUtf8(std::string_view s, std::vector<uint32_t>& out);
+
 // Elements matching the UTF-8 text `s` exactly (one class per code point), appended to
 // `out`. InvalidArgument if `s` is not well-formed UTF-8.
 Status AppendLiteral(GrammarBuilder& b, std::string_view s, std::vector<Element>& out);

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "grammar/regex.h"
+
 namespace trellis::grammar {
 namespace {
 
@@ -182,7 +184,7 @@ class Converter {
 
     static const std::set<std::string> kHandled = {
         "type",     "enum",     "const",       "properties", "required", "additionalProperties", "items",
-        "prefixItems", "minItems", "maxItems", "minLength",  "maxLength", "format",  "anyOf", "oneOf", "allOf", "$ref", "additionalItems"};
+        "prefixItems", "minItems", "maxItems", "minLength",  "maxLength", "format",  "pattern", "anyOf", "oneOf", "allOf", "$ref", "additionalItems"};
     std::vector<std::string> constraining;
     for (const auto& [k, v] : s.items()) {
       if (Annotations().count(k)) continue;
@@ -323,7 +325,7 @@ class Converter {
       };
       if (any_of({"properties", "required", "additionalProperties"})) types.push_back("object");
       if (any_of({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) types.push_back("array");
-      if (any_of({"minLength", "maxLength", "format"})) types.push_back("string");
+      if (any_of({"minLength", "maxLength", "format", "pattern"})) types.push_back("string");
       if (types.empty()) return std::string("json-value");
     }
     std::string body;
@@ -391,6 +393,21 @@ class Converter {
   }
 
   Result<std::string> String(const json& s, const std::string& path) {
+    if (s.contains("pattern")) {
+      // The string's decoded value matches the pattern somewhere (JSON Schema's search
+      // semantics); the grammar writes each character as JSON needs it.
+      if (s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
+        return Unsupported(fmt::format("'pattern' with 'format', 'minLength' or 'maxLength' at '{}' is not supported", path));
+      }
+      const json& p = s["pattern"];
+      if (!p.is_string()) return InvalidArgument(fmt::format("'pattern' at '{}' must be a string", path));
+      RegexOptions o;
+      o.json_string = o.search = true;
+      o.any_char = "json-char";
+      auto e = RegexToGbnf(p.get_ref<const std::string&>(), o, limits_);
+      if (!e.ok()) return Unsupported(fmt::format("'pattern' at '{}': {}", path, e.status().message()));
+      return Rule("pattern", "\"\\\"\" " + *e + " \"\\\"\"");
+    }
     if (s.contains("format")) {
       if (s.contains("minLength") || s.contains("maxLength")) {
         return Unsupported(fmt::format("'format' with 'minLength'/'maxLength' at '{}' is not supported", path));

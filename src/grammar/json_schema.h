@@ -4,7 +4,9 @@
 // Supported (what OpenAI's strict mode allows, and more): type (one or a list), enum,
 // const, properties, required, additionalProperties (false, true or a schema; absent means
 // true, as the specification says), items, prefixItems, minItems, maxItems, string
-// minLength / maxLength, format date / time / date-time / uuid / email / ipv4, anyOf, and
+// minLength / maxLength, format date / time / date-time / uuid / email / ipv4, string
+// pattern (regex.h's syntax, matched anywhere in the string unless anchored, alone: not
+// beside format or the lengths), anyOf, and
 // oneOf whose branches surely exclude each other (different types, disjoint const/enum
 // values, or objects with a required const discriminator; other oneOfs are refused, since
 // a grammar cannot exclude a value matching two branches), with keywords beside them
@@ -14,7 +16,7 @@
 // boolean schemas, and the annotations (title, description, default, examples, $schema,
 // $id, $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
 //
-// Everything else that constrains a value (pattern, minimum / maximum, multipleOf,
+// Everything else that constrains a value (minimum / maximum, multipleOf,
 // uniqueItems: true, not, if / then / else, patternProperties, propertyNames, contains,
 // min/maxProperties, dependentRequired, other formats, remote $refs, unknown keywords) is
 // refused with

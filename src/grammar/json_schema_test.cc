@@ -86,7 +86,8 @@ TEST(JsonSchemaTest, AcceptsInstancesAndRejectsOthers) {
 
 TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
   const std::pair<const char*, const char*> unsupported[] = {
-      {R"~({"type": "string", "pattern": "^a+$"})~", "'pattern' at '/pattern'"},
+      {R"~({"type": "string", "pattern": "^a+$", "maxLength": 3})~", "'pattern' with 'format', 'minLength' or 'maxLength'"},
+      {R"~({"properties": {"s": {"type": "string", "pattern": "(?=a)a"}}})~", "'pattern' at '/properties/s': regular expression: lookahead"},
       {R"~({"type": "integer", "minimum": 0})~", "'minimum'"},
       {R"~({"properties": {"n": {"type": "number", "multipleOf": 2}}})~", "'multipleOf' at '/properties/n/multipleOf'"},
       {R"~({"type": "array", "uniqueItems": true})~", "'uniqueItems'"},
@@ -198,7 +199,7 @@ bool InferredTypeHolds(const json& schema, const json& data) {
   };
   const bool obj = has({"properties", "required", "additionalProperties"});
   const bool arr = has({"items", "prefixItems", "additionalItems", "minItems", "maxItems"});
-  const bool str = has({"minLength", "maxLength", "format"});
+  const bool str = has({"minLength", "maxLength", "format", "pattern"});
   if (!obj && !arr && !str) return true;
   return (obj && data.is_object()) || (arr && data.is_array()) || (str && data.is_string());
 }
@@ -220,7 +221,7 @@ TEST(JsonSchemaTest, OfficialTestSuiteDraft7) {
   std::set<std::pair<std::string, std::string>> seen;
   int compiled = 0, refused = 0, checked = 0;
   for (const char* file : {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
-                           "maxItems", "minItems", "maxLength", "minLength", "anyOf", "oneOf", "allOf", "ref", "definitions",
+                           "maxItems", "minItems", "maxLength", "minLength", "pattern", "anyOf", "oneOf", "allOf", "ref", "definitions",
                            "boolean_schema", "default"}) {
     std::ifstream in(dir / (std::string(file) + ".json"));
     ASSERT_TRUE(in) << file;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 
 // Fields accepted and ignored (they do not change the output of this server):
 //   user, store, metadata, service_tier, prediction, reasoning_effort,
@@ -297,6 +298,19 @@ Parsed<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const std::string& p
   return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
 }
 
+// A regular expression the whole answer must match (vLLM's guided_regex, SGLang's regex).
+Parsed<std::shared_ptr<const grammar::Grammar>> RegexGrammar(const std::string& param, const json& v) {
+  if (!v.is_string()) return Bad(param, "'" + param + "' must be a string (a regular expression), got " + Describe(v));
+  const std::string& text = v.get_ref<const std::string&>();
+  if (text.size() > kMaxGrammarBytes) {
+    return Bad(param, "'" + param + "' is " + std::to_string(text.size()) + " bytes, above the limit of " +
+                          std::to_string(kMaxGrammarBytes));
+  }
+  auto g = grammar::CompileRegex(text, ApiGrammarLimits());
+  if (!g.ok()) return Bad(param, "'" + param + "': " + g.status().message(), "invalid_grammar");
+  return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
+}
+
 // The source text of member `key` of the JSON object text `obj` (valid JSON: the body
 // was parsed), or empty if absent. A key written with escapes is not found (the caller
 // then falls back to the parsed value).
@@ -418,9 +432,6 @@ Parsed<std::shared_ptr<const grammar::Grammar>> ChoiceGrammar(const std::string&
 // Reads every field that constrains the output's form; at most one may be given.
 void ReadConstraint(Reader& r, std::string_view body, GenerationParams& g) {
   std::vector<std::pair<std::string, Parsed<std::shared_ptr<const grammar::Grammar>>>> found;
-  auto refuse_regex = [&](const std::string& param) {
-    r.Fail(param, "'" + param + "': regular-expression constraints are not supported yet (use a JSON schema or GBNF)");
-  };
   if (const json* f = r.Get("response_format")) {
     const auto type = f->is_object() ? f->find("type") : f->end();
     if (type == f->end() || !type->is_string()) {
@@ -456,7 +467,7 @@ void ReadConstraint(Reader& r, std::string_view body, GenerationParams& g) {
   }
   if (const json* v = r.Get("guided_choice")) found.emplace_back("guided_choice", ChoiceGrammar("guided_choice", *v));
   for (const char* key : {"guided_regex", "regex"}) {
-    if (r.Get(key)) return refuse_regex(key);
+    if (const json* v = r.Get(key)) found.emplace_back(key, RegexGrammar(key, *v));
   }
   if (const json* so = r.Get("structured_outputs")) {
     if (!so->is_object()) return r.Fail("structured_outputs", "'structured_outputs' must be an object");
@@ -473,7 +484,7 @@ void ReadConstraint(Reader& r, std::string_view body, GenerationParams& g) {
         if (v != true) return r.Fail(param, "'" + param + "' may only be true");
         found.emplace_back(param, FixedGrammar(grammar::JsonObjectGbnf()));
       } else if (k == "regex") {
-        return refuse_regex(param);
+        found.emplace_back(param, RegexGrammar(param, v));
       } else if (k == "disable_any_whitespace" || k == "disable_additional_properties" || k == "whitespace_pattern") {
         if (v != false && !(k == "whitespace_pattern" && v.is_null())) return r.Fail(param, "'" + param + "' is not supported");
       } else if (k != "backend" && k != "disable_fallback") {

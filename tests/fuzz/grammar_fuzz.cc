@@ -1,7 +1,8 @@
 // libFuzzer target for the grammar engine (src/grammar), built only with -DTRELLIS_FUZZ=ON
 // and clang. Grammars and schemas come from clients: hostile.
 //
-// Input: one mode byte (even: GBNF, odd: JSON Schema) and the text. Compiling may fail
+// Input: one mode byte (even: GBNF; 1 mod 4: JSON Schema; 3 mod 4: a regular expression,
+// matched whole) and the text. Compiling may fail
 // (then with a message); a compiled grammar is bound to a small vocabulary and walked for
 // up to 24 steps, the input's bytes choosing the tokens. At every step the mask must equal
 // the one-token-at-a-time reference, an allowed token must be accepted, a refused one
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 #include "grammar/token_mask.h"
 
 namespace trellis::grammar {
@@ -53,7 +55,9 @@ void Run(const uint8_t* data, size_t size) {
   limits.max_rules = 512;
   limits.max_elements = 1 << 14;
   limits.max_repetition = 64;
-  auto g = (data[0] & 1) ? CompileJsonSchema(text, limits) : ParseGbnf(text, limits);
+  auto g = (data[0] & 3) == 3 ? CompileRegex(text, limits)
+           : (data[0] & 1)    ? CompileJsonSchema(text, limits)
+                              : ParseGbnf(text, limits);
   if (!g.ok()) {
     FUZZ_CHECK(!g.status().message().empty());
     return;

@@ -111,13 +111,33 @@ for seed in range(3):
             raise SystemExit(f"FAIL: {field} gave {text!r} ({finish})")
 print("ok: json_object, GBNF, guided_choice and llama.cpp's json_schema")
 
+# Regular expressions: the whole answer matches (checked by Python's re, whose syntax
+# agrees with ECMAScript's on these); a schema's pattern matches the decoded string (anchored
+# here: unanchored, the rest of the string is free text a random model never closes).
+for seed in range(4):
+    for field, pattern in (({"guided_regex": r"\d{3}-[a-z]{2,4}( [A-Z]\w{0,5})?"}, r"\d{3}-[a-z]{2,4}( [A-Z]\w{0,5})?"),
+                           ({"regex": r"(yes|no|\\\"quoted\"){1,3}\."}, r"(yes|no|\\\"quoted\"){1,3}\."),
+                           ({"structured_outputs": {"regex": r"[^ ]{1,6}"}}, r"[^ ]{1,6}")):
+        text, finish = chat(dict(field, seed=seed, temperature=1.0))
+        if not re.fullmatch(pattern, text) or finish != "stop":
+            raise SystemExit(f"FAIL: {field} gave {text!r} ({finish})")
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,4}$"},
+                                               "note": {"type": "string", "pattern": "^(\"q\"|\\\\)$"}},
+              "required": ["code", "note"], "additionalProperties": False}
+    text, finish = chat({"json_schema": schema, "seed": seed, "temperature": 1.0})
+    doc = json.loads(text)
+    jsonschema.validate(doc, schema)
+    if finish != "stop":
+        raise SystemExit(f"FAIL: pattern schema gave {text!r} ({finish})")
+print("ok: guided_regex, regex, structured_outputs.regex and schema patterns, every answer matching")
+
 # Completions take the same fields; the cache still serves the shared prompt.
 code, raw = post("/v1/completions", {"prompt": "JSON:", "max_tokens": 200, "json_schema": {"type": "boolean"}})
 assert code == 200 and json.loads(raw)["choices"][0]["text"] in ("true", "false"), raw
 
-for bad, param in (({"json_schema": {"type": "string", "pattern": "a+"}}, "json_schema"),
+for bad, param in (({"json_schema": {"type": "string", "pattern": "(?!a)"}}, "json_schema"),
                    ({"grammar": "root ::= undefined-rule"}, "grammar"),
-                   ({"guided_regex": "[a-z]+"}, "guided_regex"),
+                   ({"guided_regex": "(a)\\1"}, "guided_regex"),
                    ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
                    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
                    ({"mirostat": 2}, "mirostat")):
@@ -127,7 +147,7 @@ for bad, param in (({"json_schema": {"type": "string", "pattern": "a+"}}, "json_
     err = json.loads(raw).get("error", {})
     if code != 400 or err.get("param") != param:
         raise SystemExit(f"FAIL: {bad} -> {code} {raw[:200]}")
-print("ok: unsupported schemas, bad grammars, regex and unimplemented fields are 400 naming the field")
+print("ok: unsupported schemas, bad grammars, unsupported regex and unimplemented fields are 400 naming the field")
 
 # ignore_eos + n_predict: exactly n tokens.
 code, raw = post("/v1/completions", {"prompt": "x", "n_predict": 24, "ignore_eos": True, "temperature": 1.0})
