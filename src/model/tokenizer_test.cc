@@ -130,6 +130,9 @@ TEST(TokenizerTest, LlamaSpmVectors) { CheckVocabVectors("ggml-vocab-llama-spm.g
 // Phi-3's own vocabulary (32064 tokens: Llama 2's SPM plus its chat tokens) and vectors,
 // from llama.cpp's models/ at the reference commit.
 TEST(TokenizerTest, Phi3Vectors) { CheckVocabVectors("ggml-vocab-phi-3.gguf", 40); }
+// Qwen3's own vocabulary (151669 tokens, byte-level BPE, the qwen2 pre-tokenizer), made
+// from its tokenizer.json by tools/hf_vocab_to_gguf.py; llama.cpp's vectors for it.
+TEST(TokenizerTest, Qwen3Vectors) { CheckVocabVectors("qwen3-vocab.gguf", 60); }
 
 // The pre-tokenizers and SPM settings of the other families, on the shipped vocabularies
 // with one key changed (tests/data/vocab/README.md: variants/): the Qwen2 regex (one word per
