@@ -188,6 +188,34 @@ def render_chat(meta, rows):
         f"\nMean TTFT over turns 2..{turns[-1]}: {t} {mt:.1f} ms, {l} {ml:.1f} ms; {t} / {l} = **{mt / ml:.2f}**.\n")
 
 
+def render_grammar_decode(meta, rows):
+    """`trellis bench grammar -m`: constrained against free decode, per server and sessions."""
+    by = {(r["server"], int(r["sessions"]), r["mode"]): r for r in rows}
+    servers = sorted({r["server"] for r in rows}, key=lambda x: x != "trellis")
+    sessions = sorted({int(r["sessions"]) for r in rows})
+    modes = [m for m in dict.fromkeys(r["mode"] for r in rows)]
+    out = []
+    for n in sessions:
+        for m in modes:
+            row = [str(n), m]
+            for srv in servers:
+                r = by[(srv, n, m)]
+                row += [f(r["decode_tok_s"], 1), f(r["tokens"], 0), f(r["ratio_to_free"], 3)]
+            if len(servers) == 2:
+                row.append(f(float(by[(servers[0], n, m)]["decode_tok_s"]) / float(by[(servers[1], n, m)]["decode_tok_s"]), 2))
+            out.append(row)
+    header = ["sessions", "mode"]
+    for srv in servers:
+        header += [f"{srv} tok/s", "tokens", "/ free"]
+    if len(servers) == 2:
+        header.append(f"{servers[0]} / {servers[1]}")
+    llama = f"llama-server: {meta['llama_server']}.\n\n" if "llama_server" in meta else ""
+    worst = min(float(r["ratio_to_free"]) for r in rows if r["server"] == "trellis" and r["mode"] != "free")
+    return provenance(meta) + llama + f"Model {meta.get('model', '?')}, max_tokens {meta.get('tokens', '?')}, " \
+        f"{meta.get('rounds', '?')} rounds (medians):\n\n" + table(header, out) + \
+        f"\nConstrained / free for trellis, worst case: **{worst:.3f}** (target >= 0.95).\n"
+
+
 def render_store_micro(meta, rows):
     """`trellis bench store --micro`: the bulk get against ucx_perftest, and lookups."""
     v = {(r["test"], r["metric"]): float(r["value"]) for r in rows}
@@ -443,6 +471,8 @@ RENDERERS = {
     "prefix_ttft": render_prefix_ttft,
     "prefix_blocksize": render_prefix_blocksize,
     "serve": render_serve,
+    "grammar_decode": render_grammar_decode,
+    "agent": render_chat,
 }
 
 

@@ -74,6 +74,7 @@ struct TurnResult {
   double ttft = -1, e2e = 0;
   int64_t prompt_tokens = -1, cached_tokens = -1, cache_n = -1, completion_tokens = -1;
   std::string reply;
+  json calls = json::array();  // streamed tool calls, assembled: [{id, type, function: {name, arguments}}]
 };
 
 // One server's run of the whole workload.
@@ -111,13 +112,48 @@ std::string Question(uint64_t seed, int conversation, int turn, int n_words) {
   return s + "?";
 }
 
-json RequestBody(const ChatBenchOptions& o, const json& messages, int max_tokens, bool llama) {
+// `bench agent`'s tools: `n` functions of a made-up shop's API, each with a description
+// and four typed parameters; deterministic.
+json MakeTools(int n) {
+  static const char* kVerbs[] = {"search", "get", "list", "update", "cancel", "create", "refund", "track"};
+  static const char* kThings[] = {"order", "book", "customer", "invoice", "shipment", "review", "coupon", "author"};
+  json tools = json::array();
+  for (int i = 0; i < n; ++i) {
+    const std::string verb = kVerbs[i % 8], thing = kThings[(i / 8) % 8];
+    const std::string name = verb + "_" + thing + (i >= 64 ? "_" + std::to_string(i / 64) : "");
+    json props = {{"query", {{"type", "string"}, {"maxLength", 24}, {"description", "What to " + verb + ", in words."}}},
+                  {"limit", {{"type", "integer"}, {"description", "At most this many " + thing + "s."}}},
+                  {"status", {{"enum", {"open", "closed", "pending"}}, {"description", "Only " + thing + "s in this state."}}},
+                  {"exact", {{"type", "boolean"}, {"description", "Match the query exactly."}}}};
+    tools.push_back({{"type", "function"},
+                     {"function", {{"name", name},
+                                   {"description", "Use this to " + verb + " a " + thing + " of the shop's catalogue "
+                                                   "or records. Returns a JSON object with the " + thing +
+                                                   "s found and a cursor for more."},
+                                   {"parameters", {{"type", "object"}, {"properties", props},
+                                                   {"required", {"query", "limit"}}, {"additionalProperties", false}}}}}});
+  }
+  return tools;
+}
+
+json RequestBody(const ChatBenchOptions& o, const json& messages, int max_tokens, bool llama, const json& tools = {}) {
   json b = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
             {"stream_options", {{"include_usage", true}}}};
-  if (llama) b["ignore_eos"] = true;
+  if (!tools.empty()) {  // a forced call (a random model calls nothing by itself); ends when the call does
+    b["tools"] = tools;
+    b["tool_choice"] = "required";
+    b["parallel_tool_calls"] = false;
+  } else if (llama) {
+    b["ignore_eos"] = true;
+  }
   if (o.llama_ban_bytes) {  // llama.cpp's form, which trellis also takes: [[token id, false]] bans it
+    // Agents keep the end token (2: it ends a call) and the ASCII byte tokens (3..130: the
+    // call syntax writes "\n"), banning only <unk>, <s> and the bytes >= 0x80, which are
+    // not whole UTF-8 (LLaMA's vocabulary, the default model's).
     json ban = json::array();
-    for (int i = 0; i <= 258; ++i) ban.push_back(json::array({i, false}));
+    for (int i = 0; i <= 258; ++i) {
+      if (tools.empty() || i < 2 || i > 130) ban.push_back(json::array({i, false}));
+    }
     b["logit_bias"] = ban;
   }
   return b;
@@ -154,6 +190,27 @@ TurnResult SendTurn(httplib::Client& cli, const std::string& path, const json& b
       if (!text.empty() && r.ttft < 0) r.ttft = t;
       r.reply += text;
     }
+    if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("tool_calls") &&
+        c["delta"]["tool_calls"].is_array()) {
+      for (const json& d : c["delta"]["tool_calls"]) {  // OpenAI's pieces: index, then id, name, argument fragments
+        if (!d.is_object() || !d.contains("index") || !d["index"].is_number_unsigned()) continue;
+        const size_t k = d["index"].get<size_t>();
+        if (k > 64) continue;
+        while (r.calls.size() <= k) {
+          r.calls.push_back({{"id", ""}, {"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
+        }
+        json& call = r.calls[k];
+        if (d.contains("id") && d["id"].is_string()) call["id"] = d["id"];
+        if (d.contains("function") && d["function"].is_object()) {
+          const json& f = d["function"];
+          if (f.contains("name") && f["name"].is_string()) call["function"]["name"] = call["function"]["name"].get<std::string>() + f["name"].get<std::string>();
+          if (f.contains("arguments") && f["arguments"].is_string()) {
+            call["function"]["arguments"] = call["function"]["arguments"].get<std::string>() + f["arguments"].get<std::string>();
+          }
+        }
+        if (r.ttft < 0) r.ttft = t;
+      }
+    }
     return true;
   });
   r.e2e = out.seconds;
@@ -161,7 +218,7 @@ TurnResult SendTurn(httplib::Client& cli, const std::string& path, const json& b
   if (!out.error.empty()) {
     r.error = out.error;
   } else if (r.ttft < 0) {
-    r.error = "no content in the stream";
+    r.error = "no content or tool call in the stream";
   } else if (!usage || r.prompt_tokens < 0) {
     r.error = "no usage in the stream";
   }
@@ -171,7 +228,7 @@ TurnResult SendTurn(httplib::Client& cli, const std::string& path, const json& b
 
 // Runs the whole workload against `url`; `system` is the system prompt text.
 ServerRun RunWorkload(const ChatBenchOptions& o, const std::string& label, const std::string& url,
-                      const std::string& system, bool llama) {
+                      const std::string& system, bool llama, const json& tools) {
   ServerRun run{label, url, std::vector<TurnResult>(static_cast<size_t>(o.conversations) * static_cast<size_t>(o.turns))};
   const Endpoint ep = ParseUrl(url);
   const std::string path = ep.prefix + "/v1/chat/completions";
@@ -195,9 +252,22 @@ ServerRun RunWorkload(const ChatBenchOptions& o, const std::string& label, const
           r = TurnResult{};
           r.error = "not sent: an earlier turn failed";
         } else {
-          messages.push_back({{"role", "user"}, {"content", Question(o.seed, c, t, o.question_words)}});
-          r = SendTurn(*cli, path, RequestBody(o, messages, o.reply_tokens, llama));
-          messages.push_back({{"role", "assistant"}, {"content", r.reply}});
+          if (tools.empty() || t == 1) {
+            messages.push_back({{"role", "user"}, {"content", Question(o.seed, c, t, o.question_words)}});
+          }
+          r = SendTurn(*cli, path, RequestBody(o, messages, o.reply_tokens, llama, tools));
+          if (tools.empty()) {
+            messages.push_back({{"role", "assistant"}, {"content", r.reply}});
+          } else if (r.error.empty() && r.calls.size() != 1) {
+            r.error = "expected one tool call, got " + std::to_string(r.calls.size()) + ": " + r.reply.substr(0, 200);
+          } else if (r.error.empty()) {
+            // The call as the server streamed it, and its result: the next turn's new part.
+            messages.push_back({{"role", "assistant"}, {"content", r.reply.empty() ? json(nullptr) : json(r.reply)},
+                                {"tool_calls", r.calls}});
+            messages.push_back({{"role", "tool"}, {"tool_call_id", r.calls[0]["id"]},
+                                {"content", json({{"found", t}, {"items", {Question(o.seed, c, t + 100, 6)}},
+                                                  {"cursor", "c" + std::to_string(t)}}).dump()}});
+          }
           failed = !r.error.empty();
         }
         r.conversation = c;
@@ -227,6 +297,10 @@ std::vector<std::string> SplitArgs(const std::string& s) {
 Result<std::string> StartTrellis(ChildProcess& p, const ChatBenchOptions& o) {
   std::vector<std::string> args = {"trellis", "serve", "-m", o.model, "--host", "127.0.0.1", "--port", "0",
                                    "--threads", std::to_string(o.threads)};
+  if (!o.template_file.empty()) {
+    args.push_back("--chat-template");
+    args.push_back(o.template_file);
+  }
   for (auto& a : SplitArgs(o.serve_args)) args.push_back(a);
   return p.Start("/proc/self/exe", std::move(args), o.out_dir + "/trellis-serve.log", "trellis serve");
 }
@@ -424,20 +498,32 @@ int RunChatBench(const ChatBenchOptions& in) {
   }
   if (o.conversations > 256 || o.turns > 1000) return Fail("bench chat: at most 256 conversations and 1000 turns");
   if (o.label.empty()) o.label = "trellis";
+  if (o.llama_template.empty() && !o.template_file.empty()) o.llama_template = o.template_file;
   if (o.llama_template.empty()) o.llama_template = std::string(TRELLIS_SOURCE_DIR) + "/tests/data/templates/TinyLlama-1.1B-Chat-v1.0.jinja";
   if (!o.llama_server.empty() && o.model.empty()) return Fail("bench chat: --llama-server needs the model file (-m)");
   ::mkdir(o.out_dir.c_str(), 0755);
 
   std::vector<ServerRun> runs;
   std::string system;
+  json tools = json::array();
   int system_tokens = -1;
-  // The system prompt is sized with the first server's /tokenize and then used as it is
-  // for both: the same text, whatever each server makes of it.
+  // The system prompt (or, for agents, the tool definitions) is sized with the first
+  // server's /tokenize and then used as it is for both: the same text, whatever each
+  // server makes of it.
   auto calibrate = [&](const std::string& url) {
     if (!system.empty()) return;
     const Endpoint ep = ParseUrl(url);
     auto cli = MakeHttpClient(ep, o.timeout_s);
-    system = CalibratedBookshopText(*cli, ep, o.system_tokens, system_tokens);
+    if (o.tools <= 0) {
+      system = CalibratedBookshopText(*cli, ep, o.system_tokens, system_tokens);
+      return;
+    }
+    system = "You are the assistant of an online bookshop. Answer by calling the tools.";
+    const int one = CountTokens(*cli, ep, MakeTools(1)[0].dump());
+    const int n = std::clamp(one > 0 ? o.system_tokens / one : o.system_tokens / 120, 1, 128);
+    tools = MakeTools(n);
+    system_tokens = CountTokens(*cli, ep, tools.dump());
+    std::fprintf(stderr, "bench agent: %d tools, %d tokens as JSON\n", n, system_tokens);
   };
   {
     ChildProcess trellis;
@@ -449,7 +535,7 @@ int RunChatBench(const ChatBenchOptions& in) {
     }
     calibrate(url);
     std::fprintf(stderr, "bench chat: %s at %s, system prompt %d tokens\n", o.label.c_str(), url.c_str(), system_tokens);
-    runs.push_back(RunWorkload(o, o.label, url, system, /*llama=*/false));
+    runs.push_back(RunWorkload(o, o.label, url, system, /*llama=*/false, tools));
   }  // stopped before llama-server starts: the two never share the cores
   if (!o.llama_server.empty()) {
     ChildProcess llama;
@@ -469,7 +555,7 @@ int RunChatBench(const ChatBenchOptions& in) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     calibrate(*addr);
-    runs.push_back(RunWorkload(o, "llama-server", *addr, system, /*llama=*/true));
+    runs.push_back(RunWorkload(o, "llama-server", *addr, system, /*llama=*/true, tools));
   }
 
   std::vector<std::vector<TurnStats>> stats;

@@ -2,7 +2,8 @@
 // llama.cpp's llama-server, timed the same way (see bench_chat.cc and docs/BENCHMARKS.md).
 // Shows prefix reuse to the token: each turn's request carries the whole conversation so
 // far, and a server that kept the previous turn's prompt and reply computes only the new
-// message.
+// message. `bench agent` is the same loop for agents: the tool definitions are the shared
+// prefix, and every turn is a tool call followed by its result.
 //
 // Thread-safety: RunChatBench is called once from main(); it starts its own conversation
 // threads and child servers and joins / stops them before returning.
@@ -29,6 +30,10 @@ struct ChatBenchOptions {
   uint64_t seed = 1;
   bool json = false;
   bool llama_ban_bytes = true;  // logit_bias banning ids 0..258, sent to both servers (random weights)
+  // `bench agent`: > 0 makes every turn a forced tool call over this many tool definitions
+  // (sized to about system_tokens), the next turn carrying the call and its result.
+  int tools = 0;
+  std::string template_file;  // Jinja template for both servers (empty: trellis's own pick, TinyLlama's for llama-server)
 };
 
 int RunChatBench(const ChatBenchOptions& o);

@@ -1,12 +1,20 @@
 #include "cli/bench_grammar.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <latch>
+#include <map>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "bench/http.h"
+#include "bench/report.h"
 #include "cli/commands.h"
 #include "engine/constraint.h"
 #include "grammar/json_schema.h"
@@ -42,20 +50,242 @@ const Schema kSchemas[] = {
       "items":{"$ref":"#/$defs/node"}}},"required":["v"],"additionalProperties":false}},"$ref":"#/$defs/node"})~"},
 };
 
+// --- decode through the servers -------------------------------------------------------
+//
+// Each request is a streamed /v1/completions with the same prompt text for both servers
+// (so the same prompt tokens), max_tokens N, temperature 1 with a per-request seed, and
+// logit_bias banning the tokens whose bytes are not whole UTF-8 and the control tokens
+// other than the end tokens (with random weights llama-server answers HTTP 500 on broken
+// UTF-8; the end token must stay, it ends a constrained answer). "free" requests also send ignore_eos, so they run to N
+// tokens; constrained ones send llama.cpp's `json_schema` field (both servers take it)
+// and end when the document is complete. A random model under a grammar decodes exactly
+// the steps a real one would: the mask is computed from the grammar state, whatever the
+// logits are.
+//
+// Timed: S requests sent at once (S = sessions); for each, the arrival time of every
+// streamed chunk with text. Decode tok/s of the batch = the tokens after each request's
+// first / (the last chunk's time - the earliest first chunk's time), so prefill is left
+// out. Tokens per request: usage.completion_tokens (trellis), timings.predicted_n
+// (llama-server), else the chunks counted. Rounds alternate the order of the modes; the
+// median over rounds is reported, and constrained / free within one server and one round.
+
+// A structured schema (short strings, integers, enums: a mask that changes every few
+// tokens) and a loose one (free strings: long runs inside one string).
+const Schema kDecodeSchemas[] = {
+    {"records", R"~({"type":"array","minItems":3,"items":{"type":"object","properties":{"id":{"type":"integer"},
+      "kind":{"enum":["book","tool","food"]},"ok":{"type":"boolean"},"name":{"type":"string","maxLength":8}},
+      "required":["id","kind","ok","name"],"additionalProperties":false}})~"},
+    {"notes", R"~({"type":"object","properties":{"title":{"type":"string"},"notes":{"type":"array",
+      "items":{"type":"string"}}},"required":["title","notes"],"additionalProperties":false})~"},
+};
+
+struct Batch {
+  double tok_s = 0, tokens = 0;  // decode rate of the batch; mean tokens per request
+  std::string error;
+};
+
+// The logit_bias above, from the model's vocabulary.
+Result<nlohmann::json> BanList(const std::string& model) {
+  auto f = GgufFile::Open(model);
+  if (!f.ok()) return f.status();
+  auto tok = Tokenizer::FromGguf(*f);
+  if (!tok.ok()) return tok.status();
+  auto vocab = MakeTokenVocabulary(**tok);
+  nlohmann::json ban = nlohmann::json::array();
+  for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
+    if (vocab->is_eog(id)) continue;
+    std::vector<uint32_t> cps;
+    const std::string_view p = vocab->piece(id);
+    if (p.empty() || !grammar::DecodeUtf8(p, cps)) ban.push_back(nlohmann::json::array({id, false}));
+  }
+  return ban;
+}
+
+Batch RunBatch(const bench::Endpoint& ep, const GrammarBenchOptions& o, const std::string& prompt, const char* schema,
+               int sessions, uint64_t seed, const nlohmann::json& ban) {
+  using nlohmann::json;
+  std::vector<double> first(sessions, -1), last(sessions, -1);
+  std::vector<int64_t> tokens(sessions, 0);
+  std::vector<std::string> errors(sessions);
+  std::latch start(sessions + 1);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < sessions; ++i) {
+    threads.emplace_back([&, i] {
+      auto cli = bench::MakeHttpClient(ep, o.timeout_s);
+      json b = {{"prompt", prompt}, {"max_tokens", o.tokens}, {"temperature", 1.0}, {"seed", seed * 100 + i},
+                {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      b["logit_bias"] = ban;
+      if (schema) {
+        b["json_schema"] = json::parse(schema);
+      } else {
+        b["ignore_eos"] = true;
+      }
+      int64_t chunks = 0, usage = -1, predicted = -1;
+      start.arrive_and_wait();
+      const bench::SseOutcome out = bench::PostSse(*cli, ep.prefix + "/v1/completions", b.dump(), [&](const json& ev, double) {
+        const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (ev.contains("error")) {
+          errors[i] = ev["error"].dump().substr(0, 200);
+          return false;
+        }
+        if (ev.contains("usage") && ev["usage"].is_object()) usage = ev["usage"].value("completion_tokens", int64_t{-1});
+        if (ev.contains("timings") && ev["timings"].is_object()) predicted = ev["timings"].value("predicted_n", int64_t{-1});
+        if (ev.contains("choices") && ev["choices"].is_array() && !ev["choices"].empty() &&
+            ev["choices"][0].contains("text") && ev["choices"][0]["text"].is_string() &&
+            !ev["choices"][0]["text"].get_ref<const std::string&>().empty()) {
+          ++chunks;
+          if (first[i] < 0) first[i] = t;
+          last[i] = t;
+        }
+        return true;
+      });
+      if (errors[i].empty() && !out.error.empty()) errors[i] = out.error;
+      tokens[i] = usage > 0 ? usage : predicted > 0 ? predicted : chunks;
+    });
+  }
+  start.arrive_and_wait();
+  for (auto& t : threads) t.join();
+  Batch r;
+  double begin = 1e300, end = 0, after_first = 0;
+  for (int i = 0; i < sessions; ++i) {
+    if (!errors[i].empty()) {
+      r.error = errors[i];
+      return r;
+    }
+    if (first[i] < 0 || last[i] <= first[i]) continue;  // fewer than two chunks: no decode interval
+    begin = std::min(begin, first[i]);
+    end = std::max(end, last[i]);
+    after_first += static_cast<double>(tokens[i] - 1);
+    r.tokens += static_cast<double>(tokens[i]) / sessions;
+  }
+  if (end <= begin) {
+    r.error = "no tokens streamed";
+    return r;
+  }
+  r.tok_s = after_first / (end - begin);
+  return r;
+}
+
+int RunDecodeBench(const GrammarBenchOptions& o) {
+  ::mkdir(o.out_dir.c_str(), 0755);
+  struct Server {
+    std::string label;
+    bench::ChildProcess proc;
+    bench::Endpoint ep;
+    bool llama = false;
+  };
+  std::vector<std::unique_ptr<Server>> servers;
+  const int max_s = *std::max_element(o.sessions.begin(), o.sessions.end());
+  {
+    auto s = std::make_unique<Server>();
+    s->label = "trellis";
+    auto addr = s->proc.Start("/proc/self/exe",
+                              {"trellis", "serve", "-m", o.model, "--host", "127.0.0.1", "--port", "0", "--threads",
+                               std::to_string(o.threads), "--ctx-size", "1024"},
+                              o.out_dir + "/trellis-serve.log", "trellis serve", o.timeout_s);
+    if (!addr.ok()) return Fail(addr.status().ToString());
+    s->ep = bench::ParseUrl(*addr);
+    servers.push_back(std::move(s));
+  }
+  if (!o.llama_server.empty()) {
+    auto s = std::make_unique<Server>();
+    s->label = "llama-server";
+    s->llama = true;
+    auto addr = s->proc.Start(o.llama_server,
+                              {o.llama_server, "-m", o.model, "-t", std::to_string(o.threads), "-c",
+                               std::to_string(1024 * max_s), "-np", std::to_string(max_s), "--host", "127.0.0.1",
+                               "--port", "0", "--no-webui"},
+                              o.out_dir + "/llama-server.log", "llama-server", o.timeout_s);
+    if (!addr.ok()) return Fail(addr.status().ToString());
+    s->ep = bench::ParseUrl(*addr);
+    servers.push_back(std::move(s));
+  }
+  const std::string prompt = bench::BookshopText(40) + " Answer in JSON.";
+  auto ban = BanList(o.model);
+  if (!ban.ok()) return Fail(ban.status().ToString());
+  std::fprintf(stderr, "bench grammar: %zu tokens banned (not whole UTF-8, or control)\n", ban->size());
+  // modes: free, then each schema
+  std::vector<std::pair<std::string, const char*>> modes = {{"free", nullptr}};
+  for (const Schema& s : kDecodeSchemas) modes.emplace_back(s.name, s.json);
+  // results[server][sessions][mode] over rounds
+  std::map<std::tuple<std::string, int, std::string>, std::vector<Batch>> results;
+  for (auto& srv : servers) {  // warm-up: weights paged in, threads spun up, schemas compiled once
+    for (auto& [name, schema] : modes) {
+      Batch b = RunBatch(srv->ep, o, prompt, schema, 1, 999, *ban);
+      if (!b.error.empty()) return Fail(fmt::format("bench grammar: {} {} warm-up: {}", srv->label, name, b.error));
+    }
+  }
+  for (int r = 0; r < o.rounds; ++r) {
+    for (auto& srv : servers) {
+      for (int s : o.sessions) {
+        for (size_t k = 0; k < modes.size(); ++k) {
+          auto& [name, schema] = modes[r % 2 ? modes.size() - 1 - k : k];  // alternate the order
+          Batch b = RunBatch(srv->ep, o, prompt, schema, s, static_cast<uint64_t>(r + 1), *ban);
+          if (!b.error.empty()) return Fail(fmt::format("bench grammar: {} {} x{}: {}", srv->label, name, s, b.error));
+          std::fprintf(stderr, "bench grammar: round %d %s %s x%d: %.1f tok/s (%.0f tokens)\n", r + 1,
+                       srv->label.c_str(), name.c_str(), s, b.tok_s, b.tokens);
+          results[{srv->label, s, name}].push_back(b);
+        }
+      }
+    }
+  }
+  const std::string path = o.out_dir + "/grammar-decode.csv";
+  std::ofstream csv(path);
+  csv << bench::RunHeader() << "# model: " << o.model << "\n# tokens: " << o.tokens << "\n# rounds: " << o.rounds << "\n";
+  if (!o.llama_server.empty()) {
+    csv << "# llama_server: " << o.llama_server << " ("
+        << bench::Capture("'" + o.llama_server + "' --version 2>&1 | grep -m1 version | tr -d '\n'") << ")\n";
+  }
+  csv << "server,sessions,mode,decode_tok_s,tokens,ratio_to_free\n";
+  fmt::print("\nconstrained vs free decode through the server ({} rounds, median; {} tokens max; kernels {})\n",
+             o.rounds, o.tokens, KernelPathName());
+  fmt::print("| server | sessions | mode | decode tok/s | tokens/request | / free |\n|---|---:|---|---:|---:|---:|\n");
+  for (auto& srv : servers) {
+    for (int s : o.sessions) {
+      const auto& free = results[{srv->label, s, "free"}];
+      for (auto& [name, schema] : modes) {
+        const auto& v = results[{srv->label, s, name}];
+        std::vector<double> rate, toks, ratio;
+        for (size_t i = 0; i < v.size(); ++i) {
+          rate.push_back(v[i].tok_s);
+          toks.push_back(v[i].tokens);
+          ratio.push_back(v[i].tok_s / free[i].tok_s);  // within one round
+        }
+        const double m = bench::Median(rate), t = bench::Median(toks), q = bench::Median(ratio);
+        fmt::print("| {} | {} | {} | {:.1f} | {:.0f} | {:.3f} |\n", srv->label, s, name, m, t, q);
+        csv << fmt::format("{},{},{},{:.2f},{:.1f},{:.4f}\n", srv->label, s, name, m, t, q);
+      }
+    }
+  }
+  fmt::print("(decode tok/s: tokens after each request's first / time from the batch's first streamed token to its last; "
+             "/ free: the ratio within each round, median)\nwrote {}\n", path);
+  return 0;
+}
+
 }  // namespace
 
 std::pair<CLI::App*, std::shared_ptr<GrammarBenchOptions>> AddGrammarBench(CLI::App& app) {
   CLI::App* g = app.add_subcommand("grammar", "constrained decoding: schema compile time and per-step token-mask time, "
                                               "cold and cached, per vocabulary");
   auto o = std::make_shared<GrammarBenchOptions>();
-  g->add_option("--vocab", o->vocabs, "GGUF file(s) with a tokenizer (models or vocab-only files)")->required();
+  g->add_option("--vocab", o->vocabs, "GGUF file(s) with a tokenizer (models or vocab-only files): mask times");
   g->add_option("--steps", o->steps, "mask computations per walk")->capture_default_str();
   g->add_option("--walks", o->walks, "walks per schema")->capture_default_str();
   g->add_option("--csv", o->csv, "append a CSV row per (vocabulary, schema) to this file");
+  g->add_option("-m,--model", o->model, "GGUF model: constrained vs free decode through trellis serve");
+  g->add_option("--llama-server", o->llama_server, "llama-server binary: the same decode through it, side by side");
+  g->add_option("--sessions", o->sessions, "concurrent requests per batch")->capture_default_str();
+  g->add_option("--tokens", o->tokens, "max_tokens per request")->capture_default_str();
+  g->add_option("--rounds", o->rounds, "rounds (alternating the order of the modes)")->capture_default_str();
+  g->add_option("-t,--threads", o->threads, "threads of each server")->capture_default_str();
+  g->add_option("-o,--out", o->out_dir, "folder for grammar-decode.csv and the servers' logs")->capture_default_str();
   return {g, o};
 }
 
 int RunGrammarBench(const GrammarBenchOptions& o) {
+  if (o.vocabs.empty() && o.model.empty()) return Fail("bench grammar: give --vocab (mask times) and/or -m (decode)");
+  if (o.vocabs.empty()) return RunDecodeBench(o);
   fmt::print("trellis bench grammar  (1 thread; kernels {})\n", KernelPathName());
   fmt::print("{:<28} {:>7} {:<12} {:>11} {:>10} {:>10} {:>10} {:>10} {:>9}\n", "vocabulary", "tokens", "schema",
              "compile ms", "cold p50", "cold p99", "warm p50", "warm p99", "positions");
@@ -118,7 +348,7 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
     }
   }
   fmt::print("(ms per step; cold = positions computed as met, warm = all cached; compile = schema -> grammar, median of 20)\n");
-  return 0;
+  return o.model.empty() ? 0 : RunDecodeBench(o);
 }
 
 }  // namespace trellis::cli

@@ -258,11 +258,25 @@ std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App&
   return {s, so};
 }
 
-// `bench chat` (bench_chat.cc): its options; the runner checks parsed() on the app.
-std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& app) {
-  CLI::App* s = app.add_subcommand("chat", "multi-turn streamed conversations carrying their whole history: prompt, "
-                                           "cached tokens and TTFT per turn, against trellis serve and llama-server");
+// `bench chat` and `bench agent` (bench_chat.cc): their options; the runner checks
+// parsed() on the app.
+std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& app, bool agent) {
+  CLI::App* s = agent ? app.add_subcommand("agent", "agents in a tool loop: N agents sharing a tool-definition system "
+                                                    "prompt, every turn a forced call and its result; prompt, cached "
+                                                    "tokens and TTFT per turn, against trellis serve and llama-server")
+                      : app.add_subcommand("chat", "multi-turn streamed conversations carrying their whole history: prompt, "
+                                                   "cached tokens and TTFT per turn, against trellis serve and llama-server");
   auto co = std::make_shared<ChatBenchOptions>();
+  if (agent) {  // both servers render Qwen 2.5's template (<tool_call> blocks, tools in the system turn)
+    co->tools = 1;
+    co->turns = 6;
+    co->system_tokens = 3000;
+    co->reply_tokens = 160;
+    co->conversations = 4;
+    co->out_dir = "results/agent";
+    co->template_file = std::string(TRELLIS_SOURCE_DIR) + "/tests/data/templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+    co->llama_template = co->template_file;
+  }
   s->add_option("-m,--model", co->model, "GGUF for the servers started here (default: TinyLlama-shaped Q4_0)");
   s->add_option("--url", co->url, "a running trellis (or other) server instead of starting trellis serve -m MODEL");
   s->add_option("--label", co->label, "name of that server in the table and CSV")->capture_default_str();
@@ -275,7 +289,8 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
   s->add_flag("!--no-ban-bytes", co->llama_ban_bytes,
               "do not send both servers logit_bias banning ids 0..258 (llama-server needs it with random weights)");
   s->add_option("-T,--turns", co->turns, "turns per conversation")->capture_default_str();
-  s->add_option("-S,--system-tokens", co->system_tokens, "system prompt tokens (about; sized via /tokenize)")
+  s->add_option("-S,--system-tokens", co->system_tokens,
+                agent ? "tool definitions' tokens (about; sized via /tokenize)" : "system prompt tokens (about; sized via /tokenize)")
       ->capture_default_str();
   s->add_option("-W,--question-words", co->question_words, "words per user message")->capture_default_str();
   s->add_option("-M,--reply-tokens", co->reply_tokens, "max_tokens of each reply")->capture_default_str();
@@ -286,6 +301,8 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
   s->add_option("--warmup", co->warmup, "unmeasured one-token requests sent to each server first")->capture_default_str();
   s->add_option("--timeout", co->timeout_s, "seconds to wait for one answer")->capture_default_str();
   s->add_option("-o,--out", co->out_dir, "results folder (chat.csv, chat.png, server logs)")->capture_default_str();
+  s->add_option("--template", co->template_file, "Jinja chat template for both servers (trellis --chat-template, "
+                "llama-server --chat-template-file)");
   s->add_flag("--json", co->json, "print one JSON object instead of the table");
   return {s, co};
 }
@@ -371,8 +388,9 @@ Runner AddBenchCommand(CLI::App& app) {
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);
   auto grammar_bench = AddGrammarBench(app);
-  auto chat = AddChatBench(app);
-  return [o, speed, prefix, po, serve, roofline, grammar_bench, chat, st, sto, seo, gr, geo] {
+  auto chat = AddChatBench(app, /*agent=*/false);
+  auto agent = AddChatBench(app, /*agent=*/true);
+  return [o, speed, prefix, po, serve, roofline, grammar_bench, chat, agent, st, sto, seo, gr, geo] {
     if (gr->parsed()) {
       if (geo->quick) {
         if (gr->count("--reps") == 0) geo->reps = 1;
@@ -409,13 +427,14 @@ Runner AddBenchCommand(CLI::App& app) {
     }
     if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
     if (grammar_bench.first->parsed()) return RunGrammarBench(*grammar_bench.second);
-    if (chat.first->parsed()) {
-      if (chat.second->model.empty() && (chat.second->url.empty() || !chat.second->llama_server.empty())) {
+    for (auto& c : {chat, agent}) {
+      if (!c.first->parsed()) continue;
+      if (c.second->model.empty() && (c.second->url.empty() || !c.second->llama_server.empty())) {
         auto m = DefaultModel(false);
         if (!m.ok()) return Fail(m.status().ToString());
-        chat.second->model = *m;
+        c.second->model = *m;
       }
-      return RunChatBench(*chat.second);
+      return RunChatBench(*c.second);
     }
     if (serve.first->parsed()) {
       if (serve.second->url.empty() && serve.second->model.empty()) {
@@ -436,7 +455,7 @@ Runner AddBenchCommand(CLI::App& app) {
       po->threads = ResolveThreads(po->threads);
       return RunPrefixBench(*po);
     }
-    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, roofline)");
+    if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, agent, grammar, roofline, store, grid)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");
     if (o->sessions < 1 || o->sessions > 256) return Fail("bench: --sessions must be in 1..256");
     if (o->sessions > 1 && o->tg == 0) return Fail("bench: --sessions needs generated tokens (-n > 0)");

@@ -4,7 +4,8 @@
 # table prints, no turn fails, and prefix reuse works to the token through HTTP and the
 # chat template: every turn after the first finds at least the previous turn's whole
 # prompt in the cache (less SLACK tokens for a template that re-renders the boundary
-# differently).
+# differently). `trellis bench agent` the same way: each turn a forced tool call, the next
+# carrying it and its result, the tool definitions shared by the agents.
 # usage: bench_chat.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
@@ -64,4 +65,18 @@ timeout 60 "$TRELLIS" bench chat --url "$base/v1" -C 2 -T 3 -S 40 -W 8 -M 6 --js
 ok "JSON: 2 conversations x 3 turns"
 check_reuse "$tmp/url/chat.csv" "--url"
 stop_server
+
+say "bench agent -m: two agents, 3 turns of a forced call and its result over shared tool definitions"
+timeout 60 "$TRELLIS" bench agent -m "$model" -C 2 -T 3 -S 300 -M 160 -o "$tmp/agent" >"$tmp/agent.md" 2>"$tmp/agent.err" \
+  || die "bench agent failed: $(cat "$tmp/agent.md" "$tmp/agent.err")"
+grep -q '^bench agent: [0-9]* tools' "$tmp/agent.err" || die "no tools line: $(cat "$tmp/agent.err")"
+check_reuse "$tmp/agent/chat.csv" "agent"
+python3 - "$tmp/agent/chat.csv" <<'EOF' || die "agent: $(cat "$tmp/agent/chat.csv")"
+import csv, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if not l.startswith("#"))]
+first = [r for r in rows if r["turn"] == "1"]
+# The tool definitions are one shared prefix: whichever agent came second found them cached.
+assert max(int(r["cached_tokens"]) for r in first) >= 300 * 0.8, first
+EOF
+ok "agent: the second agent's first turn found the tool definitions cached"
 echo "PASS server_bench_chat: $n_checks checks"
