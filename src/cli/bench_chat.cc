@@ -136,12 +136,13 @@ json MakeTools(int n) {
   return tools;
 }
 
-json RequestBody(const ChatBenchOptions& o, const json& messages, int max_tokens, bool llama, const json& tools = {}) {
+json RequestBody(const ChatBenchOptions& o, const json& messages, int max_tokens, bool llama, const json& tools = {},
+                 bool forced = true) {
   json b = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
             {"stream_options", {{"include_usage", true}}}};
   if (!tools.empty()) {  // a forced call (a random model calls nothing by itself); ends when the call does
     b["tools"] = tools;
-    b["tool_choice"] = "required";
+    b["tool_choice"] = forced ? "required" : "auto";
     b["parallel_tool_calls"] = false;
   } else if (llama) {
     b["ignore_eos"] = true;
@@ -227,8 +228,9 @@ TurnResult SendTurn(httplib::Client& cli, const std::string& path, const json& b
 }
 
 // Runs the whole workload against `url`; `system` is the system prompt text.
+// `replay` (agents against llama-server): the run whose calls this one's histories carry.
 ServerRun RunWorkload(const ChatBenchOptions& o, const std::string& label, const std::string& url,
-                      const std::string& system, bool llama, const json& tools) {
+                      const std::string& system, bool llama, const json& tools, const ServerRun* replay = nullptr) {
   ServerRun run{label, url, std::vector<TurnResult>(static_cast<size_t>(o.conversations) * static_cast<size_t>(o.turns))};
   const Endpoint ep = ParseUrl(url);
   const std::string path = ep.prefix + "/v1/chat/completions";
@@ -255,7 +257,16 @@ ServerRun RunWorkload(const ChatBenchOptions& o, const std::string& label, const
           if (tools.empty() || t == 1) {
             messages.push_back({{"role", "user"}, {"content", Question(o.seed, c, t, o.question_words)}});
           }
-          r = SendTurn(*cli, path, RequestBody(o, messages, o.reply_tokens, llama, tools));
+          const TurnResult* replayed =
+              replay ? &replay->turns[static_cast<size_t>(c) * static_cast<size_t>(o.turns) + static_cast<size_t>(t - 1)]
+                     : nullptr;
+          r = SendTurn(*cli, path, RequestBody(o, messages, replayed ? 8 : o.reply_tokens, llama, tools, !replayed));
+          if (replayed && r.error.empty()) {
+            // The same trace: the next turn carries the call the other server made.
+            if (!replayed->error.empty()) r.error = "not sent: that turn failed on " + replay->label;
+            r.calls = replayed->calls;
+            r.reply = replayed->reply;
+          }
           if (tools.empty()) {
             messages.push_back({{"role", "assistant"}, {"content", r.reply}});
           } else if (r.error.empty() && r.calls.size() != 1) {
@@ -310,7 +321,7 @@ int LlamaSlots(const ChatBenchOptions& o) { return o.llama_np > 0 ? o.llama_np :
 std::vector<std::string> LlamaArgs(const ChatBenchOptions& o) {
   const int np = LlamaSlots(o);
   std::vector<std::string> args = {o.llama_server, "-m", o.model, "-t", std::to_string(o.threads),
-                                   "-c", std::to_string(o.llama_ctx > 0 ? o.llama_ctx : 2048 * np),
+                                   "-c", std::to_string(o.llama_ctx > 0 ? o.llama_ctx : (o.tools > 0 ? 4096 : 2048) * np),
                                    "-np", std::to_string(np), "--host", "127.0.0.1", "--port", "0", "--no-webui",
                                    "--jinja", "--chat-template-file", o.llama_template};
   for (auto& a : SplitArgs(o.llama_args)) args.push_back(a);
@@ -555,7 +566,11 @@ int RunChatBench(const ChatBenchOptions& in) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     calibrate(*addr);
-    runs.push_back(RunWorkload(o, "llama-server", *addr, system, /*llama=*/true, tools));
+    // llama.cpp 3f545be cannot force a call (tool_choice "required" fails to build its
+    // sampler with Qwen's and Llama 3.1's templates): agents replay trellis's calls there,
+    // with tool_choice "auto", so both servers prefill the same trace.
+    runs.push_back(RunWorkload(o, "llama-server", *addr, system, /*llama=*/true, tools,
+                               tools.empty() ? nullptr : &runs[0]));
   }
 
   std::vector<std::vector<TurnStats>> stats;

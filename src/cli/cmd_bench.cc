@@ -269,6 +269,7 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
   auto co = std::make_shared<ChatBenchOptions>();
   if (agent) {  // both servers render Qwen 2.5's template (<tool_call> blocks, tools in the system turn)
     co->tools = 1;
+    co->serve_args = "--ctx-size 4096";  // TinyLlama's 2048 is too short for the tool definitions and 6 turns
     co->turns = 6;
     co->system_tokens = 3000;
     co->reply_tokens = 160;
