@@ -1332,8 +1332,13 @@ std::string ChunkJson(const StreamChunk& c) {
       json calls = json::array();
       for (size_t i = 0; i < c.tool_calls.size(); ++i) {
         const ToolCallOut& t = c.tool_calls[i];
-        calls.push_back({{"index", c.tool_call_index + i}, {"id", t.id}, {"type", "function"},
-                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        const size_t index = t.index != SIZE_MAX ? t.index : c.tool_call_index + i;
+        if (t.first) {
+          calls.push_back({{"index", index}, {"id", t.id}, {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        } else {
+          calls.push_back({{"index", index}, {"function", {{"arguments", t.arguments}}}});
+        }
       }
       delta["tool_calls"] = std::move(calls);
     }

@@ -205,6 +205,11 @@ struct ToolCallOut {
   std::string id;         // "call_" + 24 characters
   std::string name;
   std::string arguments;  // JSON text of an object (OpenAI sends it as a string)
+  // Streamed pieces: the call's index (SIZE_MAX: tool_call_index + position in the chunk)
+  // and whether this is its first piece (index, id, type, name and arguments so far);
+  // later pieces carry the index and the next arguments text only.
+  size_t index = SIZE_MAX;
+  bool first = true;
 };
 
 // Legacy completions logprobs carry text_offset: the byte offset of each token's text in

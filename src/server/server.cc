@@ -564,6 +564,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
   }
   auto last_write = std::chrono::steady_clock::now();
   size_t text_offset = echo.size();  // legacy logprobs: offsets run on across chunks
+  bool any_calls = false;
   while (ok) {
     GenerationDelta d = g->Next(250ms);
     ReasoningSplitter::Parts parts = reasoning.Feed(d.text);
@@ -577,7 +578,21 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       ToolCallStream::End end = tools.Finish();
       content += end.content;
       for (ParsedToolCall& call : end.calls) c.tool_calls.push_back({CallId(tool_format_), std::move(call.name), std::move(call.arguments)});
+      any_calls = any_calls || !end.calls.empty();
     }
+    // Calls stream as OpenAI's do: the name once known, then pieces of the arguments.
+    for (ToolCallStream::CallPiece& p : tools.TakeCallPieces()) {
+      ToolCallOut out;
+      out.index = p.index;
+      out.first = p.first;
+      if (p.first) {
+        out.id = CallId(tool_format_);
+        out.name = std::move(p.name);
+      }
+      out.arguments = std::move(p.arguments);
+      c.tool_calls.push_back(std::move(out));
+    }
+    any_calls = any_calls || tools.streamed_calls_complete();
     const bool made_calls = !c.tool_calls.empty();
     if (!content.empty() || !parts.reasoning.empty() || !d.logprobs.empty() || made_calls) {
       c.text = std::move(content);
@@ -596,7 +611,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       if (g->failed()) {
         ok = send(ErrorJson(MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error")));
       } else {
-        c.finish_reason = made_calls ? "tool_calls" : g->finish_reason();
+        c.finish_reason = any_calls ? "tool_calls" : g->finish_reason();  // a call cut short: "length"
         ok = send(ChunkJson(c));
         if (ok && gen.include_usage) ok = send(UsageChunkJson(ep, id, created, opts_.model_id, g->usage()));
       }

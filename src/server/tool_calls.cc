@@ -1,5 +1,8 @@
 #include "server/tool_calls.h"
 
+#include <algorithm>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 namespace trellis::server {
@@ -221,9 +224,135 @@ std::string ToolCallStream::Feed(std::string_view content) {
   return out;
 }
 
+void ToolCallStream::Scan(bool final) {
+  // Re-lexes the held text (calls are small): containers, strings, and for each call the
+  // value of its "name" key and the span of its "arguments" / "parameters" object, at the
+  // depth the name key was found; keys inside arguments are the tool's, not calls.
+  struct Level {
+    bool object;
+    bool expect_key;
+  };
+  std::vector<Level> stack;
+  size_t call = 0;           // calls seen so far in this scan
+  int call_depth = -1;       // depth of the current call's object
+  int args_depth = -1;       // depth inside which the current arguments object lies
+  size_t args_call = 0;
+  std::string last_key;
+  bool want_name = false, want_args = false;
+  for (size_t i = 0; i < held_.size(); ++i) {
+    const char ch = held_[i];
+    if (stack.empty() && ch != '{' && ch != '[') continue;  // text outside JSON
+    if (ch == '"') {
+      size_t j = i + 1;
+      std::string str;
+      bool closed = false;
+      for (; j < held_.size(); ++j) {
+        if (held_[j] == '\\') {
+          if (j + 1 < held_.size()) str += held_[++j];
+          continue;
+        }
+        if (held_[j] == '"') {
+          closed = true;
+          break;
+        }
+        str += held_[j];
+      }
+      if (!closed) break;  // the rest is still being written
+      Level& top = stack.back();
+      if (top.object && top.expect_key && args_depth < 0) {
+        last_key = str;
+        top.expect_key = false;
+        want_name = str == "name";
+        want_args = str == "arguments" || str == "parameters";
+      } else if (top.object && top.expect_key) {
+        top.expect_key = false;
+      } else if (want_name && args_depth < 0) {
+        if (call >= calls_.size()) calls_.push_back({});
+        if (calls_[call].name.empty()) calls_[call].name = str;
+        call_depth = static_cast<int>(stack.size());
+        ++call;
+        want_name = false;
+      }
+      i = j;
+      continue;
+    }
+    if (ch == '{' || ch == '[') {
+      if (ch == '{' && want_args && args_depth < 0 && call > 0 && static_cast<int>(stack.size()) == call_depth) {
+        args_depth = static_cast<int>(stack.size());
+        args_call = call - 1;
+        Call& c = calls_[args_call];
+        if (!c.args_open) {
+          c.args_open = true;
+          c.args_begin = i;
+        }
+      }
+      want_name = want_args = false;
+      stack.push_back({ch == '{', ch == '{'});
+      continue;
+    }
+    if (ch == '}' || ch == ']') {
+      if (stack.empty()) break;
+      stack.pop_back();
+      if (args_depth >= 0 && static_cast<int>(stack.size()) == args_depth) {
+        Call& c = calls_[args_call];
+        c.args_end = i + 1;
+        c.args_closed = true;
+        args_depth = -1;
+      }
+      continue;
+    }
+    if (ch == ',' && !stack.empty() && stack.back().object) {
+      stack.back().expect_key = true;
+      want_name = want_args = false;
+    }
+  }
+  // Open arguments run to the end of what is held, less a trailing partial string escape
+  // or UTF-8 sequence (sent once whole).
+  for (Call& c : calls_) {
+    if (!c.args_open || c.args_closed) continue;
+    size_t end = held_.size();
+    if (!final) {
+      while (end > c.args_begin && (static_cast<unsigned char>(held_[end - 1]) & 0xC0) == 0x80) --end;
+      if (end > c.args_begin && (static_cast<unsigned char>(held_[end - 1]) & 0x80)) --end;  // a lead byte
+    }
+    c.args_end = std::max(c.args_end, end);
+  }
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    Call& c = calls_[k];
+    if (c.name.empty()) continue;
+    if (!c.announced) {
+      pieces_.push_back({k, true, c.name, ""});
+      c.announced = true;
+    }
+    if (c.args_open && c.args_end > c.args_begin + c.sent) {
+      pieces_.push_back({k, false, "", held_.substr(c.args_begin + c.sent, c.args_end - c.args_begin - c.sent)});
+      c.sent = c.args_end - c.args_begin;
+    }
+  }
+}
+
+bool ToolCallStream::streamed_calls_complete() const {
+  return !calls_.empty() && std::all_of(calls_.begin(), calls_.end(), [](const Call& c) { return c.args_closed; });
+}
+
+std::vector<ToolCallStream::CallPiece> ToolCallStream::TakeCallPieces() {
+  if (holding_ && !held_.empty()) Scan();
+  return std::exchange(pieces_, {});
+}
+
 ToolCallStream::End ToolCallStream::Finish() {
   End end;
   if (held_.empty()) return end;
+  if (holding_ && !calls_.empty()) {
+    // Streamed: the rest of the arguments as pieces (TakeCallPieces), the text outside
+    // the calls as content.
+    Scan(/*final=*/true);
+    ParsedAnswer a = ParseToolCalls(format_, held_);
+    end.content = a.calls.empty() ? std::string() : std::move(a.content);
+    held_.clear();
+    holding_ = false;
+    return end;
+  }
   if (holding_) {
     ParsedAnswer a = ParseToolCalls(format_, held_);
     if (!a.calls.empty()) {

@@ -70,11 +70,44 @@ class ToolCallStream {
   End Finish();
   bool enabled() const { return enabled_; }
 
+  // Streamed calls, OpenAI's way: once a held call's name is complete, a piece with its
+  // index and name (`first`), then pieces of its arguments text as the model writes them.
+  // For answers a grammar holds to the call syntax (the server's; tool_choice auto's
+  // grammar switches on at the trigger), where every call that begins is a call. A call
+  // cut off by max_tokens has streamed what was written, as OpenAI's do.
+  struct CallPiece {
+    size_t index = 0;
+    bool first = false;   // the call's first piece: carries the name
+    std::string name;     // first pieces only
+    std::string arguments;  // the next bytes of the arguments' JSON text
+  };
+  // The pieces that Feed's text completed. After Finish, the remaining ones (an answer whose
+  // calls were streamed gets no End::calls: they were all sent as pieces).
+  std::vector<CallPiece> TakeCallPieces();
+  // Whether any call was streamed, and whether every streamed call's arguments closed (a
+  // call cut by max_tokens did not: the answer's finish_reason is then "length").
+  bool streamed_calls() const { return !calls_.empty(); }
+  bool streamed_calls_complete() const;
+
  private:
+  // Scans held_ for calls: their names and arguments spans (a JSON lexer over the held
+  // text; text outside JSON, like "<tool_call>", is skipped). `final`: the text is all
+  // there (a cut UTF-8 sequence is sent as it is, not held back).
+  void Scan(bool final = false);
+
   bool enabled_ = false;
   ToolCallFormat format_ = ToolCallFormat::kGeneric;
   bool holding_ = false;  // a call may have begun: everything from held_ on is kept
   std::string held_;
+  struct Call {
+    std::string name;
+    size_t args_begin = 0, args_end = 0;  // bytes of held_; args_end grows while open
+    bool args_open = false, args_closed = false;
+    size_t sent = 0;  // argument bytes streamed
+    bool announced = false;
+  };
+  std::vector<Call> calls_;
+  std::vector<CallPiece> pieces_;
 };
 
 }  // namespace trellis::server

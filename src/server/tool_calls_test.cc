@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace trellis::server {
 namespace {
@@ -145,6 +146,76 @@ TEST(ToolCallStream, WholeAnswerFormatsDecideOnTheFirstCharacter) {
   // Disabled: everything passes.
   ToolCallStream off;
   EXPECT_EQ(off.Feed("<tool_call>"), "<tool_call>");
+}
+
+// Streamed calls: fed a byte at a time, each call's name comes once, first, and its
+// argument pieces put together are the arguments the whole answer parses to, in every
+// format, with arguments that hold a "name" key, braces in strings, escapes and UTF-8.
+TEST(ToolCallStream, CallsStreamAsNameThenArgumentPieces) {
+  const std::string args1 = R"({"name": "x{\"}", "deep": {"name": [1, {"a": "é€"}]}})";
+  const std::string args2 = R"({"q": "]"})";
+  const std::pair<ToolCallFormat, std::string> cases[] = {
+      {ToolCallFormat::kHermes, "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": " + args1 +
+                                     "}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": " + args2 +
+                                     "}\n</tool_call>"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": " + args1 + "}, {\"name\": \"g\", \"arguments\": " +
+                                      args2 + "}]"},
+      {ToolCallFormat::kLlama3, "{\"name\": \"f\", \"parameters\": " + args1 + "}; {\"name\": \"g\", \"parameters\": " + args2 + "}"},
+      {ToolCallFormat::kGeneric, "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": " + args1 + "}, {\"name\": \"g\", \"arguments\": " +
+                                      args2 + "}]}"},
+      {ToolCallFormat::kPhi4, "<|tool_call|>[{\"name\": \"f\", \"arguments\": " + args1 + "}, {\"name\": \"g\", \"arguments\": " +
+                                   args2 + "}]<|/tool_call|>"},
+  };
+  for (const auto& [format, text] : cases) {
+    SCOPED_TRACE(ToolCallFormatName(format));
+    const ParsedAnswer whole = ParseToolCalls(format, text);
+    ASSERT_EQ(whole.calls.size(), 2u) << text;
+    ToolCallStream s(format);
+    std::string content;
+    std::vector<std::string> names, args(2);
+    auto take = [&] {
+      for (ToolCallStream::CallPiece& p : s.TakeCallPieces()) {
+        ASSERT_LT(p.index, 2u);
+        if (p.first) {
+          ASSERT_EQ(names.size(), p.index);  // announced once, in order, before its arguments
+          names.push_back(p.name);
+        } else {
+          ASSERT_LT(p.index, names.size());
+        }
+        args[p.index] += p.arguments;
+      }
+    };
+    for (char c : text) {
+      content += s.Feed(std::string_view(&c, 1));
+      take();
+    }
+    ToolCallStream::End end = s.Finish();
+    take();
+    EXPECT_TRUE(end.calls.empty());  // all sent as pieces
+    EXPECT_TRUE(s.streamed_calls() && s.streamed_calls_complete());
+    std::string all = content + end.content;  // streamed content is not trimmed; the whole answer's is
+    all.erase(all.find_last_not_of(" \n") + 1);
+    EXPECT_EQ(all, whole.content);
+    ASSERT_EQ(names.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(names[k], whole.calls[k].name);
+      EXPECT_EQ(nlohmann::ordered_json::parse(args[k]).dump(), whole.calls[k].arguments) << args[k];
+    }
+  }
+  // A call cut short streams what was written; the name waits until it is whole.
+  ToolCallStream cut(ToolCallFormat::kHermes);
+  cut.Feed("<tool_call>\n{\"name\": \"lo");
+  EXPECT_TRUE(cut.TakeCallPieces().empty());
+  cut.Feed("ng\", \"arguments\": {\"a\": \"\xC3");  // half of a UTF-8 character
+  auto pieces = cut.TakeCallPieces();
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].name, "long");
+  EXPECT_EQ(pieces[1].arguments, "{\"a\": \"");
+  cut.Finish();
+  EXPECT_TRUE(cut.streamed_calls() && !cut.streamed_calls_complete());
+  pieces = cut.TakeCallPieces();
+  ASSERT_EQ(pieces.size(), 1u);
+  EXPECT_EQ(pieces[0].arguments, "\xC3");
 }
 
 // ---- the answer grammar --------------------------------------------------------------

@@ -1047,7 +1047,9 @@ def _(srv):
         ({"grammar": "root ::= \"a\"{1,100000000}"}, "grammar"),                        # repetition
         ({"grammar": "root ::= x\nx ::= \"a\" x"}, "grammar"),                         # unsatisfiable
         ({"grammar": "root ::= \"" + "a" * 300000 + "\""}, "grammar"),                  # size
-        ({"json_schema": {"type": "string", "pattern": "(a+)+$"}}, "json_schema"),         # unsupported
+        ({"json_schema": {"type": "string", "pattern": "(a)\\1(?=b)"}}, "json_schema"),      # unsupported regex
+        ({"guided_regex": "(" * 5000 + "a" + ")" * 5000}, "guided_regex"),                 # regex nesting
+        ({"regex": "a{1000000}"}, "regex"),                                               # regex repetition
         ({"json_schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}, "json_schema"),
         ({"json_schema": many_props}, "json_schema"),                                    # too large a grammar
     ]
@@ -1057,6 +1059,11 @@ def _(srv):
     # Compiles (nested 14 deep): the answer is bounded by max_tokens, the server keeps serving.
     r = srv.post(CHAT, chat_body(json_schema=deep_schema, max_tokens=8))
     expect(r.status in (200, 400), f"deep schema: {r.status} {short(r.body)}")
+    # A backtracking regex engine's worst case is a grammar like any other here.
+    t1 = time.monotonic()
+    r = srv.post(CHAT, chat_body(guided_regex="(a+)+b", max_tokens=12))
+    expect(r.status == 200, f"(a+)+b: {r.status} {short(r.body)}")
+    expect(time.monotonic() - t1 < slack(5), f"(a+)+b took {time.monotonic() - t1:.1f} s")
 
 
 @check("tool_choice required / unknown name without tools -> 400; none / auto -> 200", "default", spec=4)
