@@ -548,6 +548,21 @@ int RunChatBench(const ChatBenchOptions& in) {
     std::fprintf(stderr, "bench chat: %s at %s, system prompt %d tokens\n", o.label.c_str(), url.c_str(), system_tokens);
     runs.push_back(RunWorkload(o, o.label, url, system, /*llama=*/false, tools));
   }  // stopped before llama-server starts: the two never share the cores
+  // Agents against llama-server: llama.cpp 3f545be cannot force a call (tool_choice
+  // "required" fails to build its sampler with Qwen's and Llama 3.1's templates), and a
+  // call's first delta comes only once its name is written. So the run above (forced
+  // calls) makes the trace, and both servers, trellis restarted cold, replay it: the same
+  // histories with tool_choice "auto" and max_tokens 8, TTFT = prefill and the first token.
+  ServerRun trace;
+  if (!tools.empty() && !o.llama_server.empty() && o.url.empty()) {
+    trace = std::move(runs.back());
+    runs.pop_back();
+    std::fprintf(stderr, "bench agent: the trace is made (forced calls); replaying it on a fresh trellis serve\n");
+    ChildProcess trellis;
+    auto addr = StartTrellis(trellis, o);
+    if (!addr.ok()) return Fail(addr.status().ToString());
+    runs.push_back(RunWorkload(o, o.label, *addr, system, /*llama=*/false, tools, &trace));
+  }
   if (!o.llama_server.empty()) {
     ChildProcess llama;
     const std::vector<std::string> args = LlamaArgs(o);
@@ -566,11 +581,8 @@ int RunChatBench(const ChatBenchOptions& in) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     calibrate(*addr);
-    // llama.cpp 3f545be cannot force a call (tool_choice "required" fails to build its
-    // sampler with Qwen's and Llama 3.1's templates): agents replay trellis's calls there,
-    // with tool_choice "auto", so both servers prefill the same trace.
     runs.push_back(RunWorkload(o, "llama-server", *addr, system, /*llama=*/true, tools,
-                               tools.empty() ? nullptr : &runs[0]));
+                               trace.turns.empty() ? nullptr : &trace));
   }
 
   std::vector<std::vector<TurnStats>> stats;
