@@ -271,7 +271,7 @@ std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& a
     co->tools = 1;
     co->serve_args = "--ctx-size 4096";  // TinyLlama's 2048 is too short for the tool definitions and 6 turns
     co->turns = 6;
-    co->system_tokens = 3000;
+    co->system_tokens = 2200;  // about 2.6k rendered: 6 turns fit the 4096 context
     co->reply_tokens = 160;
     co->conversations = 4;
     co->out_dir = "results/agent";
