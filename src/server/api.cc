@@ -284,31 +284,32 @@ grammar::GrammarLimits ApiGrammarLimits() {
   return l;
 }
 
-// A grammar from GBNF text, or from a JSON schema (an object or boolean, or JSON text of
-// one); the error names `param`.
-Parsed<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const std::string& param, const json& v) {
-  if (!v.is_string()) return Bad(param, "'" + param + "' must be a string of GBNF, got " + Describe(v));
+// A grammar compiled by `compile` from the string field `param` (`what` it must hold, for
+// the message): GBNF text or a regular expression, under the same size bound.
+template <typename Compile>
+Parsed<std::shared_ptr<const grammar::Grammar>> StringGrammar(const std::string& param, const json& v, const char* what,
+                                                              Compile compile) {
+  if (!v.is_string()) return Bad(param, "'" + param + "' must be " + what + ", got " + Describe(v));
   const std::string& text = v.get_ref<const std::string&>();
   if (text.size() > kMaxGrammarBytes) {
     return Bad(param, "'" + param + "' is " + std::to_string(text.size()) + " bytes, above the limit of " +
                           std::to_string(kMaxGrammarBytes));
   }
-  auto g = grammar::ParseGbnf(text, ApiGrammarLimits());
+  Result<grammar::Grammar> g = compile(text);
   if (!g.ok()) return Bad(param, "'" + param + "': " + g.status().message(), "invalid_grammar");
   return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
 }
 
+// A grammar from GBNF text; the error names `param`.
+Parsed<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const std::string& param, const json& v) {
+  return StringGrammar(param, v, "a string of GBNF",
+                       [](const std::string& t) { return grammar::ParseGbnf(t, ApiGrammarLimits()); });
+}
+
 // A regular expression the whole answer must match (vLLM's guided_regex, SGLang's regex).
 Parsed<std::shared_ptr<const grammar::Grammar>> RegexGrammar(const std::string& param, const json& v) {
-  if (!v.is_string()) return Bad(param, "'" + param + "' must be a string (a regular expression), got " + Describe(v));
-  const std::string& text = v.get_ref<const std::string&>();
-  if (text.size() > kMaxGrammarBytes) {
-    return Bad(param, "'" + param + "' is " + std::to_string(text.size()) + " bytes, above the limit of " +
-                          std::to_string(kMaxGrammarBytes));
-  }
-  auto g = grammar::CompileRegex(text, ApiGrammarLimits());
-  if (!g.ok()) return Bad(param, "'" + param + "': " + g.status().message(), "invalid_grammar");
-  return std::shared_ptr<const grammar::Grammar>(std::make_shared<grammar::Grammar>(std::move(*g)));
+  return StringGrammar(param, v, "a string (a regular expression)",
+                       [](const std::string& t) { return grammar::CompileRegex(t, ApiGrammarLimits()); });
 }
 
 // The source text of member `key` of the JSON object text `obj` (valid JSON: the body
@@ -368,7 +369,8 @@ std::string_view RawMember(std::string_view obj, std::string_view key) {
   }
 }
 
-// `raw`: the value's source text when known, so the schema keeps the client's key order
+// A grammar from a JSON schema (an object or boolean, or JSON text of one); the error names
+// `param`. `raw`: the value's source text when known, so the schema keeps the client's key order
 // (the parsed value's objects are sorted by key), which is the order the answer writes
 // properties in.
 Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string& param, const json& v,
