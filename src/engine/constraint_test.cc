@@ -9,6 +9,7 @@
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
+#include "util/slowdown.h"
 #include "grammar/json_schema.h"
 #include "model/gguf.h"
 #include "util/thread_pool.h"
@@ -71,6 +72,7 @@ TEST(ConstraintTest, MaskIsExactOnRealVocabularies) {
   ASSERT_TRUE(g.ok()) << g.status().message();
   for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "qwen3-vocab.gguf"}) {
     SCOPED_TRACE(file);
+    if (TestEmulated() && std::string_view(file) == "qwen3-vocab.gguf") continue;  // slowdown.h
     auto tok = LoadTokenizer(std::string(TRELLIS_TEST_DATA) + "/vocab/" + file);
     auto vocab = MakeTokenVocabulary(*tok);
     auto compiled = std::make_shared<grammar::CompiledGrammar>(*g, vocab);

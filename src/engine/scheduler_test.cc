@@ -17,6 +17,7 @@
 
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
+#include "util/slowdown.h"
 
 // Counts heap allocations in this test binary (for the zero-allocation decode check).
 namespace {
@@ -83,7 +84,7 @@ TEST(SchedulerTest, CacheOnEqualsCacheOffProperty) {
   const Model& m = SmallModel("f32");
   ThreadPool pool(2);
   std::mt19937 rng(11);
-  for (int round = 0; round < 6; ++round) {
+  for (int round = 0; round < (TestEmulated() ? 2 : 6); ++round) {  // slowdown.h
     const int bs = std::vector<int>{8, 16, 32}[static_cast<size_t>(round % 3)];
     SchedulerOptions on;
     on.block_size = bs;

@@ -38,6 +38,16 @@ inline double TestSlowdown() {
   return factor;
 }
 
+// Under an emulator (qemu-user: the factor is 10 or more), tests of logic that the native
+// stages already run whole (paging and chunking grids, random property rounds, the large
+// vocabulary's reference masks) run a few of their cases: the emulated stage is there for
+// the other architecture's kernels and byte handling, not to repeat the same cases 30
+// times slower. `scripts/test.sh --full` sets TRELLIS_TEST_FULL=1, which runs them all.
+inline bool TestEmulated() {
+  static const bool emulated = TestSlowdown() >= 10 && std::getenv("TRELLIS_TEST_FULL") == nullptr;
+  return emulated;
+}
+
 // d times the factor.
 template <class Rep, class Period>
 std::chrono::milliseconds TestScaled(std::chrono::duration<Rep, Period> d) {
