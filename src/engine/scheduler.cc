@@ -3,6 +3,7 @@
 #include <limits>
 
 #include <algorithm>
+#include <bit>
 
 #include <fmt/core.h>
 
@@ -851,18 +852,26 @@ void Scheduler::CollectOldest() {
 
 // Sets the logits of the tokens the grammar does not allow next to -inf (logits_buf_).
 Status Scheduler::ConstrainLogits(Session& s) {
+  const double t0 = NowSeconds();
   TRELLIS_RETURN_IF_ERROR(s.matcher->FillMask(s.mask));
   const std::span<const uint64_t> words = s.mask.words();
   const size_t n = logits_buf_.size();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (size_t w = 0; w < words.size(); ++w) {
-    const uint64_t allowed = words[w];
+    uint64_t allowed = words[w];
     if (allowed == ~uint64_t{0}) continue;
-    const size_t end = std::min(n, (w + 1) * 64);
-    for (size_t i = w * 64; i < end; ++i) {
-      if (!((allowed >> (i & 63)) & 1)) logits_buf_[i] = kNegInf;
+    const size_t begin = w * 64, end = std::min(n, begin + 64);
+    if (allowed == 0) {
+      std::fill(logits_buf_.begin() + static_cast<ptrdiff_t>(begin), logits_buf_.begin() + static_cast<ptrdiff_t>(end),
+                kNegInf);
+      continue;
     }
+    uint64_t refused = ~allowed;
+    if (end - begin < 64) refused &= (uint64_t{1} << (end - begin)) - 1;
+    for (; refused; refused &= refused - 1) logits_buf_[begin + static_cast<size_t>(std::countr_zero(refused))] = kNegInf;
   }
+  ++m_.grammar_masks;
+  m_.grammar_mask_seconds += NowSeconds() - t0;
   return Status::Ok();
 }
 

@@ -145,6 +145,8 @@ struct SchedulerMetrics {
   double store_fetch_seconds = 0;   // summed over fetches
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int64_t grammar_masks = 0;        // token masks applied (one per constrained sampled token)
+  double grammar_mask_seconds = 0;  // computing and applying them, on the scheduler thread
   int32_t running = 0, waiting = 0;
   int32_t pool_used = 0, pool_total = 0;
   RadixCacheStats tree;

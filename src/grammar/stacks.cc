@@ -154,9 +154,11 @@ Status StackMachine::Start(std::vector<StackId>& out) {
   return Finish(out);
 }
 
-Status StackMachine::StartLocal(uint32_t pos, Utf8Partial utf8, std::vector<StackId>& out) {
+Status StackMachine::StartLocal(std::span<const Frame> frames, bool whole, std::vector<StackId>& out) {
   out.clear();
-  Close(arena_.Intern(pos, utf8, kContext), out);
+  StackId s = whole ? kAccepted : kContext;
+  for (auto it = frames.rbegin(); it != frames.rend(); ++it) s = arena_.Intern(it->pos, it->utf8, s);
+  if (s != kAccepted && s != kContext) Close(s, out);
   return Finish(out);
 }
 

@@ -66,8 +66,9 @@ class StackMachine {
 
   // The closed set of stacks at the start of the document.
   Status Start(std::vector<StackId>& out);
-  // The closed set with one frame at `pos` / `utf8` over kContext.
-  Status StartLocal(uint32_t pos, Utf8Partial utf8, std::vector<StackId>& out);
+  // The closed set of one stack made of `frames` (top first; their parents ignored) over
+  // kContext, or over kAccepted when `whole` (they are a whole stack).
+  Status StartLocal(std::span<const Frame> frames, bool whole, std::vector<StackId>& out);
   // Stacks of `in` that can read `byte`, advanced and closed (kAccepted and kContext read
   // nothing). `out` may not alias `in`.
   Status Advance(std::span<const StackId> in, uint8_t byte, std::vector<StackId>& out);

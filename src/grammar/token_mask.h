@@ -63,13 +63,18 @@ class TokenVocabulary {
   // The tokens with bytes, sorted by them: k-th id and bytes.
   size_t n_sorted() const { return sorted_.size(); }
   int32_t sorted_id(size_t k) const { return sorted_[k]; }
-  std::string_view sorted_bytes(size_t k) const { return pieces_[static_cast<size_t>(sorted_[k])]; }
+  std::string_view sorted_bytes(size_t k) const {
+    return std::string_view(bytes_.data() + offsets_[k], offsets_[k + 1] - offsets_[k]);
+  }
   std::span<const uint32_t> all_sorted() const { return iota_; }
 
  private:
   std::vector<std::string> pieces_;
   std::vector<int32_t> eog_;  // sorted
   std::vector<int32_t> sorted_;
+  // The sorted tokens' bytes back to back (walks read them in this order).
+  std::string bytes_;
+  std::vector<uint32_t> offsets_;  // n_sorted + 1
   std::vector<uint32_t> iota_;  // 0 .. n_sorted - 1
 };
 
@@ -81,21 +86,30 @@ class CompiledGrammar {
   const Grammar& grammar() const { return g_; }
   const TokenVocabulary& vocab() const { return *vocab_; }
 
-  // Tokens decided by a top frame at (pos, utf8) alone.
+  // Tokens decided by the top frames of a stack alone. When the top frame alone leaves
+  // too many tokens to the frames below (a rule that may end at once, such as a string of
+  // at most N characters, makes every token it refuses depend on what follows), the
+  // position is keyed one frame deeper instead (xgrammar's context expansion), up to
+  // kMaxKeyFrames frames or the whole stack.
   struct Position {
+    bool expand = false;                 // look up with one frame more instead
     std::vector<uint64_t> allowed_bits;  // allowed whatever lies below (bitset, or empty)
     std::vector<int32_t> allowed_ids;    // the same as a list when few
     std::vector<uint32_t> context;       // sorted indices (TokenVocabulary order) that depend on the frames below
   };
-  // Computed on first use (one walk of the vocabulary), then cached.
-  Result<const Position*> PositionFor(uint32_t pos, Utf8Partial utf8) const;
+  static constexpr size_t kMaxKeyFrames = 4;
+  // The position of the top `frames` of a stack (top first, at most kMaxKeyFrames;
+  // `whole`: they are the whole stack). Computed on first use (one walk of the
+  // vocabulary), then cached.
+  Result<const Position*> PositionFor(std::span<const Frame> frames, bool whole) const;
   size_t cached_positions() const;
+  size_t expanded_positions() const;  // of which keyed one frame deeper instead
 
  private:
   Grammar g_;
   std::shared_ptr<const TokenVocabulary> vocab_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<uint64_t, std::unique_ptr<Position>> positions_;  // GUARDED_BY(mu_)
+  mutable std::unordered_map<std::string, std::unique_ptr<Position>> positions_;  // GUARDED_BY(mu_)
   mutable StackArena scratch_;                                               // GUARDED_BY(mu_)
 };
 
@@ -131,6 +145,7 @@ class GrammarMatcher {
   StackArena arena_;
   StackMachine machine_;
   std::vector<StackId> stacks_;
+  std::vector<Frame> key_;  // scratch of FillMask
   bool ended_ = false;
   static constexpr size_t kCompactAt = size_t{1} << 18;  // frames
   size_t compact_at_ = kCompactAt;

@@ -27,7 +27,9 @@ std::shared_ptr<const TokenVocabulary> MakeVocab(uint64_t seed, int n_words, int
   for (const char* f : {"{\"", "\":", "\": ", "\", \"", "\"}", "}", "},", "[{", "]}", "true", "false", "null", " {",
                         "\n", "\n  ", "  ", "\\n", "\\\"", "\\u00", "0.", "12", "-1", "e+", "()", "();", " = ", "int ",
                         "return", " return 0;", "1. e4", " Nf3", "O-O", "- ", "こんにちは", "。", "日本", "語を",
-                        "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xC3", "\xA9", "\xE2\x82", "\x82\xAC"}) {
+                        "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xC3", "\xA9", "\xE2\x82", "\x82\xAC",
+                        // across the ends of several rules at once
+                        "ab,", "x:.", "b,:.-", ":.-", "z.-", "1,", "7}", "42}", "\":1", "ab\":", "c\":9,"}) {
     pieces.emplace_back(f);
   }
   const std::string letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_\"{}[],:.- ";
@@ -65,9 +67,12 @@ void ExpectMaskExact(GrammarMatcher& m, const TokenMask& mask) {
 
 // Walks `steps` random allowed tokens, checking the mask exactly at every step and that a
 // refused token is refused by Accept and leaves the state as it was.
-void RandomWalks(const Grammar& g, int walks, int steps, uint64_t seed) {
+// `out`, when given, receives the compiled grammar.
+void RandomWalks(const Grammar& g, int walks, int steps, uint64_t seed,
+                 std::shared_ptr<const CompiledGrammar>* out = nullptr) {
   auto vocab = MakeVocab(seed, 400);
   auto compiled = std::make_shared<CompiledGrammar>(g, vocab);
+  if (out) *out = compiled;
   std::mt19937_64 rng(seed);
   TokenMask mask(vocab->n_vocab());
   int completed = 0;
@@ -134,6 +139,33 @@ TEST(TokenMaskTest, ExactAcrossSplitCharactersAndStars) {
     SCOPED_TRACE(g);
     RandomWalks(Parse(g), 8, 30, seed++);
     if (HasFatalFailure()) return;
+  }
+}
+
+TEST(TokenMaskTest, ExactWhereTheFramesBelowDecide) {
+  // Rules that may end at once (bounded strings, optional tails) leave every token they
+  // refuse to the frames below; such positions are keyed with more frames, up to the
+  // bound and up to the whole stack. Nested four deep, and at the root.
+  const char* grammars[] = {
+      R"~(root ::= "{" kv ("," kv)* "}"
+kv ::= "\"" str "\":" num
+str ::= [a-z]{0,12}
+num ::= [0-9]{1,5})~",
+      R"~(root ::= a "-"
+a ::= b "."?
+b ::= c ":"?
+c ::= d ","?
+d ::= [a-z ]{0,6})~",
+      R"~(root ::= [a-z]{0,8})~",
+  };
+  uint64_t seed = 200;
+  for (const char* g : grammars) {
+    SCOPED_TRACE(g);
+    std::shared_ptr<const CompiledGrammar> compiled;
+    RandomWalks(Parse(g), 8, 30, seed++, &compiled);
+    if (HasFatalFailure()) return;
+    if (std::string_view(g).starts_with("root ::= [")) continue;  // one frame, the whole stack: nothing to expand
+    EXPECT_GT(compiled->expanded_positions(), 0u);
   }
 }
 

@@ -88,6 +88,9 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
          m.evicted_blocks);
   Metric(out, "trellis_preemptions_total", "counter", "sessions preempted for KV blocks", m.preemptions);
   Metric(out, "trellis_engine_steps_total", "counter", "scheduler steps", m.steps);
+  Metric(out, "trellis_grammar_masks_total", "counter", "token masks applied to constrained sampling", m.grammar_masks);
+  Metric(out, "trellis_grammar_mask_seconds_total", "counter",
+         "time the scheduler spent computing and applying token masks", m.grammar_mask_seconds);
   out += "# HELP trellis_store_tokens_total prompt tokens read from the prefix store, by where they were\n"
          "# TYPE trellis_store_tokens_total counter\n";
   const char* tiers[] = {"memory", "replica", "ssd", "remote"};

@@ -131,6 +131,25 @@ for seed in range(4):
         raise SystemExit(f"FAIL: pattern schema gave {text!r} ({finish})")
 print("ok: guided_regex, regex, structured_outputs.regex and schema patterns, every answer matching")
 
+# Every constrained token was sampled under a mask, and /metrics counts them.
+def metric(name):
+    with urllib.request.urlopen(BASE + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise SystemExit(f"FAIL: /metrics has no {name}")
+
+
+masks0, secs0 = metric("trellis_grammar_masks_total"), metric("trellis_grammar_mask_seconds_total")
+code, raw = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON"}], "max_tokens": 300,
+                                          "seed": 5, "temperature": 1.0, "json_schema": SCHEMAS[1]})
+usage = json.loads(raw)["usage"]
+masks = metric("trellis_grammar_masks_total") - masks0
+if masks not in (usage["completion_tokens"], usage["completion_tokens"] + 1) or \
+        metric("trellis_grammar_mask_seconds_total") <= secs0:
+    raise SystemExit(f"FAIL: {masks} masks counted for {usage['completion_tokens']} constrained tokens")
+print(f"ok: /metrics counted {masks:.0f} masks for {usage['completion_tokens']} constrained tokens")
+
 # Completions take the same fields; the cache still serves the shared prompt.
 code, raw = post("/v1/completions", {"prompt": "JSON:", "max_tokens": 200, "json_schema": {"type": "boolean"}})
 assert code == 200 and json.loads(raw)["choices"][0]["text"] in ("true", "false"), raw
