@@ -24,9 +24,15 @@
 //     decodes of its own argmax), STEM.decode_logits.f32 (the logits after each greedy
 //     token: the same teacher-forced rows the first mode writes) and STEM.json
 //     (prompt, argmax_per_position, min_top2_margin_prompt, greedy, greedy_top2_margins).
+//
+//   reference_dump --make MODEL.gguf STEM PROMPT.json STEPS PROMPT_ROWS
+//     The same with STEPS greedy tokens and decode rows, and only the last PROMPT_ROWS
+//     prompt rows in all_logits.f32 (STEM.json says both: "steps", "prompt_rows"): for
+//     vocabularies so large that 32 + N full rows would not belong in a repository.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -110,7 +116,8 @@ struct Llama {
   }
 };
 
-int Make(const char* model_path, const std::string& stem, const std::string& prompt_json) {
+int Make(const char* model_path, const std::string& stem, const std::string& prompt_json, int steps = kSteps,
+         int prompt_rows = -1) {
   const nlohmann::json pj = nlohmann::json::parse(std::ifstream(prompt_json));
   const std::vector<llama_token> prompt = pj["prompt"].get<std::vector<llama_token>>();
   Llama L;
@@ -120,21 +127,22 @@ int Make(const char* model_path, const std::string& stem, const std::string& pro
   std::vector<float> all;
   std::vector<int> argmax;
   double min_margin = INFINITY;
+  if (prompt_rows < 0 || prompt_rows > n) prompt_rows = n;
   for (int i = 0; i < n; ++i) {
     const float* l = L.Logits(i);
-    all.insert(all.end(), l, l + V);
+    if (i >= n - prompt_rows) all.insert(all.end(), l, l + V);
     argmax.push_back(Argmax(l, V));
     min_margin = std::min(min_margin, Top2Margin(l, V));
   }
   std::vector<llama_token> greedy = {argmax.back()};
   std::vector<double> margins;
   std::vector<float> decode;
-  for (int k = 0; k < kSteps; ++k) {
+  for (int k = 0; k < steps; ++k) {
     if (!L.Decode({greedy[k]}, n + k)) return 1;
     const float* l = L.Logits(0);
     decode.insert(decode.end(), l, l + V);
     margins.push_back(Round5(Top2Margin(l, V)));
-    if (k + 1 < kSteps) greedy.push_back(Argmax(l, V));
+    if (k + 1 < steps) greedy.push_back(Argmax(l, V));
   }
   nlohmann::json out;
   out["n_vocab"] = V;
@@ -143,10 +151,14 @@ int Make(const char* model_path, const std::string& stem, const std::string& pro
   out["min_top2_margin_prompt"] = Round5(min_margin);
   out["greedy"] = greedy;
   out["greedy_top2_margins"] = margins;
+  if (steps != kSteps || prompt_rows != n) {
+    out["steps"] = steps;
+    out["prompt_rows"] = prompt_rows;
+  }
   std::ofstream(stem + ".json") << out.dump() << "\n";
   if (!WriteF32(stem + ".all_logits.f32", all) || !WriteF32(stem + ".decode_logits.f32", decode)) return 1;
-  std::printf("%s: %d prompt rows, %d decode rows, min prompt margin %.3f, min greedy margin %.3f\n", stem.c_str(), n,
-              kSteps, min_margin, *std::min_element(margins.begin(), margins.end()));
+  std::printf("%s: %d prompt rows (%d written), %d decode rows, min prompt margin %.3f, min greedy margin %.3f\n",
+              stem.c_str(), n, prompt_rows, steps, min_margin, *std::min_element(margins.begin(), margins.end()));
   return 0;
 }
 
@@ -186,9 +198,13 @@ int DecodeOnly(const char* model_path, const std::string& stem) {
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--make") return Make(argv[2], argv[3], argv[4]);
+  if (argc == 7 && std::string(argv[1]) == "--make") {
+    return Make(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]));
+  }
   if (argc == 3) return DecodeOnly(argv[1], argv[2]);
   std::fprintf(stderr,
                "usage: reference_dump MODEL.gguf STEM                        (reads STEM.json, STEM.all_logits.f32)\n"
-               "       reference_dump --make MODEL.gguf STEM PROMPT.json     (writes STEM.json and both .f32 files)\n");
+               "       reference_dump --make MODEL.gguf STEM PROMPT.json     (writes STEM.json and both .f32 files)\n"
+               "       reference_dump --make MODEL.gguf STEM PROMPT.json STEPS PROMPT_ROWS\n");
   return 2;
 }

@@ -15,7 +15,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB), ptstore (bench store's model) or ref-a (tests/data/reference)")->capture_default_str();
+  app.add_option("--shape", o->shape, "tinyllama (TinyLlama-1.1B dimensions), tiny (a few MB), ptstore (bench store's model), ref-a (tests/data/reference) or small (the unit tests')")->capture_default_str();
   app.add_option("--arch", o->arch, "llama, llama3.2 (tied output, llama3 rope_freqs), qwen2 (QKV bias), qwen3 (Q/K norm), phi3 (fused QKV and gate/up, LongRoPE), gemma2, gemma3 (sliding window, soft-caps, GeGLU)")->capture_default_str();
   app.add_option("--head-dim", o->head_dim, "head dim other than n_embd / n_head (written as attention.key_length)");
   app.add_option("--rope-dims", o->rope_dims, "rotated dims per head, fewer than the head dim for partial rotary");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -17,9 +18,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "engine/test_models.h"
 #include "kernels/cpu_features.h"
+#include "model/tokenizer.h"
+#include "util/checksum.h"
+#include "util/mapped_file.h"
+#include "util/slowdown.h"
 
 namespace trellis {
 namespace {
@@ -275,6 +283,70 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   };
   run_forced("scheduler batched", true);
   run_forced("scheduler from cache", false);
+}
+
+// Qwen3's real vocabulary (151,669 tokens, tests/data/vocab/qwen3-vocab.gguf) on the unit
+// tests' small qwen3 model, q8_0: the output matrix, the embedding rows and every path sized
+// by n_vocab at the size of the most used local models, against llama.cpp on the same file.
+// The model is generated here (WriteSmallModel: `gen-model --shape small --arch qwen3
+// --head-dim 128 --type q8_0 --seed 7 --vocab ...` writes the same bytes, 82 MB), so the
+// reference keeps its checksum; only the last prompt rows and 8 decode steps are kept
+// (0.6 MB a row). Also: the chat turn's text, Qwen3's special tokens included, tokenizes
+// to llama.cpp's ids.
+TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
+  if (TestEmulated()) GTEST_SKIP() << "an 82 MB model under emulation; the native stages run it";
+  const std::string stem = kDir + "ref-qwen3-151k-q8_0.p23";
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(stem + ".json"));
+  const std::vector<int32_t> prompt = ref["prompt"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
+  const int prompt_rows = ref["prompt_rows"];
+  const std::string path = testing::WriteSmallModel("qwen3_151k.gguf", "q8_0",
+                                                    std::string(TRELLIS_TEST_DATA) + "/vocab/qwen3-vocab.gguf", "qwen3");
+  {
+    auto f = MappedFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_EQ(fmt::format("{:016x}", Checksum64(f->data(), f->size())), ref["model_xxh3"].get<std::string>())
+        << "the random-model generator writes other bytes than the file llama.cpp's logits were made from: "
+           "regenerate the reference (tests/data/README.md)";
+  }
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int n_vocab = (*model)->config().n_vocab;
+  ASSERT_EQ(n_vocab, 151669);
+  const std::vector<float> ref_prompt = ReadF32(stem + ".all_logits.f32");
+  const std::vector<float> ref_decode = ReadF32(stem + ".decode_logits.f32");
+  ASSERT_EQ(ref_prompt.size(), static_cast<size_t>(prompt_rows) * n_vocab);
+  ASSERT_EQ(ref_decode.size(), greedy.size() * static_cast<size_t>(n_vocab));
+
+  auto tok = Tokenizer::FromGguf((*model)->gguf());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ((*tok)->Encode(ref["text"].get<std::string>(), /*add_bos=*/false, /*parse_special=*/true), prompt);
+
+  const nlohmann::json tol = nlohmann::json::parse(std::ifstream(kDir + "tolerances.json"));
+  const double rms_bound = tol["ref-qwen3-151k-q8_0"][0], margin_bound = tol["ref-qwen3-151k-q8_0"][1];
+  for (int threads : {1, 2}) {
+    EngineOptions eo;
+    eo.n_threads = threads;
+    eo.all_logits = true;
+    eo.block_size = 16;  // 23 prompt tokens and 8 steps cross a block boundary
+    auto engine = Engine::Create(**model, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    GenerateRequest req;
+    req.prompt = prompt;
+    req.force_tokens = greedy;
+    auto res = (*engine)->Generate(req);
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    ASSERT_EQ(res->prompt_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
+    const std::string t = " threads " + std::to_string(threads);
+    const double wp = CompareRows(res->prompt_logits.data() + (prompt.size() - prompt_rows) * n_vocab,
+                                  ref_prompt.data(), prompt_rows, n_vocab, rms_bound, margin_bound, "prompt" + t);
+    ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
+    const double wd = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
+                                  margin_bound, "decode" + t);
+    std::printf("[ref] qwen3 151k q8_0 p23%s, kernels %s: worst rms/std prompt %.5f, decode %.5f (bound %.3f)\n",
+                t.c_str(), KernelPathName(), wp, wd, rms_bound);
+  }
+  std::remove(path.c_str());
 }
 
 std::vector<Case> AllCases() {

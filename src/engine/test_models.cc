@@ -57,8 +57,7 @@ std::string WriteSmallModel(const std::string& name, const std::string& type, co
   auto vocab = GgufFile::Open(vocab_path.empty() ? std::string(TRELLIS_TEST_DATA) + "/reference/ref-a-f16.gguf" : vocab_path);
   EXPECT_TRUE(vocab.ok()) << vocab.status().ToString();
   RandomModelOptions o;
-  // 256 wide so every quantized type (256-element super-blocks) fits.
-  o.shape = ModelShape{"small", 2, 256, 4, 2, 512, 512, 10000.0f, 1e-5f};
+  o.shape = *ModelShapeByName("small");  // gen-model --shape small [--head-dim 128] --seed 7 writes the same file
   if (arch == "qwen3") o.shape.head_dim = 128;
   o.type = type;
   o.arch = arch;
