@@ -194,6 +194,7 @@ def render_grammar_decode(meta, rows):
     servers = sorted({r["server"] for r in rows}, key=lambda x: x != "trellis")
     sessions = sorted({int(r["sessions"]) for r in rows})
     modes = [m for m in dict.fromkeys(r["mode"] for r in rows)]
+    has_mask = any(r.get("mask_ms") for r in rows)  # results since the /metrics counters
     out = []
     for n in sessions:
         for m in modes:
@@ -201,12 +202,16 @@ def render_grammar_decode(meta, rows):
             for srv in servers:
                 r = by[(srv, n, m)]
                 row += [f(r["decode_tok_s"], 1), f(r["tokens"], 0), f(r["ratio_to_free"], 3)]
+                if srv == "trellis" and has_mask:
+                    row.append(f(r["mask_ms"], 3) if r.get("mask_ms") else "")
             if len(servers) == 2:
                 row.append(f(float(by[(servers[0], n, m)]["decode_tok_s"]) / float(by[(servers[1], n, m)]["decode_tok_s"]), 2))
             out.append(row)
     header = ["sessions", "mode"]
     for srv in servers:
         header += [f"{srv} tok/s", "tokens", "/ free"]
+        if srv == "trellis" and has_mask:
+            header.append("mask ms")
     if len(servers) == 2:
         header.append(f"{servers[0]} / {servers[1]}")
     llama = f"llama-server: {meta['llama_server']}.\n\n" if "llama_server" in meta else ""
@@ -214,6 +219,16 @@ def render_grammar_decode(meta, rows):
     return provenance(meta) + llama + f"Model {meta.get('model', '?')}, max_tokens {meta.get('tokens', '?')}, " \
         f"{meta.get('rounds', '?')} rounds (medians):\n\n" + table(header, out) + \
         f"\nConstrained / free for trellis, worst case: **{worst:.3f}** (target >= 0.95).\n"
+
+
+def render_grammar_mask(meta, rows):
+    """`trellis bench grammar --vocab`: schema compile and per-step mask time, in process."""
+    out = [[r["vocab"], r["n_vocab"], r["schema"], f(r["compile_ms_p50"], 3), f(r["cold_ms_p50"], 3),
+            f(r["cold_ms_p99"], 3), f(r["warm_ms_p50"], 3), f(r["warm_ms_p99"], 3), r["positions"]] for r in rows]
+    header = ["vocabulary", "tokens", "schema", "compile ms p50", "cold p50", "cold p99", "cached p50", "cached p99",
+              "positions"]
+    return provenance(meta) + "ms per mask, one thread; cold: positions computed as the walk meets them, cached: " \
+        "all computed; positions: the keys cached at the end.\n\n" + table(header, out)
 
 
 def render_store_micro(meta, rows):
@@ -472,6 +487,7 @@ RENDERERS = {
     "prefix_blocksize": render_prefix_blocksize,
     "serve": render_serve,
     "grammar_decode": render_grammar_decode,
+    "grammar_mask": render_grammar_mask,
     "agent": render_chat,
 }
 

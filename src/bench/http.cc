@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "util/clock.h"
@@ -94,6 +95,22 @@ int CountTokens(httplib::Client& cli, const Endpoint& ep, const std::string& tex
   json j = json::parse(res->body, nullptr, false);
   if (j.is_discarded() || !j.contains("tokens") || !j["tokens"].is_array()) return -1;
   return static_cast<int>(j["tokens"].size());
+}
+
+double ScrapeMetric(httplib::Client& cli, const Endpoint& ep, const std::string& name) {
+  auto res = cli.Get(ep.prefix + "/metrics");
+  if (!res || res->status != 200) return -1;
+  const std::string& b = res->body;
+  for (size_t at = 0; at < b.size();) {
+    size_t eol = b.find('\n', at);
+    if (eol == std::string::npos) eol = b.size();
+    const std::string_view line(b.data() + at, eol - at);
+    if (line.size() > name.size() && line.substr(0, name.size()) == name && line[name.size()] == ' ') {
+      return std::strtod(std::string(line.substr(name.size() + 1)).c_str(), nullptr);
+    }
+    at = eol + 1;
+  }
+  return -1;
 }
 
 std::string BookshopText(int n_words) {

@@ -55,6 +55,10 @@ SseOutcome PostSse(httplib::Client& cli, const std::string& path, const std::str
 // special tokens added), or -1 when the server has no such endpoint.
 int CountTokens(httplib::Client& cli, const Endpoint& ep, const std::string& text);
 
+// The value of an unlabelled metric in the server's Prometheus /metrics, or -1 when the
+// server has no such endpoint or metric.
+double ScrapeMetric(httplib::Client& cli, const Endpoint& ep, const std::string& name);
+
 // "You are the assistant of an online bookshop." plus `n_words` words of deterministic
 // English-like text, in sentences of 12 words; a longer text extends a shorter one.
 std::string BookshopText(int n_words);

@@ -63,9 +63,11 @@ const Schema kSchemas[] = {
 // logits are.
 //
 // Timed: S requests sent at once (S = sessions); for each, the arrival time of every
-// streamed chunk with text. Decode tok/s of the batch = the tokens after each request's
-// first / (the last chunk's time - the earliest first chunk's time), so prefill is left
-// out. Tokens per request: usage.completion_tokens (trellis), timings.predicted_n
+// streamed chunk with text. Decode tok/s of the batch = the chunks that arrived while
+// every request was decoding (after the last request's first chunk, up to the first
+// request's last) / that window's length: prefill is left out, and a request that ends
+// early (its document complete) does not count the steps the others then run in a smaller
+// batch. Tokens per request: usage.completion_tokens (trellis), timings.predicted_n
 // (llama-server), else the chunks counted. Rounds alternate the order of the modes; the
 // median over rounds is reported, and constrained / free within one server and one round.
 
@@ -81,6 +83,7 @@ const Schema kDecodeSchemas[] = {
 
 struct Batch {
   double tok_s = 0, tokens = 0;  // decode rate of the batch; mean tokens per request
+  double mask_ms = -1;           // trellis: scheduler time per token mask (its /metrics), else -1
   std::string error;
 };
 
@@ -104,7 +107,12 @@ Result<nlohmann::json> BanList(const std::string& model) {
 Batch RunBatch(const bench::Endpoint& ep, const GrammarBenchOptions& o, const std::string& prompt, const char* schema,
                int sessions, uint64_t seed, const nlohmann::json& ban) {
   using nlohmann::json;
+  auto metrics = bench::MakeHttpClient(ep, o.timeout_s);
+  const double masks0 = bench::ScrapeMetric(*metrics, ep, "trellis_grammar_masks_total");
+  const double secs0 = bench::ScrapeMetric(*metrics, ep, "trellis_grammar_mask_seconds_total");
+  const double gen0 = bench::ScrapeMetric(*metrics, ep, "trellis_generated_tokens_total");
   std::vector<double> first(sessions, -1), last(sessions, -1);
+  std::vector<std::vector<double>> times(sessions);  // arrival of each chunk with text
   std::vector<int64_t> tokens(sessions, 0);
   std::vector<std::string> errors(sessions);
   std::latch start(sessions + 1);
@@ -137,6 +145,7 @@ Batch RunBatch(const bench::Endpoint& ep, const GrammarBenchOptions& o, const st
           ++chunks;
           if (first[i] < 0) first[i] = t;
           last[i] = t;
+          times[i].push_back(t);
         }
         return true;
       });
@@ -147,23 +156,43 @@ Batch RunBatch(const bench::Endpoint& ep, const GrammarBenchOptions& o, const st
   start.arrive_and_wait();
   for (auto& t : threads) t.join();
   Batch r;
-  double begin = 1e300, end = 0, after_first = 0;
+  // The window in which every request was decoding: from the last first chunk to the
+  // first last chunk. Chunks in it, over its length: S sessions' decode rate throughout.
+  double begin = 0, end = 1e300;
   for (int i = 0; i < sessions; ++i) {
     if (!errors[i].empty()) {
       r.error = errors[i];
       return r;
     }
-    if (first[i] < 0 || last[i] <= first[i]) continue;  // fewer than two chunks: no decode interval
-    begin = std::min(begin, first[i]);
-    end = std::max(end, last[i]);
-    after_first += static_cast<double>(tokens[i] - 1);
+    if (times[i].size() < 2) continue;  // fewer than two chunks: no decode interval
+    begin = std::max(begin, first[i]);
+    end = std::min(end, last[i]);
     r.tokens += static_cast<double>(tokens[i]) / sessions;
   }
-  if (end <= begin) {
-    r.error = "no tokens streamed";
+  int64_t in_window = 0;
+  for (int i = 0; i < sessions; ++i) {
+    for (double t : times[i]) in_window += (t > begin && t <= end) ? 1 : 0;
+  }
+  if (end >= 1e300 || end <= begin || in_window == 0) {
+    r.error = "no window in which every request was decoding";
     return r;
   }
-  r.tok_s = after_first / (end - begin);
+  r.tok_s = static_cast<double>(in_window) / (end - begin);
+  if (gen0 >= 0) {
+    // /metrics is a snapshot the engine refreshes: wait until it holds this batch's tokens
+    // (then the next batch starts from a snapshot that holds them too).
+    double batch_tokens = 0;
+    for (int64_t t : tokens) batch_tokens += static_cast<double>(t);
+    for (int tries = 0; tries < 100; ++tries) {
+      if (bench::ScrapeMetric(*metrics, ep, "trellis_generated_tokens_total") >= gen0 + batch_tokens) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  if (masks0 >= 0 && secs0 >= 0 && schema) {
+    const double masks = bench::ScrapeMetric(*metrics, ep, "trellis_grammar_masks_total") - masks0;
+    const double secs = bench::ScrapeMetric(*metrics, ep, "trellis_grammar_mask_seconds_total") - secs0;
+    if (masks > 0) r.mask_ms = 1e3 * secs / masks;
+  }
   return r;
 }
 
@@ -237,29 +266,33 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
     csv << "# llama_server: " << o.llama_server << " ("
         << bench::Capture("'" + o.llama_server + "' --version 2>&1 | grep -m1 version | tr -d '\n'") << ")\n";
   }
-  csv << "server,sessions,mode,decode_tok_s,tokens,ratio_to_free\n";
+  csv << "server,sessions,mode,decode_tok_s,tokens,ratio_to_free,mask_ms\n";
   fmt::print("\nconstrained vs free decode through the server ({} rounds, median; {} tokens max; kernels {})\n",
              o.rounds, o.tokens, KernelPathName());
-  fmt::print("| server | sessions | mode | decode tok/s | tokens/request | / free |\n|---|---:|---|---:|---:|---:|\n");
+  fmt::print("| server | sessions | mode | decode tok/s | tokens/request | / free | mask ms |\n"
+             "|---|---:|---|---:|---:|---:|---:|\n");
   for (auto& srv : servers) {
     for (int s : o.sessions) {
       const auto& free = results[{srv->label, s, "free"}];
       for (auto& [name, schema] : modes) {
         const auto& v = results[{srv->label, s, name}];
-        std::vector<double> rate, toks, ratio;
+        std::vector<double> rate, toks, ratio, mask;
         for (size_t i = 0; i < v.size(); ++i) {
           rate.push_back(v[i].tok_s);
           toks.push_back(v[i].tokens);
           ratio.push_back(v[i].tok_s / free[i].tok_s);  // within one round
+          if (v[i].mask_ms >= 0) mask.push_back(v[i].mask_ms);
         }
         const double m = bench::Median(rate), t = bench::Median(toks), q = bench::Median(ratio);
-        fmt::print("| {} | {} | {} | {:.1f} | {:.0f} | {:.3f} |\n", srv->label, s, name, m, t, q);
-        csv << fmt::format("{},{},{},{:.2f},{:.1f},{:.4f}\n", srv->label, s, name, m, t, q);
+        const std::string mk = mask.empty() ? "" : fmt::format("{:.4f}", bench::Median(mask));
+        fmt::print("| {} | {} | {} | {:.1f} | {:.0f} | {:.3f} | {} |\n", srv->label, s, name, m, t, q, mk);
+        csv << fmt::format("{},{},{},{:.2f},{:.1f},{:.4f},{}\n", srv->label, s, name, m, t, q, mk);
       }
     }
   }
-  fmt::print("(decode tok/s: tokens after each request's first / time from the batch's first streamed token to its last; "
-             "/ free: the ratio within each round, median)\nwrote {}\n", path);
+  fmt::print("(decode tok/s: streamed chunks while every request of the batch was decoding / that window; "
+             "/ free: the ratio within each round, median; mask ms: trellis's scheduler time per token mask, from its "
+             "/metrics)\nwrote {}\n", path);
   return 0;
 }
 
@@ -341,7 +374,7 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
                  s.name, c50, Quantile(cold, 0.5), Quantile(cold, 0.99), Quantile(warm, 0.5), Quantile(warm, 0.99),
                  compiled->cached_positions());
       if (csv) {
-        csv << fmt::format("grammar,{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}\n", KernelPathName(), vname,
+        csv << fmt::format("grammar,\"{}\",{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}\n", KernelPathName(), vname,
                            vocab->n_vocab(), s.name, c50, Quantile(cold, 0.5), Quantile(cold, 0.99), Quantile(warm, 0.5),
                            Quantile(warm, 0.99), compiled->cached_positions());
       }
