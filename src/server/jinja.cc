@@ -10,6 +10,10 @@
 #include <unordered_map>
 
 #include <fmt/core.h>
+#include <unicode/uchar.h>
+#include <unicode/ustring.h>
+#include <unicode/utf16.h>
+#include <unicode/utf8.h>
 
 namespace trellis::jinja {
 
@@ -346,6 +350,205 @@ bool HasCodePoint(std::string_view set, uint32_t cp) {
     if (c == cp && cp != 0xFFFFFFFF) return true;
   }
   return false;
+}
+
+// --- Python's case rules (str.upper, lower, title, capitalize, isupper, ...) -------------
+// Full case mappings (Unicode's SpecialCasing: "ß".upper() == "SS", "ǆ".title() == "ǅ")
+// and character properties from ICU (libicu, root locale, so no Turkish dotless i), with
+// the rules CPython adds: a capital sigma lowers to final sigma at the end of a word, title
+// case starts after any character that is not cased. Bytes that are not well-formed UTF-8
+// pass through unchanged.
+
+enum class CaseOp { kUpper, kLower, kTitle };
+
+void AppendUtf8(std::string& out, uint32_t cp) {
+  char b[4];
+  int32_t n = 0;
+  U8_APPEND_UNSAFE(b, n, cp);
+  out.append(b, static_cast<size_t>(n));
+}
+
+// The full mapping of one code point (at most three code points).
+void AppendCased(std::string& out, uint32_t cp, CaseOp op) {
+  UChar src[2], dst[16];
+  int32_t n = 0;
+  U16_APPEND_UNSAFE(src, n, cp);
+  UErrorCode err = U_ZERO_ERROR;
+  const int32_t m = op == CaseOp::kUpper   ? u_strToUpper(dst, 16, src, n, "", &err)
+                    : op == CaseOp::kLower ? u_strToLower(dst, 16, src, n, "", &err)
+                                           : u_strToTitle(dst, 16, src, n, nullptr, "", &err);
+  if (U_FAILURE(err) || m > 16) {
+    AppendUtf8(out, cp);
+    return;
+  }
+  for (int32_t i = 0; i < m;) {
+    UChar32 c;
+    U16_NEXT(dst, i, m, c);
+    AppendUtf8(out, static_cast<uint32_t>(c));
+  }
+}
+
+bool IsCased(uint32_t cp) { return cp != 0xFFFFFFFF && u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_CASED); }
+bool IsCaseIgnorable(uint32_t cp) {
+  return cp != 0xFFFFFFFF && u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_CASE_IGNORABLE);
+}
+
+// CPython's handle_capital_sigma: U+03A3 at s[i] lowers to final sigma when a cased
+// character precedes it and none follows (case-ignorable characters skipped both ways).
+bool IsFinalSigma(std::string_view s, size_t i, size_t len) {
+  bool before = false, after = false;
+  for (size_t j = i; j > 0;) {
+    uint32_t c;
+    j -= CodePointBefore(s, j, &c);
+    if (IsCaseIgnorable(c)) continue;
+    before = IsCased(c);
+    break;
+  }
+  for (size_t j = i + len; j < s.size();) {
+    uint32_t c;
+    j += CodePointAt(s, j, &c);
+    if (IsCaseIgnorable(c)) continue;
+    after = IsCased(c);
+    break;
+  }
+  return before && !after;
+}
+
+// s[i, i + len) (code point cp) lowered, in the context of s.
+void AppendLower(std::string& out, std::string_view s, size_t i, size_t len, uint32_t cp) {
+  if (cp == 0x3A3) {
+    AppendUtf8(out, IsFinalSigma(s, i, len) ? 0x3C2 : 0x3C3);
+  } else {
+    AppendCased(out, cp, CaseOp::kLower);
+  }
+}
+
+std::string PyUpper(std::string_view s) {
+  std::string o;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    const size_t len = CodePointAt(s, i, &cp);
+    if (cp == 0xFFFFFFFF) {
+      o += s[i];
+    } else {
+      AppendCased(o, cp, CaseOp::kUpper);
+    }
+    i += len;
+  }
+  return o;
+}
+
+std::string PyLower(std::string_view s) {
+  std::string o;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    const size_t len = CodePointAt(s, i, &cp);
+    if (cp == 0xFFFFFFFF) {
+      o += s[i];
+    } else {
+      AppendLower(o, s, i, len, cp);
+    }
+    i += len;
+  }
+  return o;
+}
+
+// str.title(): title case after a character that is not cased, lower case after one that is.
+std::string PyTitle(std::string_view s) {
+  std::string o;
+  bool prev_cased = false;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    const size_t len = CodePointAt(s, i, &cp);
+    if (cp == 0xFFFFFFFF) {
+      o += s[i];
+    } else if (prev_cased) {
+      AppendLower(o, s, i, len, cp);
+    } else {
+      AppendCased(o, cp, CaseOp::kTitle);
+    }
+    prev_cased = IsCased(cp);
+    i += len;
+  }
+  return o;
+}
+
+// str.capitalize() (Python >= 3.8): the first character in title case, the rest lowered.
+std::string PyCapitalize(std::string_view s) {
+  if (s.empty()) return std::string();
+  uint32_t cp;
+  const size_t len = CodePointAt(s, 0, &cp);
+  std::string o;
+  if (cp == 0xFFFFFFFF) {
+    o += s[0];
+  } else {
+    AppendCased(o, cp, CaseOp::kTitle);
+  }
+  for (size_t i = len; i < s.size();) {
+    uint32_t c;
+    const size_t l = CodePointAt(s, i, &c);
+    if (c == 0xFFFFFFFF) {
+      o += s[i];
+    } else {
+      AppendLower(o, s, i, l, c);
+    }
+    i += l;
+  }
+  return o;
+}
+
+// jinja2's `title` filter (not str.title): the text split before and after runs of
+// whitespace and -({[<, each piece's first character upper-cased and the rest lowered.
+std::string JinjaTitle(std::string_view s) {
+  auto is_sep = [](uint32_t c) { return IsPySpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  std::string o;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    CodePointAt(s, i, &cp);
+    const bool sep = is_sep(cp);
+    size_t e = i;
+    while (e < s.size()) {
+      uint32_t c;
+      const size_t l = CodePointAt(s, e, &c);
+      if (is_sep(c) != sep) break;
+      e += l;
+    }
+    const std::string_view item = s.substr(i, e - i);
+    const size_t first = CodePointAt(item, 0, &cp);
+    o += PyUpper(item.substr(0, first));
+    o += PyLower(item.substr(first));
+    i = e;
+  }
+  return o;
+}
+
+// str.isupper() / islower(): some cased character, and none of the other case (or title case).
+bool PyIsUpper(std::string_view s, bool upper) {
+  bool cased = false;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    i += CodePointAt(s, i, &cp);
+    if (cp == 0xFFFFFFFF) continue;
+    const auto c = static_cast<UChar32>(cp);
+    const bool is_upper = u_hasBinaryProperty(c, UCHAR_UPPERCASE), is_lower = u_hasBinaryProperty(c, UCHAR_LOWERCASE);
+    if ((upper ? is_lower : is_upper) || u_istitle(c)) return false;
+    cased = cased || (upper ? is_upper : is_lower);
+  }
+  return cased;
+}
+
+// str.isalpha() (letters: Lu Ll Lt Lm Lo) / str.isdigit() (Numeric_Type Decimal or Digit).
+bool PyIsAll(std::string_view s, bool alpha) {
+  if (s.empty()) return false;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    i += CodePointAt(s, i, &cp);
+    if (cp == 0xFFFFFFFF) return false;
+    const auto c = static_cast<UChar32>(cp);
+    const int nt = u_getIntPropertyValue(c, UCHAR_NUMERIC_TYPE);
+    if (!(alpha ? u_isalpha(c) : (nt == U_NT_DECIMAL || nt == U_NT_DIGIT))) return false;
+  }
+  return true;
 }
 
 // Length of the run of Python whitespace at the start / end of s[b, e).
@@ -1804,24 +2007,8 @@ class Renderer {
     return Value::Pieces(std::move(p));
   }
 
-  static std::string Upper(std::string s) {
-    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    return s;
-  }
-  static std::string Lower(std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  }
-  static std::string Title(const std::string& s) {
-    std::string o = s;
-    bool start = true;
-    for (char& c : o) {
-      const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-      c = static_cast<char>(start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      start = !alpha;
-    }
-    return o;
-  }
+  static std::string Upper(const std::string& s) { return PyUpper(s); }
+  static std::string Lower(const std::string& s) { return PyLower(s); }
   // Stops growing past the output limit (the caller's result is then cut short, and the
   // render fails on the output bound when it is written).
   static std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
@@ -1854,8 +2041,8 @@ class Renderer {
       }
       if (m == "upper") return MapPieces(o, Upper);
       if (m == "lower") return MapPieces(o, Lower);
-      if (m == "title") return Flat(Title(s), in);
-      if (m == "capitalize") return Flat(s.empty() ? s : Upper(s.substr(0, 1)) + Lower(s.substr(1)), in);
+      if (m == "title") return Flat(PyTitle(s), in);
+      if (m == "capitalize") return Flat(PyCapitalize(s), in);
       if (m == "startswith" || m == "endswith") {
         std::vector<std::string> cands;
         if (!a.empty() && a[0].kind() == Kind::kList) {
@@ -1949,15 +2136,8 @@ class Renderer {
         if (s.empty()) return Value::Bool(false);
         return Value::Bool(SpaceRunAt(s, 0, s.size()) == s.size());
       }
-      if (m == "isdigit" || m == "isalpha" || m == "isupper" || m == "islower") {
-        if (s.empty()) return Value::Bool(false);
-        for (unsigned char c : s) {
-          const bool ok = m == "isdigit" ? std::isdigit(c) : m == "isalpha" ? std::isalpha(c) : m == "isspace" ? IsSpace(static_cast<char>(c))
-                        : m == "isupper" ? !std::islower(c) : !std::isupper(c);
-          if (!ok) return Value::Bool(false);
-        }
-        return Value::Bool(true);
-      }
+      if (m == "isdigit" || m == "isalpha") return Value::Bool(PyIsAll(s, m == "isalpha"));
+      if (m == "isupper" || m == "islower") return Value::Bool(PyIsUpper(s, m == "isupper"));
     } else if (o.kind() == Kind::kDict) {
       if (m == "items") {
         ValueList l;
@@ -2155,8 +2335,8 @@ class Renderer {
     if (t == "iterable") return v.kind() == Kind::kList || v.kind() == Kind::kDict || v.kind() == Kind::kString;
     if (t == "sequence") return v.kind() == Kind::kList || v.kind() == Kind::kString || v.kind() == Kind::kDict;
     if (t == "callable") return v.kind() == Kind::kCallable;
-    if (t == "lower") return v.kind() == Kind::kString && Lower(v.text()) == v.text();
-    if (t == "upper") return v.kind() == Kind::kString && Upper(v.text()) == v.text();
+    if (t == "lower") return v.kind() == Kind::kString && PyIsUpper(v.text(), false);
+    if (t == "upper") return v.kind() == Kind::kString && PyIsUpper(v.text(), true);
     if (t == "odd" || t == "even") {
       if (v.kind() != Kind::kInt) return Err(n, fmt::format("'{}' test on a non-integer", t));
       return (v.i() % 2 != 0) == (t == "odd");
@@ -2285,11 +2465,8 @@ class Renderer {
       }
       if (f == "upper") return MapPieces(v, Upper);
       if (f == "lower") return MapPieces(v, Lower);
-      if (f == "title") return Flat(Title(v.text()), in);
-      if (f == "capitalize") {
-        const std::string s = v.text();
-        return Flat(s.empty() ? s : Upper(s.substr(0, 1)) + Lower(s.substr(1)), in);
-      }
+      if (f == "title") return Flat(JinjaTitle(v.text()), in);
+      if (f == "capitalize") return Flat(PyCapitalize(v.text()), in);
       if (f == "replace") {
         if (a.size() < 2 || a[0].kind() != Kind::kString || a[1].kind() != Kind::kString) return Err(n, "replace needs two strings");
         const int64_t count = a.size() > 2 && a[2].kind() == Kind::kInt ? a[2].i() : -1;

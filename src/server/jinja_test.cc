@@ -60,6 +60,26 @@ TEST(JinjaTest, StringWhitespaceIsPythons) {
   (void)s;
 }
 
+// Python's case rules (full mappings: ß -> SS, the ligature ﬁ -> FI; final sigma; title
+// case after any uncased character; jinja2's own `title` filter, which differs from
+// str.title) and Unicode character classes. Expected: jinja2 3.1.6 on Python 3.11 (Debian
+// 12) for the same templates (python3 -c "import jinja2; ...", see the commit).
+TEST(JinjaTest, CaseRulesArePythons) {
+  const Value g = Value::Dict({{"s", Value::Str("straße ǆemal ΌΣΟΣ ὈΔΥΣΣΕΎΣ İstanbul they're (ﬁne) x-ray ΣΑΣ. ǅ")}});
+  EXPECT_EQ(Render("{{ s | upper }}", g), "STRASSE ǄEMAL ΌΣΟΣ ὈΔΥΣΣΕΎΣ İSTANBUL THEY'RE (FINE) X-RAY ΣΑΣ. Ǆ");
+  EXPECT_EQ(Render("{{ s | lower }}", g), "straße ǆemal όσος ὀδυσσεύς i̇stanbul they're (ﬁne) x-ray σας. ǆ");
+  EXPECT_EQ(Render("{{ s | title }}", g), "Straße Ǆemal Όσος Ὀδυσσεύς İstanbul They're (FIne) X-Ray Σας. Ǆ");
+  EXPECT_EQ(Render("{{ s | capitalize }}", g), "Straße ǆemal όσος ὀδυσσεύς i̇stanbul they're (ﬁne) x-ray σας. ǆ");
+  EXPECT_EQ(Render("{{ s.upper() }}", g), "STRASSE ǄEMAL ΌΣΟΣ ὈΔΥΣΣΕΎΣ İSTANBUL THEY'RE (FINE) X-RAY ΣΑΣ. Ǆ");
+  EXPECT_EQ(Render("{{ s.lower() }}", g), "straße ǆemal όσος ὀδυσσεύς i̇stanbul they're (ﬁne) x-ray σας. ǆ");
+  EXPECT_EQ(Render("{{ s.title() }}", g), "Straße ǅemal Όσος Ὀδυσσεύς İstanbul They'Re (Fine) X-Ray Σας. ǅ");
+  EXPECT_EQ(Render("{{ s.capitalize() }}", g), "Straße ǆemal όσος ὀδυσσεύς i̇stanbul they're (ﬁne) x-ray σας. ǆ");
+  EXPECT_EQ(Render("{{ 'ÉCOLE'.isupper() }}|{{ 'école'.islower() }}|{{ 'ǅ'.isupper() }}|{{ 'Ⅻ'.isupper() }}|{{ 'ß'.islower() }}|{{ '١٢٣'.isdigit() }}|{{ '²'.isdigit() }}|{{ 'ｱｲ'.isalpha() }}|{{ 'x1'.isalpha() }}|{{ '한국어'.isalpha() }}", g), "True|True|False|True|True|True|True|True|False|True");
+  EXPECT_EQ(Render("{{ 'ÉCOLE' is upper }}|{{ 'école' is lower }}|{{ 'Ab' is lower }}|{{ '123' is lower }}", g), "True|True|False|False");
+  // Bytes that are not UTF-8 pass through.
+  EXPECT_EQ(Render("{{ s | upper }}", Value::Dict({{"s", Value::Str("a\xFF\xC3" "b")}})), "A\xFF\xC3" "B");
+}
+
 TEST(JinjaTest, WhitespaceControlAsJinja2) {
   // trim_blocks: the newline after a block tag goes; lstrip_blocks: indentation before it.
   EXPECT_EQ(Render("{% if true %}\n  a\n{% endif %}\nb"), "  a\nb");
