@@ -438,9 +438,9 @@ std::string PyUpper(std::string_view s) {
   return o;
 }
 
-std::string PyLower(std::string_view s) {
-  std::string o;
-  for (size_t i = 0; i < s.size();) {
+// s[begin, size) lowered, in the context of the whole of s.
+void AppendLowerRange(std::string& o, std::string_view s, size_t begin) {
+  for (size_t i = begin; i < s.size();) {
     uint32_t cp;
     const size_t len = CodePointAt(s, i, &cp);
     if (cp == 0xFFFFFFFF) {
@@ -450,6 +450,11 @@ std::string PyLower(std::string_view s) {
     }
     i += len;
   }
+}
+
+std::string PyLower(std::string_view s) {
+  std::string o;
+  AppendLowerRange(o, s, 0);
   return o;
 }
 
@@ -484,16 +489,7 @@ std::string PyCapitalize(std::string_view s) {
   } else {
     AppendCased(o, cp, CaseOp::kTitle);
   }
-  for (size_t i = len; i < s.size();) {
-    uint32_t c;
-    const size_t l = CodePointAt(s, i, &c);
-    if (c == 0xFFFFFFFF) {
-      o += s[i];
-    } else {
-      AppendLower(o, s, i, l, c);
-    }
-    i += l;
-  }
+  AppendLowerRange(o, s, len);
   return o;
 }
 
