@@ -9,6 +9,7 @@ fail. Also json_object, GBNF, guided_choice, streaming, and the 400s.
 import json
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -144,7 +145,12 @@ masks0, secs0 = metric("trellis_grammar_masks_total"), metric("trellis_grammar_m
 code, raw = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON"}], "max_tokens": 300,
                                           "seed": 5, "temperature": 1.0, "json_schema": SCHEMAS[1]})
 usage = json.loads(raw)["usage"]
-masks = metric("trellis_grammar_masks_total") - masks0
+# /metrics is a snapshot the engine refreshes: wait (bounded) for it to hold this answer.
+for _ in range(100):
+    masks = metric("trellis_grammar_masks_total") - masks0
+    if masks >= usage["completion_tokens"]:
+        break
+    time.sleep(0.05)
 if masks not in (usage["completion_tokens"], usage["completion_tokens"] + 1) or \
         metric("trellis_grammar_mask_seconds_total") <= secs0:
     raise SystemExit(f"FAIL: {masks} masks counted for {usage['completion_tokens']} constrained tokens")
