@@ -145,6 +145,26 @@ void LoadReference(const Case& tc, Reference* r) {
   ASSERT_EQ(r->prompt_logits.size(), r->prompt.size() * static_cast<size_t>(r->n_vocab));
 }
 
+// Engine, one session: `prompt` in chunks of 128, then `forced` fed one token at a time
+// through the paged KV (blocks of 16, so decode crosses block boundaries), every logit row
+// kept. ASSERTs (call it through ASSERT_NO_FATAL_FAILURE).
+void GenerateForced(const Model& model, int threads, const std::vector<int32_t>& prompt,
+                    const std::vector<int32_t>& forced, GenerateResult* out) {
+  EngineOptions eo;
+  eo.n_threads = threads;
+  eo.all_logits = true;
+  eo.max_batch_tokens = 128;
+  eo.block_size = 16;
+  auto engine = Engine::Create(model, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.force_tokens = forced;
+  auto res = (*engine)->Generate(req);
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  *out = std::move(*res);
+}
+
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
@@ -221,18 +241,9 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
 
   // 1. Engine, one session: single-token decode through the paged KV.
   for (int threads : {1, 2}) {
-    EngineOptions eo;
-    eo.n_threads = threads;
-    eo.all_logits = true;
-    eo.max_batch_tokens = 128;
-    eo.block_size = 16;  // decode crosses block boundaries within the 32 steps
-    auto engine = Engine::Create(*model, eo);
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    GenerateRequest req;
-    req.prompt = prompt;
-    req.force_tokens = greedy;
-    auto res = (*engine)->Generate(req);
-    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    GenerateResult forced;
+    ASSERT_NO_FATAL_FAILURE(GenerateForced(*model, threads, prompt, greedy, &forced));
+    const GenerateResult* res = &forced;
     ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
     const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
                                      margin_bound, "engine decode, threads " + std::to_string(threads));
@@ -325,17 +336,9 @@ TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
   const nlohmann::json tol = nlohmann::json::parse(std::ifstream(kDir + "tolerances.json"));
   const double rms_bound = tol["ref-qwen3-151k-q8_0"][0], margin_bound = tol["ref-qwen3-151k-q8_0"][1];
   for (int threads : {1, 2}) {
-    EngineOptions eo;
-    eo.n_threads = threads;
-    eo.all_logits = true;
-    eo.block_size = 16;  // 23 prompt tokens and 8 steps cross a block boundary
-    auto engine = Engine::Create(**model, eo);
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    GenerateRequest req;
-    req.prompt = prompt;
-    req.force_tokens = greedy;
-    auto res = (*engine)->Generate(req);
-    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    GenerateResult forced;
+    ASSERT_NO_FATAL_FAILURE(GenerateForced(**model, threads, prompt, greedy, &forced));
+    const GenerateResult* res = &forced;
     ASSERT_EQ(res->prompt_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
     const std::string t = " threads " + std::to_string(threads);
     const double wp = CompareRows(res->prompt_logits.data() + (prompt.size() - prompt_rows) * n_vocab,
