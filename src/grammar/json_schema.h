@@ -13,10 +13,12 @@
 // applied to every branch, allOf (the parts' keywords merged; a
 // keyword in two parts is refused), additionalItems with draft-7 tuple `items`, $ref to
 // any JSON pointer inside the schema ("#", "#/$defs/...", ...; recursion allowed),
-// boolean schemas, and the annotations (title, description, default, examples, $schema,
+// numbers and integers within minimum / maximum / exclusiveMinimum / exclusiveMaximum
+// (numbers, or draft 4's booleans; the bounds read as the exact decimals the schema
+// spells, so 0.1 is one tenth), boolean schemas, and the annotations (title, description, default, examples, $schema,
 // $id, $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
 //
-// Everything else that constrains a value (minimum / maximum, multipleOf,
+// Everything else that constrains a value (multipleOf,
 // uniqueItems: true, not, if / then / else, patternProperties, propertyNames, contains,
 // min/maxProperties, dependentRequired, other formats, remote $refs, unknown keywords) is
 // refused with
@@ -25,7 +27,8 @@
 //
 // The grammar writes objects with their declared properties in declaration order
 // (required ones always, optional ones or not), then any additional ones; numbers with at
-// most 20 integer digits, 20 fraction digits and 3 exponent digits; whitespace of at most
+// most 20 integer digits, 20 fraction digits and 3 exponent digits (no exponent where
+// bounds apply: every plain decimal within them is written); whitespace of at most
 // one space or one line break and 20 indent characters between tokens. These bound every
 // token run so that even a model with no idea of JSON ends its answer.
 //

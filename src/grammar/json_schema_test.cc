@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -84,11 +85,110 @@ TEST(JsonSchemaTest, AcceptsInstancesAndRejectsOthers) {
   }
 }
 
+// Bounded numbers against exact arithmetic: values are multiples of 1/10000, the
+// candidates sit at and around every bound, each spelled with every number of fraction
+// digits that writes it exactly ("1.1", "1.10", ...). The grammar must accept exactly the
+// in-range spellings it can write: for "integer" the ones without a fraction.
+TEST(JsonSchemaTest, BoundsAreExact) {
+  constexpr int64_t kScale = 10000;
+  auto text = [](int64_t v, int digits) {  // v / kScale with `digits` fraction digits
+    const bool neg = v < 0;
+    const int64_t a = neg ? -v : v;
+    std::string s = (neg ? "-" : "") + std::to_string(a / kScale);
+    if (digits > 0) {
+      std::string f = std::to_string(a % kScale);
+      f = std::string(4 - f.size(), '0') + f;
+      s += "." + f.substr(0, digits);
+    }
+    return s;
+  };
+  auto spellings = [&](int64_t v) {
+    std::vector<std::string> out;
+    for (int d = 0; d <= 4; ++d) {
+      int64_t unit = 1;
+      for (int k = d; k < 4; ++k) unit *= 10;
+      if (v % unit == 0) out.push_back(text(v, d));
+    }
+    if (v == 0) out.push_back("-0");
+    return out;
+  };
+  // The shortest spelling, for the schema.
+  auto shortest = [&](int64_t v) { return spellings(v).front() == "-0" ? "0" : spellings(v).back(); };
+  const std::vector<int64_t> bounds = {-12340000, -105000, -30000, -20500, -2500, 0, 1250, 11000, 70000, 2345600, 10000000};
+  std::set<int64_t> values = {0};
+  for (int64_t b : bounds) {
+    for (int64_t d : {0, 1, 10, 100, 1000, 9999, 10000, 90000, 100000}) {
+      values.insert(b + d);
+      values.insert(b - d);
+    }
+  }
+  // Pairs of bounds (or none), inclusive or exclusive, for both types.
+  std::vector<std::optional<int64_t>> ends = {std::nullopt};
+  for (int64_t b : bounds) ends.push_back(b);
+  int schemas = 0;
+  for (size_t a = 0; a < ends.size(); ++a) {
+    for (size_t b = 0; b < ends.size(); ++b) {
+      const auto lo = ends[a], hi = ends[b];
+      if (lo && hi && *lo > *hi) continue;
+      for (int strict = 0; strict < 4; ++strict) {
+        const bool ls = strict & 1, hs = strict & 2;
+        if ((!lo && ls) || (!hi && hs)) continue;
+        const bool empty = lo && hi && *lo == *hi && (ls || hs);
+        for (const char* type : {"number", "integer"}) {
+          json schema = {{"type", type}};
+          if (lo) schema[ls ? "exclusiveMinimum" : "minimum"] = json::parse(shortest(*lo));
+          if (hi) schema[hs ? "exclusiveMaximum" : "maximum"] = json::parse(shortest(*hi));
+          SCOPED_TRACE(schema.dump());
+          auto g = CompileJsonSchema(schema.dump());
+          const bool integer = std::string(type) == "integer";
+          bool any = false;
+          for (int64_t v : values) {
+            const bool in = (!lo || (ls ? v > *lo : v >= *lo)) && (!hi || (hs ? v < *hi : v <= *hi));
+            for (const std::string& sp : spellings(v)) {
+              const bool want = in && (!integer || sp.find('.') == std::string::npos);
+              any = any || want;
+              if (!g.ok()) continue;
+              if (sp == "-0") {  // zero spelled negative: may be written only where 0 is in range
+                EXPECT_TRUE(in || !Matches(*g, sp));
+                continue;
+              }
+              EXPECT_EQ(Matches(*g, sp), want) << sp;
+            }
+          }
+          if (empty || (!any && integer && lo && hi)) {
+            if (!g.ok()) {
+              EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().message();
+            }
+          } else {
+            EXPECT_TRUE(g.ok()) << g.status().message();
+          }
+          ++schemas;
+        }
+      }
+    }
+  }
+  EXPECT_GT(schemas, 300);
+  // Exponents are not written where bounds apply; bounds may be spelled with them.
+  auto none = CompileJsonSchema(R"~({"type": "number", "minimum": 1.5e1, "exclusiveMaximum": 2e-3})~");
+  ASSERT_FALSE(none.ok());  // 15 > 0.002: no number
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  const Grammar small = Compile(R"~({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-3})~");
+  for (const char* s : {"0.001", "0.0005", "0.00099999"}) EXPECT_TRUE(Matches(small, s)) << s;
+  for (const char* s : {"0", "0.0", "0.0011", "1e-4", "-0.0001"}) EXPECT_FALSE(Matches(small, s)) << s;
+  // Draft 4: exclusiveMinimum / exclusiveMaximum as booleans beside the bound.
+  const Grammar d4 = Compile(R"~({"type": "integer", "minimum": 0, "exclusiveMinimum": true, "maximum": 3, "exclusiveMaximum": false})~");
+  for (const char* s : {"1", "2", "3"}) EXPECT_TRUE(Matches(d4, s)) << s;
+  for (const char* s : {"0", "4", "-1"}) EXPECT_FALSE(Matches(d4, s)) << s;
+  // A bound past the grammar's 20 integer digits holds for every number it writes.
+  const Grammar wide = Compile(R"~({"type": "integer", "minimum": -1e30, "maximum": 1e30})~");
+  for (const char* s : {"0", "-99999999999999999999", "99999999999999999999"}) EXPECT_TRUE(Matches(wide, s)) << s;
+}
+
 TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
   const std::pair<const char*, const char*> unsupported[] = {
       {R"~({"type": "string", "pattern": "^a+$", "maxLength": 3})~", "'pattern' with 'format', 'minLength' or 'maxLength'"},
       {R"~({"properties": {"s": {"type": "string", "pattern": "(?=a)a"}}})~", "'pattern' at '/properties/s': regular expression: lookahead"},
-      {R"~({"type": "integer", "minimum": 0})~", "'minimum'"},
+      {R"~({"type": "integer", "minimum": 1e50})~", "'minimum' 1e+50 at '' has more than 40 digits"},
       {R"~({"properties": {"n": {"type": "number", "multipleOf": 2}}})~", "'multipleOf' at '/properties/n/multipleOf'"},
       {R"~({"type": "array", "uniqueItems": true})~", "'uniqueItems'"},
       {R"~({"not": {"type": "null"}})~", "'not'"},
@@ -200,8 +300,9 @@ bool InferredTypeHolds(const json& schema, const json& data) {
   const bool obj = has({"properties", "required", "additionalProperties"});
   const bool arr = has({"items", "prefixItems", "additionalItems", "minItems", "maxItems"});
   const bool str = has({"minLength", "maxLength", "format", "pattern"});
-  if (!obj && !arr && !str) return true;
-  return (obj && data.is_object()) || (arr && data.is_array()) || (str && data.is_string());
+  const bool num = has({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+  if (!obj && !arr && !str && !num) return true;
+  return (obj && data.is_object()) || (arr && data.is_array()) || (str && data.is_string()) || (num && data.is_number());
 }
 
 // Debian's json-schema-test-suite, draft 7, the files of the keywords this converter
@@ -221,7 +322,8 @@ TEST(JsonSchemaTest, OfficialTestSuiteDraft7) {
   std::set<std::pair<std::string, std::string>> seen;
   int compiled = 0, refused = 0, checked = 0;
   for (const char* file : {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
-                           "maxItems", "minItems", "maxLength", "minLength", "pattern", "anyOf", "oneOf", "allOf", "ref", "definitions",
+                           "maxItems", "minItems", "maxLength", "minLength", "pattern",
+                           "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "ref", "definitions",
                            "boolean_schema", "default"}) {
     std::ifstream in(dir / (std::string(file) + ".json"));
     ASSERT_TRUE(in) << file;
