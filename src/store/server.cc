@@ -244,6 +244,7 @@ struct StoreServer::Impl {
     st.ssd_tensors = on_ssd;
     st.ssd_bytes_used = ssd ? ssd->used() : 0;
     st.ssd_bytes_capacity = ssd ? ssd->capacity() : 0;
+    st.ssd_log_compactions = ssd ? ssd->log_compactions() : 0;
   }
 };
 
@@ -975,11 +976,6 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
       tn.priority = impl->Gdsf(tn);
       impl->ssd_only.insert({tn.priority, id});
     }
-    for (const IndexRecord& r : impl->ssd->restored_index()) {
-      if (impl->index.emplace(r.key, IndexEntry{r.owner, r.tensor, r.index}).second) {
-        impl->keys_of[{r.owner, r.tensor}].push_back(r.key);
-      }
-    }
     impl->st.ssd_restored = impl->ssd->restored().size();
     impl->st.ssd_rejected = impl->ssd->files_rejected();
   }
@@ -999,6 +995,26 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     return Status::Ok();
   });
   TRELLIS_RETURN_IF_ERROR(s);
+  if (raw->ssd) {
+    // The index as the log left it, less the entries of this server's own tensors that
+    // did not survive (in memory only when it stopped, or a file that failed its check):
+    // served, they would be hits that fail at the read.
+    raw->t->Sync([raw] {
+      std::set<std::pair<uint64_t, uint64_t>> gone;
+      for (const IndexRecord& r : raw->ssd->LiveIndex()) {
+        if (r.owner == raw->node && !raw->tensors.count(r.tensor)) {
+          gone.insert({r.owner, r.tensor});
+        } else if (raw->index.emplace(r.key, IndexEntry{r.owner, r.tensor, r.index}).second) {
+          raw->keys_of[{r.owner, r.tensor}].push_back(r.key);
+        }
+      }
+      for (const auto& [owner, tensor] : gone) raw->ssd->DropEntries(owner, tensor);
+      std::lock_guard<std::mutex> lock(raw->stats_mu);
+      raw->st.ssd_entries_dropped = gone.size();
+      raw->st.ssd_log_records_skipped = raw->ssd->log_records_skipped();
+      raw->st.ssd_temp_files_removed = raw->ssd->temp_files_removed();
+    });
+  }
   if (!(options.replica_share >= 0 && options.replica_share <= 1)) return InvalidArgument("--replica-share must be in [0, 1]");
   raw->t->Sync([raw] {
     for (const std::string& a : raw->opt.peers) {
@@ -1090,6 +1106,9 @@ std::string StoreServer::MetricsText() const {
   m("ssd_evictions_total", "counter", "Tensors dropped from SSD for room.", s.ssd_evictions);
   m("checksum_failures_total", "counter", "SSD reads whose blocks failed their checksums (discarded).", s.ssd_checksum_failures);
   m("ssd_restored_total", "counter", "Tensors found intact on SSD at start.", s.ssd_restored);
+  m("ssd_entries_dropped_total", "counter", "Tensors of this server the index log named at start that had not survived (their entries dropped).", s.ssd_entries_dropped);
+  m("ssd_log_records_skipped_total", "counter", "Bad index log records skipped at start.", s.ssd_log_records_skipped);
+  m("ssd_log_compactions_total", "counter", "Index log rewrites with the live entries alone.", s.ssd_log_compactions);
   m("ssd_rejected_total", "counter", "Tensor files found bad at start (deleted).", s.ssd_rejected);
   m("get_bytes_total", "counter", "Bytes this node read from peers by RMA (puts).", n.get_bytes);
   m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);

@@ -58,6 +58,9 @@ struct ServerStats {
   uint64_t ssd_tensors = 0, ssd_bytes_used = 0, ssd_bytes_capacity = 0;
   uint64_t ssd_flushes = 0, ssd_reads = 0, ssd_evictions = 0, ssd_checksum_failures = 0, ssd_restored = 0,
            ssd_rejected = 0;
+  // The SSD tier's recovery at start (entries of tensors that did not survive, bad log
+  // records, leftover temp files) and its log's compactions.
+  uint64_t ssd_entries_dropped = 0, ssd_log_records_skipped = 0, ssd_temp_files_removed = 0, ssd_log_compactions = 0;
 };
 
 class StoreServer {

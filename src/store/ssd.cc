@@ -134,15 +134,17 @@ SsdTier::~SsdTier() {
 
 std::string SsdTier::PathOf(uint64_t id) const { return fmt::format("{}/{:016x}.tns", dir_, id); }
 
-Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t capacity) {
+Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t capacity, size_t compact_slack) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return IoError("cannot create --ssd-dir " + dir + ": " + std::strerror(errno));
   }
   std::unique_ptr<SsdTier> t(new SsdTier());
   t->dir_ = dir;
   t->capacity_ = capacity;
+  t->compact_slack_ = compact_slack;
   TRELLIS_RETURN_IF_ERROR(t->Scan());
   t->Replay();
+  t->MaybeCompact();
   return t;
 }
 
@@ -153,7 +155,11 @@ Status SsdTier::Scan() {
   while (dirent* e = readdir(d)) {
     const std::string n = e->d_name;
     if (n.size() == 20 && n.substr(16) == ".tns") names.push_back(n);
-    if (n.size() == 24 && n.substr(16) == ".tns.tmp") unlink((dir_ + "/" + n).c_str());  // a write cut short
+    if (n.size() == 24 && n.substr(16) == ".tns.tmp") {  // a write cut short
+      unlink((dir_ + "/" + n).c_str());
+      ++temp_removed_;
+    }
+    if (n == "index.log.tmp") unlink((dir_ + "/" + n).c_str());  // a compaction cut short
   }
   closedir(d);
   std::vector<uint8_t> buf;
@@ -225,11 +231,14 @@ void SsdTier::Replay() {
   }
   struct stat st{};
   fstat(log_fd_, &st);
-  std::vector<IndexRecord> adds;
-  std::set<std::pair<uint64_t, uint64_t>> forgotten;
-  uint64_t off = 0;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // Every whole record is read: a bad one (a flipped byte, a write torn inside the file)
+  // is skipped and counted, and the records after it still count. Records are fixed-size,
+  // so a bad one never hides where the next begins.
   uint8_t rec[kRecordBytes];
-  while (off + kRecordBytes <= static_cast<uint64_t>(st.st_size) && PreadAll(log_fd_, rec, kRecordBytes, off)) {
+  uint64_t off = 0;
+  for (; off + kRecordBytes <= size; off += kRecordBytes) {
+    if (!PreadAll(log_fd_, rec, kRecordBytes, off)) break;
     net::WireReader r(std::string_view(reinterpret_cast<char*>(rec), kRecordBytes));
     const uint8_t kind = r.U8();
     IndexRecord x;
@@ -239,28 +248,37 @@ void SsdTier::Replay() {
     x.tensor = r.U64();
     x.index = r.U32();
     const uint64_t sum = r.U64();
-    if (sum != XXH3_64bits(rec, kRecordBytes - 8) || (kind != 'A' && kind != 'F')) break;
+    ++log_records_;
+    if (sum != XXH3_64bits(rec, kRecordBytes - 8) || (kind != 'A' && kind != 'F')) {
+      ++records_skipped_;
+      continue;
+    }
     if (kind == 'A') {
-      adds.push_back(x);
-      forgotten.erase({x.owner, x.tensor});
+      live_[{x.owner, x.tensor}].push_back(x);
     } else {
-      forgotten.insert({x.owner, x.tensor});
-    }
-    off += kRecordBytes;
-  }
-  if (off != static_cast<uint64_t>(st.st_size)) {
-    TRELLIS_LOG_WARN("store: {}: cut at byte {} of {} (a torn or corrupt tail)", path, off, st.st_size);
-    if (ftruncate(log_fd_, static_cast<off_t>(off)) != 0) {
-      TRELLIS_LOG_WARN("store: cannot truncate {}", path);
+      live_.erase({x.owner, x.tensor});
     }
   }
-  for (const IndexRecord& x : adds) {
-    if (!forgotten.count({x.owner, x.tensor})) restored_index_.push_back(x);
+  if (records_skipped_ > 0) TRELLIS_LOG_WARN("store: {}: {} bad records skipped", path, records_skipped_);
+  if (off != size) {
+    // Only a partial record: the tail of an append the crash cut short.
+    TRELLIS_LOG_WARN("store: {}: a torn record of {} bytes at the end dropped", path, size - off);
+    if (ftruncate(log_fd_, static_cast<off_t>(off)) != 0) TRELLIS_LOG_WARN("store: cannot truncate {}", path);
   }
+  log_bytes_ = off;
 }
 
-void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
-  if (log_fd_ < 0) return;
+void SsdTier::DropEntries(uint64_t owner, uint64_t tensor) {
+  if (live_.count({owner, tensor})) LogForget(owner, tensor);
+}
+
+std::vector<IndexRecord> SsdTier::LiveIndex() const {
+  std::vector<IndexRecord> out;
+  for (const auto& [ot, recs] : live_) out.insert(out.end(), recs.begin(), recs.end());
+  return out;
+}
+
+std::string SsdTier::Encode(uint8_t kind, const IndexRecord& r) {
   net::WireWriter w;
   w.U8(kind);
   w.U64(r.key.lo);
@@ -271,12 +289,58 @@ void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
   std::string b = w.Take();
   net::WireWriter t;
   t.U64(XXH3_64bits(b.data(), b.size()));
-  b += t.Take();
-  struct stat st{};
-  fstat(log_fd_, &st);
-  if (!PwriteAll(log_fd_, b.data(), b.size(), static_cast<uint64_t>(st.st_size))) {
-    TRELLIS_LOG_WARN("store: index log write failed: {}", std::strerror(errno));
+  return b + t.Take();
+}
+
+void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
+  if (kind == 'A') {
+    live_[{r.owner, r.tensor}].push_back(r);
+  } else {
+    live_.erase({r.owner, r.tensor});
   }
+  if (log_fd_ < 0) return;
+  const std::string b = Encode(kind, r);
+  if (!PwriteAll(log_fd_, b.data(), b.size(), log_bytes_)) {
+    TRELLIS_LOG_WARN("store: index log write failed: {}", std::strerror(errno));
+    ++log_write_failures_;
+    return;
+  }
+  log_bytes_ += b.size();
+  ++log_records_;
+  MaybeCompact();
+}
+
+void SsdTier::MaybeCompact() {
+  if (log_fd_ < 0) return;
+  size_t live = 0;
+  for (const auto& [ot, recs] : live_) live += recs.size();
+  if (log_records_ <= 2 * live + compact_slack_) return;
+  // The live entries alone, to a new file that replaces the log only once it is whole
+  // and synced: a crash before the rename leaves the old log, after it the new one.
+  const std::string path = dir_ + "/index.log", tmp = path + ".tmp";
+  std::string body;
+  body.reserve(live * kRecordBytes);
+  for (const auto& [ot, recs] : live_) {
+    for (const IndexRecord& x : recs) body += Encode('A', x);
+  }
+  bool ok;
+  {
+    Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    ok = fd.fd >= 0 && PwriteAll(fd.fd, body.data(), body.size(), 0) && fsync(fd.fd) == 0;
+  }
+  const int nfd = ok && rename(tmp.c_str(), path.c_str()) == 0 ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
+  if (nfd < 0) {
+    TRELLIS_LOG_WARN("store: compacting {} failed: {}; the log keeps growing", path, std::strerror(errno));
+    unlink(tmp.c_str());
+    ++log_write_failures_;
+    compact_slack_ *= 2;  // not again at every append
+    return;
+  }
+  close(log_fd_);
+  log_fd_ = nfd;
+  log_bytes_ = body.size();
+  log_records_ = live;
+  ++compactions_;
 }
 
 void SsdTier::LogAdd(const IndexRecord& r) { Append('A', r); }

@@ -8,8 +8,12 @@
 //   zeros up to the next multiple of 4096 bytes; then the blocks, back to back.
 // Index log DIR/index.log: fixed 45-byte records, each ending with XXH3-64 of its first
 // 37 bytes: kind u8 ('A' an index entry, 'F' forget a tensor), key 16 B, owner u64,
-// tensor u64, block index u32. Replay stops at the first bad record (a torn tail after a
-// crash) and cuts the log there.
+// tensor u64, block index u32. Replay reads every whole record: a bad one (a flipped
+// byte, a torn write) is skipped and counted, never the ones after it; a partial record at
+// the end (an append cut short) is cut off. The server drops entries of its own tensors
+// that did not survive (they were only in memory when it died). The log is rewritten with
+// the live entries alone (to index.log.tmp, synced, renamed over) once it holds more than
+// twice as many records as live entries plus 4096.
 //
 // Everything read back is checked: header checksum, sizes against the file, every block
 // against its checksum (at start for the whole dir, and again on each read). A file that
@@ -51,15 +55,21 @@ struct IndexRecord {
 class SsdTier {
  public:
   // Opens (creating) dir; checks and lists every tensor file, deleting bad ones; replays
-  // the index log. capacity: bytes of tensor data the tier may hold.
-  static Result<std::unique_ptr<SsdTier>> Open(const std::string& dir, uint64_t capacity);
+  // the index log. capacity: bytes of tensor data the tier may hold; compact_slack: the
+  // dead records the log may hold beyond twice the live ones before it is rewritten.
+  static Result<std::unique_ptr<SsdTier>> Open(const std::string& dir, uint64_t capacity, size_t compact_slack = 4096);
   ~SsdTier();
 
-  // What Open found intact (tensor id -> metadata), and the index entries still live
-  // (added and not forgotten).
+  // What Open found intact (tensor id -> metadata), and the index entries live now
+  // (added and not forgotten; at start, what the log held).
   const std::map<uint64_t, SsdTensor>& restored() const { return restored_; }
-  const std::vector<IndexRecord>& restored_index() const { return restored_index_; }
+  std::vector<IndexRecord> LiveIndex() const;
   uint64_t files_rejected() const { return rejected_; }
+  uint64_t temp_files_removed() const { return temp_removed_; }
+  uint64_t log_records_skipped() const { return records_skipped_; }
+  uint64_t log_records() const { return log_records_; }
+  uint64_t log_compactions() const { return compactions_; }
+  uint64_t log_write_failures() const { return log_write_failures_; }
 
   uint64_t used() const { return used_; }
   uint64_t capacity() const { return capacity_; }
@@ -73,6 +83,8 @@ class SsdTier {
 
   void LogAdd(const IndexRecord& r);
   void LogForget(uint64_t owner, uint64_t tensor);
+  // Forgets (owner, tensor)'s entries if the log holds any.
+  void DropEntries(uint64_t owner, uint64_t tensor);
 
  private:
   SsdTier() = default;
@@ -80,13 +92,19 @@ class SsdTier {
   Status Scan();
   void Replay();
   void Append(uint8_t kind, const IndexRecord& r);
+  void MaybeCompact();
+  static std::string Encode(uint8_t kind, const IndexRecord& r);
 
   std::string dir_;
   uint64_t capacity_ = 0, used_ = 0, rejected_ = 0;
   std::map<uint64_t, uint64_t> sizes_;  // tensor id -> file data bytes
   std::map<uint64_t, SsdTensor> restored_;
-  std::vector<IndexRecord> restored_index_;
+  // The log's live entries by (owner, tensor), as replayed and appended since.
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<IndexRecord>> live_;
   int log_fd_ = -1;
+  uint64_t log_bytes_ = 0, log_records_ = 0, records_skipped_ = 0, temp_removed_ = 0, compactions_ = 0,
+           log_write_failures_ = 0;
+  size_t compact_slack_ = 4096;
 };
 
 }  // namespace trellis::store
