@@ -111,6 +111,7 @@ struct Transport::Impl {
     bool issued = false;     // every segment handed to UCX
     Status status;
     SegmentCallback on_segment;  // optional: each segment that landed, as it lands
+    std::vector<Segment> segments;  // kept only while a landed hook is set
   };
   struct SendCtx {  // keeps a message alive until UCX is done with it
     Impl* impl;
@@ -181,6 +182,11 @@ struct Transport::Impl {
   void Dispatch(ConnId c, const MessageHeader& h, std::string_view body);
   void FinishGet(uint64_t id);
   void GetCompleted(uint64_t id, size_t segment, ucs_status_t s);
+  void Landed(PendingGet& g, size_t segment) {
+    if (landed_hook && segment < g.segments.size()) landed_hook(g.segments[segment].local, g.segments[segment].length);
+    if (g.on_segment) g.on_segment(segment);
+  }
+  std::function<void(void*, uint64_t)> landed_hook;
 
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
                            const ucp_am_recv_param_t* param);
@@ -527,7 +533,7 @@ void Transport::Impl::GetCompleted(uint64_t id, size_t segment, ucs_status_t s) 
   PendingGet& g = it->second;
   --g.outstanding;
   if (s != UCS_OK && g.status.ok()) g.status = Unavailable("get failed: " + UcsError(s));
-  if (s == UCS_OK && g.status.ok() && g.on_segment) g.on_segment(segment);
+  if (s == UCS_OK && g.status.ok()) Landed(g, segment);
   if (g.issued && g.outstanding == 0) FinishGet(id);
 }
 
@@ -749,6 +755,7 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
   g.conn = c;
   g.done = std::move(done);
   g.on_segment = std::move(on_segment);
+  if (impl->landed_hook) g.segments = segments;
   {
     std::lock_guard<std::mutex> lock(impl->stats_mu);
     ++impl->stats.gets;
@@ -784,8 +791,8 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
     }
   }
   g.issued = true;
-  if (g.on_segment && g.status.ok()) {
-    for (size_t si : landed) g.on_segment(si);
+  if (g.status.ok()) {
+    for (size_t si : landed) impl->Landed(g, si);
   }
   if (g.outstanding == 0) {
     // Finished (or failed) at once: report from the loop, never re-entering the caller.
@@ -802,6 +809,8 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
     impl->FailConn(it->second.conn, DeadlineExceeded("bulk get not finished before the deadline"), true);
   });
 }
+
+void Transport::SetLandedHookForTesting(std::function<void(void*, uint64_t)> hook) { impl_->landed_hook = std::move(hook); }
 
 uint64_t Transport::AddTimer(Deadline when, std::function<void()> fn) {
   const uint64_t id = impl_->next_timer++;

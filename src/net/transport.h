@@ -168,6 +168,11 @@ class Transport {
   void Get(ConnId c, const RemoteRegion& region, std::vector<Segment> segments, Deadline deadline, DoneCallback done,
            SegmentCallback on_segment = nullptr);
 
+  // Tests only: runs on every segment a Get lands, on the loop thread, before on_segment
+  // or done see it (a test flips a byte there: corruption on the wire that the transport
+  // cannot see). nullptr removes it. Call on the loop thread.
+  void SetLandedHookForTesting(std::function<void(void* local, uint64_t length)> hook);
+
   // Runs fn once at `when` (on the loop thread); returns an id for CancelTimer.
   uint64_t AddTimer(Deadline when, std::function<void()> fn);
   void CancelTimer(uint64_t id);

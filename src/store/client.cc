@@ -697,6 +697,14 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   w.U32(1);
   w.U64(reg->base);
   w.U64(bytes);
+  // The writer's checksums, of the caller's blocks (not the staging copy): the owner
+  // refuses bytes that changed anywhere on the way.
+  std::vector<uint64_t> sums(inc * slices);
+  for (size_t i = 0; i < inc; ++i) {
+    SliceChecksums(static_cast<const uint8_t*>(blocks[k + i]), block_bytes, slices, &sums[i * slices]);
+  }
+  w.U32(static_cast<uint32_t>(sums.size()));
+  for (uint64_t c : sums) w.U64(c);
   auto put = I.CallSync(owner, kPutData, w.Take(), deadline);
   // The owner has read the bytes (or failed) once it answers. Without an answer it may
   // still be reading: force-close the connection first, so nothing reads the staging

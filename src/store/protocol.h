@@ -21,9 +21,12 @@ enum MsgType : uint16_t {
   // n u32, keys[n] (the increment's chain keys), first u32 (index of keys[0] in the
   // chain), block_bytes u64, slices u32, cost_s f64, region base u64, region length u64,
   // rkey str, segments u32, [addr u64, len u64] (the increment's bytes in the client's
-  // memory). Each block is checksummed in `slices` equal parts (a KV block's layers), so
-  // a reader of some layers only (a grid node) can check what it read.
-  // -> tensor u64. The owner pulls the bytes by RMA into one contiguous run.
+  // memory), checksums u32 (= n x slices), [u64] (the writer's, block-major). Each block
+  // is checksummed in `slices` equal parts (a KV block's layers), so a reader of some
+  // layers only (a grid node) can check what it read.
+  // -> tensor u64. The owner pulls the bytes by RMA into one contiguous run and checks
+  // them against the writer's checksums before anything is indexed: a mismatch (bytes
+  // changed on the way) is refused with Corrupt and the tensor dropped.
   kPutData = 3,
   // owner u64, tensor u64, n u32, keys[n] -> stored u32 (keys newly indexed)
   kPutCommit = 4,
@@ -52,7 +55,8 @@ enum MsgType : uint16_t {
   kUnclaim = 11,
 };
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: checksums per slice of a block
+// 2: checksums per slice of a block; 3: the writer's checksums in PutData.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M tokens at 32)
 inline constexpr uint32_t kMaxSegments = 1 << 16;
 inline constexpr uint32_t kMaxLeaseMs = 60000;

@@ -572,7 +572,10 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
     if (len == 0 || len > opt.mem_bytes) sane = false;
     total += sane ? len : 0;
   }
-  if (!r.Done() || n == 0 || !sane || block_bytes == 0 || !ValidSlices(block_bytes, slices) || uint64_t{n} * slices > kMaxChecksums || !(cost_s >= 0 && cost_s < 1e9) ||
+  const uint32_t nsums = r.Count(kMaxChecksums, 8);
+  std::vector<uint64_t> writer_sums(nsums);
+  for (uint64_t& x : writer_sums) x = r.U64();
+  if (!r.Done() || nsums != uint64_t{n} * slices || n == 0 || !sane || block_bytes == 0 || !ValidSlices(block_bytes, slices) || uint64_t{n} * slices > kMaxChecksums || !(cost_s >= 0 && cost_s < 1e9) ||
       block_bytes > opt.mem_bytes / n || total != block_bytes * n) {
     return Refuse(c, rid, "put");
   }
@@ -594,6 +597,7 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
   tn.slices = slices;
   tn.cost_s = cost_s;
   tn.leases = 1;  // pinned while its bytes land
+  tn.checksums = std::move(writer_sums);
   std::vector<net::Segment> gets;
   uint64_t at = *off;
   for (auto& [addr, len] : segs) {
@@ -614,9 +618,21 @@ void StoreServer::Impl::OnPutData(ConnId c, uint64_t rid, WireReader& r) {
       }
       return t->ReplyError(c, rid, s.WithContext("reading the put's bytes from the client"));
     }
-    tn.checksums.resize(static_cast<size_t>(tn.n_blocks) * tn.slices);
+    // The bytes as they landed, against the writer's checksums: what is indexed and later
+    // served as verified is what the writer had.
+    std::vector<uint64_t> landed(tn.slices);
     for (uint32_t b = 0; b < tn.n_blocks; ++b) {
-      SliceChecksums(arena + tn.offset + b * tn.block_bytes, tn.block_bytes, tn.slices, &tn.checksums[size_t{b} * tn.slices]);
+      SliceChecksums(arena + tn.offset + b * tn.block_bytes, tn.block_bytes, tn.slices, landed.data());
+      if (!std::equal(landed.begin(), landed.end(), tn.checksums.begin() + static_cast<ptrdiff_t>(size_t{b} * tn.slices))) {
+        DropTensor(id);
+        {
+          std::lock_guard<std::mutex> lock(stats_mu);
+          ++st.put_failures;
+          ++st.put_checksum_failures;
+        }
+        return t->ReplyError(c, rid, Corrupt(fmt::format("the put's block {} landed with other bytes than the writer "
+                                                          "checksummed (changed on the way); not stored", b)));
+      }
     }
     tn.ready = true;
     SetPriority(id, tn, Gdsf(tn));
@@ -1056,6 +1072,17 @@ std::vector<uint64_t> StoreServer::TensorIdsForTesting() const {
   });
 }
 
+void StoreServer::CorruptLandingsForTesting(int count) {
+  impl_->t->Sync([&] {
+    auto left = std::make_shared<int>(count);
+    impl_->t->SetLandedHookForTesting([left](void* local, uint64_t length) {
+      if (*left <= 0 || length == 0) return;
+      --*left;
+      static_cast<uint8_t*>(local)[length / 2] ^= 0x01;
+    });
+  });
+}
+
 bool StoreServer::CorruptByteForTesting(uint64_t tensor, uint64_t byte) {
   return impl_->t->Sync([&] {
     auto it = impl_->tensors.find(tensor);
@@ -1104,6 +1131,7 @@ std::string StoreServer::MetricsText() const {
   m("ssd_flushes_total", "counter", "Tensors written to SSD as they left memory.", s.ssd_flushes);
   m("ssd_reads_total", "counter", "Tensors read back from SSD.", s.ssd_reads);
   m("ssd_evictions_total", "counter", "Tensors dropped from SSD for room.", s.ssd_evictions);
+  m("put_checksum_failures_total", "counter", "Puts whose bytes landed unlike the writer's checksums (refused, not indexed).", s.put_checksum_failures);
   m("checksum_failures_total", "counter", "SSD reads whose blocks failed their checksums (discarded).", s.ssd_checksum_failures);
   m("ssd_restored_total", "counter", "Tensors found intact on SSD at start.", s.ssd_restored);
   m("ssd_entries_dropped_total", "counter", "Tensors of this server the index log named at start that had not survived (their entries dropped).", s.ssd_entries_dropped);

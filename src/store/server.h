@@ -47,6 +47,7 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t tensors = 0, bytes_used = 0, bytes_capacity = 0, index_keys = 0;
   uint64_t puts = 0, put_bytes = 0, put_failures = 0, commits = 0;
+  uint64_t put_checksum_failures = 0;  // puts refused: landed bytes unlike the writer's checksums
   uint64_t lookups = 0, lookup_blocks_matched = 0;
   uint64_t claims = 0, claim_waits = 0;  // keys claimed (single-flight); lookups told to wait
   uint64_t acquires = 0, acquire_hits = 0, acquire_misses = 0;
@@ -76,6 +77,9 @@ class StoreServer {
   // corrupted transfer would (tests only). False if there is no such byte.
   bool CorruptByteForTesting(uint64_t tensor, uint64_t byte);
   std::vector<uint64_t> TensorIdsForTesting() const;
+  // Flips one byte of the next `count` segments this server's transport lands (a put's or
+  // a replica's bytes changed on the wire, after the transport's own checks; tests only).
+  void CorruptLandingsForTesting(int count);
 
   struct Impl;
 

@@ -643,6 +643,70 @@ struct RawPeer {
   }
 };
 
+// A put whose bytes are not what the writer checksummed is refused and indexes nothing:
+// a writer's list that does not match its bytes (a raw peer), and bytes changed on the
+// wire after the transport's own checks (the transport's landed hook).
+TEST(Store, PutsAreCheckedAgainstTheWritersChecksums) {
+  auto s = Server(64 * kBlockBytes);
+  RawPeer peer(s->port());
+  std::vector<uint8_t> bytes(2 * kBlockBytes, 0x33);
+  auto reg = peer.t->Sync([&] { return *peer.t->Register(bytes.data(), bytes.size()); });
+  auto put = [&](std::vector<uint64_t> sums) {
+    net::WireWriter w;
+    w.U32(2);
+    for (uint64_t k = 0; k < 2; ++k) {
+      w.U64(100 + k);
+      w.U64(200 + k);
+    }
+    w.U32(0);
+    w.U64(kBlockBytes);
+    w.U32(2);  // slices
+    w.F64(1.0);
+    w.U64(reg.base);
+    w.U64(reg.length);
+    w.Str(reg.rkey);
+    w.U32(1);
+    w.U64(reg.base);
+    w.U64(2 * kBlockBytes);
+    w.U32(static_cast<uint32_t>(sums.size()));
+    for (uint64_t x : sums) w.U64(x);
+    return peer.Call(kPutData, w.Take());
+  };
+  std::vector<uint64_t> right(4);
+  for (int b = 0; b < 2; ++b) SliceChecksums(bytes.data() + b * kBlockBytes, kBlockBytes, 2, &right[b * 2]);
+  std::vector<uint64_t> wrong = right;
+  wrong[3] ^= 1;  // block 1's second slice
+  auto refused = put(wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorrupt) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("block 1"), std::string::npos) << refused.status().message();
+  EXPECT_TRUE(s->TensorIdsForTesting().empty());  // dropped, nothing to index
+  EXPECT_EQ(s->stats().put_checksum_failures, 1u);
+  auto short_list = put({right[0]});
+  ASSERT_FALSE(short_list.ok());
+  EXPECT_EQ(short_list.status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(put(right).ok());  // the same put, checksummed right, lands
+  EXPECT_EQ(s->TensorIdsForTesting().size(), 1u);
+
+  // Through the client: one segment flipped as it lands fails the put, nothing indexed;
+  // the next put of the same blocks stores them and they read back right.
+  auto c = Client({s.get()});
+  const auto tok = Tokens(16, 16, 5);
+  Blocks src(tok);
+  s->CorruptLandingsForTesting(1);
+  auto bad = c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt) << bad.status().ToString();
+  EXPECT_EQ(c->Lookup(Ns(), tok, net::After(5000ms))->blocks, 0u);
+  EXPECT_EQ(s->stats().put_checksum_failures, 2u);
+  ASSERT_EQ(*c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 4u);
+  Blocks dst(4);
+  ASSERT_TRUE(c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(dst.data, src.data);
+}
+
 TEST(Store, LeasesPinTensorsUntilReleasedOrExpiredAndAFullStoreRefuses) {
   auto s = Server(4 * kBlockBytes);
   auto c = Client({s.get()});

@@ -26,6 +26,7 @@
 #include "store/client.h"
 #include "store/protocol.h"
 #include "store/server.h"
+#include "util/checksum.h"
 #include "util/slowdown.h"
 
 using namespace trellis;
@@ -106,8 +107,8 @@ struct Harness {
       r.U64();
     }
     r.U32();
-    r.U64();
-    r.U32();  // slices
+    const uint64_t block_bytes = r.U64();
+    const uint32_t slices = r.U32();
     r.F64();
     if (!r.ok()) return body;
     const std::string head = body.substr(0, body.size() - r.remaining());
@@ -126,8 +127,23 @@ struct Harness {
       w.U64(reg.base + r.U64() % (reg.length + 64));
       w.U64(r.U64());
     }
-    const std::string rest = body.substr(body.size() - r.remaining());
-    return head + w.Take() + rest;
+    // The writer's checksums: when the fuzzed list has the right length and its first
+    // value is even, the right values for this buffer's bytes (every byte is 0x5a, so a
+    // slice's checksum depends on its length only), so puts also get past the check.
+    const size_t after_segments = r.remaining();
+    const uint32_t nsums = r.U32();
+    if (r.ok() && nsums == uint64_t{n} * slices && slices > 0 && block_bytes % slices == 0 &&
+        block_bytes / slices <= region.size() && uint64_t{nsums} * 8 <= r.remaining()) {
+      const uint64_t first = r.U64();
+      if ((first & 1) == 0) {
+        const uint64_t sum = Checksum64(region.data(), block_bytes / slices);
+        w.U32(nsums);
+        for (uint32_t i = 0; i < nsums; ++i) w.U64(sum);
+        for (uint32_t i = 1; i < nsums; ++i) r.U64();
+        return head + w.Take() + body.substr(body.size() - r.remaining());
+      }
+    }
+    return head + w.Take() + body.substr(body.size() - after_segments);
   }
 };
 
