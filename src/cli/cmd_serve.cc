@@ -154,6 +154,25 @@ int Serve(const ServeOpts& opts) {
     };
     sopt.extra_metrics = [grid_head] { return GridMetricsText(*grid_head); };
   }
+  if (StoreBridge* bridge = store->get()) {
+    // The store's reachability, reported, never a reason to be unhealthy.
+    sopt.health_fields = [bridge] {
+      const size_t up = bridge->client().ReachableMembers(), all = bridge->client().Members().size();
+      return std::vector<std::pair<std::string, std::string>>{
+          {"store", up == 0 ? "down" : up < all ? fmt::format("{} of {} servers reachable", up, all) : "up"}};
+    };
+    auto grid_metrics = sopt.extra_metrics;
+    sopt.extra_metrics = [bridge, grid_metrics] {
+      std::string out = grid_metrics ? grid_metrics() : "";
+      out += fmt::format(
+          "# HELP trellis_store_servers prefix store servers this engine knows\n# TYPE trellis_store_servers gauge\n"
+          "trellis_store_servers {}\n"
+          "# HELP trellis_store_servers_reachable of them, those that answered when last tried\n"
+          "# TYPE trellis_store_servers_reachable gauge\ntrellis_store_servers_reachable {}\n",
+          bridge->client().Members().size(), bridge->client().ReachableMembers());
+      return out;
+    };
+  }
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopt.http.max_body = static_cast<size_t>(o.max_body);
   sopt.http.max_decoded_body = static_cast<size_t>(o.max_decoded_body > 0 ? o.max_decoded_body : o.max_body);
@@ -182,9 +201,14 @@ int Serve(const ServeOpts& opts) {
   }
   if (*store) {
     const StoreBridgeStats bs = (*store)->stats();
-    std::fprintf(stderr, "trellis serve: prefix store %s (%zu members; get %.0f MiB/s, lookup %.2f ms, probed at start)\n",
-                 o.store.store.c_str(), (*store)->client().Members().size(), bs.get_bytes_per_second / (1 << 20),
-                 bs.lookup_seconds * 1e3);
+    if ((*store)->client().ReachableMembers() == 0) {
+      std::fprintf(stderr, "trellis serve: prefix store %s is down: serving without it, joining it when it comes up\n",
+                   o.store.store.c_str());
+    } else {
+      std::fprintf(stderr, "trellis serve: prefix store %s (%zu members; get %.0f MiB/s, lookup %.2f ms, probed at start)\n",
+                   o.store.store.c_str(), (*store)->client().Members().size(), bs.get_bytes_per_second / (1 << 20),
+                   bs.lookup_seconds * 1e3);
+    }
   }
 
   // The first signal starts a graceful shutdown (no new connections, streams end with an

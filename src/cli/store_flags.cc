@@ -31,6 +31,9 @@ store::ClientOptions StoreClientOptions(const StoreFlags& f) {
     if (!p.empty() && p != f.store) c.servers.push_back(p);
   }
   c.etcd = f.etcd;
+  // Engines and grid nodes start and serve with the store (or etcd) down, and join it
+  // when it comes up: a cache is never a reason not to serve.
+  c.require_reachable = false;
   c.transport.tls = f.tls;
   c.transport.net_devices = f.net_devices;
   c.transport.spin_us = f.spin_us;

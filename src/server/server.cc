@@ -246,6 +246,11 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
         r.body = nlohmann::json{{"status", "unhealthy"}, {"reason", reason}}.dump();
       }
     }
+    if (!stopping_ && opts_.health_fields) {
+      nlohmann::json body = nlohmann::json::parse(r.body);
+      for (auto& [k, v] : opts_.health_fields()) body[k] = v;
+      r.body = body.dump();
+    }
     return r;
   }
   if (route == Route::kMetrics) {

@@ -68,6 +68,9 @@ struct ServerOptions {
   std::function<std::pair<bool, std::string>()> health = nullptr;
   // More Prometheus text appended to /metrics (same thread rules as health).
   std::function<std::string()> extra_metrics = nullptr;
+  // Fields added to /health's JSON that do not make it unhealthy (the prefix store being
+  // down: the server serves without it), e.g. {"store", "down"}.
+  std::function<std::vector<std::pair<std::string, std::string>>()> health_fields = nullptr;
 };
 
 class Server : public HttpHandler {

@@ -20,6 +20,7 @@
 #include "store/protocol.h"
 #include "store/server.h"
 #include "util/checksum.h"
+#include "util/log.h"
 
 namespace trellis::store {
 
@@ -56,7 +57,12 @@ struct StoreClient::Impl {
     net::RemoteRegion region;
     bool ready = false;
     bool live = true;  // in the current membership (members are never removed: indexes stay valid)
+    // Unreachable when last tried: calls fail at once (no request waits on a dead server)
+    // while a timer retries it in the background every kRetryMs.
+    bool down = false;
   };
+  static constexpr int kRetryMs = 1000;
+  bool discover_pending = false;  // no member answered at start: ask the first that does
   ClientOptions opt;
   // Membership: changed only on the loop thread, under view_mu held exclusively; the
   // loop reads it freely, other threads under view_mu shared. conn / region / ready are
@@ -169,23 +175,50 @@ struct StoreClient::Impl {
   }
 
   // (Loop thread.) Calls then(Ok) once member m is connected and greeted, or then(error).
+  // A member found down fails at once until the background retry reaches it again.
   bool EnsureConnected(size_t m, Deadline d, std::function<void(Status)> then) {
     Member& mb = members[m];
     if (mb.ready && t->IsConnected(mb.conn)) {
       then(Status::Ok());
       return true;
     }
+    if (mb.down) {
+      then(Unavailable("store " + mb.address + " is down (retried every " + std::to_string(kRetryMs) + " ms)"));
+      return true;
+    }
+    Greet(m, d, [this, m, then = std::move(then)](Status s) {
+      if (!s.ok()) MarkDown(m);
+      then(s);
+    });
+    return true;
+  }
+
+  void MarkDown(size_t m) {
+    if (members[m].down) return;
+    members[m].down = true;
+    ScheduleRetry(m);
+  }
+
+  void ScheduleRetry(size_t m) {
+    t->AddTimer(net::After(std::chrono::milliseconds(kRetryMs)), [this, m] {
+      Greet(m, net::After(std::chrono::milliseconds(2 * kRetryMs)), [this, m](Status s) {
+        if (s.ok()) {
+          members[m].down = false;
+        } else {
+          ScheduleRetry(m);
+        }
+      });
+    });
+  }
+
+  // (Loop thread.) Connects to member m and checks its Hello.
+  void Greet(size_t m, Deadline d, std::function<void(Status)> then) {
+    Member& mb = members[m];
     mb.ready = false;
     auto hp = SplitAddress(mb.address);
-    if (!hp.ok()) {
-      then(hp.status());
-      return true;
-    }
+    if (!hp.ok()) return then(hp.status());
     auto c = t->Connect(hp->first, hp->second);
-    if (!c.ok()) {
-      then(c.status());
-      return true;
-    }
+    if (!c.ok()) return then(c.status());
     mb.conn = *c;
     t->Call(mb.conn, kHello, "", d, [this, m, then = std::move(then)](Result<std::string> r) {
       if (!r.ok()) return then(r.status().WithContext("store " + members[m].address));
@@ -199,9 +232,35 @@ struct StoreClient::Impl {
       }
       members[m].region = region;
       members[m].ready = true;
+      if (discover_pending) {
+        discover_pending = false;
+        DiscoverFrom(m);
+      }
       then(Status::Ok());
     });
-    return true;
+  }
+
+  // (Loop thread.) Asks member m for the members it knows and adds them.
+  void DiscoverFrom(size_t m) {
+    t->Call(members[m].conn, kMembers, "", net::After(std::chrono::milliseconds(2 * kRetryMs)),
+            [this](Result<std::string> r) {
+              if (!r.ok()) return;
+              std::vector<std::string> known;
+              if (!DecodeMembers(*r, known)) return;
+              ApplyMembers(known);
+            });
+  }
+
+  // The known members plus those a Members reply names; false if it is malformed.
+  bool DecodeMembers(std::string_view body, std::vector<std::string>& known) {
+    WireReader rd(body);
+    const uint32_t n = rd.Count(1024, 4);
+    for (const Member& x : members) known.push_back(x.address);
+    for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+      std::string a(rd.Str(256));
+      if (rd.ok() && SplitAddress(a).ok() && std::find(known.begin(), known.end(), a) == known.end()) known.push_back(a);
+    }
+    return rd.Done();
   }
 
   void CountMiss(const Status& s) {
@@ -225,13 +284,17 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
   std::vector<std::string> servers = options.servers;
   if (!options.etcd.empty()) {
     TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(options.etcd));
-    TRELLIS_ASSIGN_OR_RETURN(std::vector<std::string> found, e.Members());
-    for (const std::string& a : found) {
+    auto found = e.Members();
+    if (!found.ok() && options.require_reachable) return found.status();
+    if (!found.ok()) TRELLIS_LOG_WARN("store: etcd {}: {}; polling it", options.etcd, found.status().ToString());
+    for (const std::string& a : found.ok() ? *found : std::vector<std::string>{}) {
       if (std::find(servers.begin(), servers.end(), a) == servers.end()) servers.push_back(a);
     }
     impl->etcd = e;
   }
-  if (servers.empty()) return InvalidArgument("no store servers given (and none registered in etcd)");
+  if (servers.empty() && (!impl->etcd || options.require_reachable)) {
+    return InvalidArgument("no store servers given (and none registered in etcd)");
+  }
   for (const std::string& a : servers) {
     TRELLIS_RETURN_IF_ERROR(SplitAddress(a).status());
     Impl::Member m;
@@ -260,21 +323,21 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
     if (s.ok()) ++up;
     else last = s;
   }
-  if (up == 0) return Unavailable("no store server reachable: " + last.message());
-  if (!impl->etcd && options.discover) {
+  if (up == 0 && !impl->members.empty()) {
+    if (options.require_reachable) return Unavailable("no store server reachable: " + last.message());
+    TRELLIS_LOG_WARN("store: no server reachable yet ({}); serving without it, retrying in the background", last.message());
+    Impl* raw = impl.get();
+    raw->t->Sync([&] { raw->discover_pending = !raw->etcd && options.discover; });
+  }
+  if (up > 0 && !impl->etcd && options.discover) {
     for (size_t m = 0; m < impl->members.size(); ++m) {
       auto r = impl->CallSync(m, kMembers, "", deadline);
       if (!r.ok()) continue;
-      WireReader rd(*r);
-      const uint32_t n = rd.Count(1024, 4);
-      std::vector<std::string> known;
-      for (const Impl::Member& x : impl->members) known.push_back(x.address);
-      for (uint32_t i = 0; i < n && rd.ok(); ++i) {
-        std::string a(rd.Str(256));
-        if (rd.ok() && SplitAddress(a).ok() && std::find(known.begin(), known.end(), a) == known.end()) known.push_back(a);
-      }
-      if (!rd.Done()) return Corrupt("malformed members reply from " + impl->members[m].address);
       Impl* raw = impl.get();
+      std::vector<std::string> known;
+      if (!raw->t->Sync([&] { return raw->DecodeMembers(*r, known); })) {
+        return Corrupt("malformed members reply from " + impl->members[m].address);
+      }
       raw->t->Sync([&] { raw->ApplyMembers(known); return 0; });
       break;
     }
@@ -737,6 +800,15 @@ std::vector<std::string> StoreClient::Members() const {
     if (m.live) out.push_back(m.address);
   }
   return out;
+}
+
+size_t StoreClient::ReachableMembers() const {
+  Impl& I = *impl_;
+  return I.t->Sync([&I] {
+    size_t n = 0;
+    for (const Impl::Member& m : I.members) n += m.live && m.ready && !m.down && I.t->IsConnected(m.conn);
+    return n;
+  });
 }
 
 ClientStats StoreClient::stats() const {

@@ -42,6 +42,10 @@ struct ClientOptions {
   // Without etcd: ask the first server that answers for the members it knows (itself
   // and its --peers), so an engine needs only its local server's address.
   bool discover = true;
+  // Whether Connect fails when no server (or etcd) answers. False (what engines use: a
+  // cache must never keep a server from starting): Connect succeeds, calls are
+  // Unavailable misses, and the servers are joined (and discovered) when they come up.
+  bool require_reachable = true;
   net::TransportOptions transport;
   uint32_t lease_ms = 5000;
 };
@@ -122,6 +126,8 @@ class StoreClient {
   ClientStats stats() const;
   // The live members' addresses, as this client sees them now.
   std::vector<std::string> Members() const;
+  // How many of them answered when last tried (connected and greeted, not down).
+  size_t ReachableMembers() const;
   // The member that indexes a sequence starting with this first-block key.
   std::string IndexServer(const Key& first_block) const;
 

@@ -1019,6 +1019,49 @@ uint16_t FreePort() {
   return ntohs(a.sin_port);
 }
 
+// A client that must not depend on the store (an engine's) connects with every server
+// and etcd down; its calls fail at once as misses (no call waits on a dead server); the
+// server that comes up on the address is joined by the background retry.
+TEST(StoreClient, StartsWithTheStoreDownAndJoinsItWhenItComesUp) {
+  const uint16_t port = FreePort();
+  ClientOptions o;
+  o.servers = {"127.0.0.1:" + std::to_string(port)};
+  o.transport = Lo();
+  o.require_reachable = false;
+  auto strict = o;
+  strict.require_reachable = true;
+  EXPECT_EQ(StoreClient::Connect(strict, net::After(2000ms)).status().code(), StatusCode::kUnavailable);
+  auto c = std::move(StoreClient::Connect(o, net::After(2000ms))).value();
+  EXPECT_EQ(c->ReachableMembers(), 0u);
+  const auto tok = Tokens(16, 16, 11);
+  Blocks src(tok);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(c->Lookup(Ns(), tok, net::After(5000ms)).status().code(), StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, TestScaled(1000ms));  // failed at once, not at the deadline
+  ServerOptions so;
+  so.port = port;
+  so.transport = Lo();
+  auto s = std::move(StoreServer::Start(so)).value();
+  bool joined = false;
+  for (int i = 0; i < 100 && !joined; ++i) {
+    std::this_thread::sleep_for(50ms);
+    joined = c->ReachableMembers() == 1;
+  }
+  ASSERT_TRUE(joined) << "not joined within 5 s";
+  ASSERT_EQ(*c->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  EXPECT_EQ(c->Lookup(Ns(), tok, net::After(5000ms))->blocks, 4u);
+  // etcd down at start: the same, membership then follows etcd once it answers.
+  ClientOptions e;
+  e.etcd = "http://127.0.0.1:" + std::to_string(FreePort());
+  e.transport = Lo();
+  e.require_reachable = false;
+  auto ce = StoreClient::Connect(e, net::After(2000ms));
+  ASSERT_TRUE(ce.ok()) << ce.status().ToString();
+  EXPECT_EQ((*ce)->Lookup(Ns(), tok, net::After(2000ms)).status().code(), StatusCode::kUnavailable);
+  e.require_reachable = true;
+  EXPECT_FALSE(StoreClient::Connect(e, net::After(2000ms)).ok());
+}
+
 // A single-member etcd (Debian's etcd-server) in a temporary directory.
 struct EtcdProcess {
   pid_t pid = -1;
