@@ -20,8 +20,10 @@ StoreMiss MissOf(const Status& s) {
     case StatusCode::kNotFound: return StoreMiss::kEvicted;
     case StatusCode::kCorrupt: return StoreMiss::kChecksum;
     case StatusCode::kDeadlineExceeded: return StoreMiss::kDeadline;
-    case StatusCode::kInvalidArgument: return StoreMiss::kFingerprint;
-    default: return StoreMiss::kDown;
+    case StatusCode::kFailedPrecondition: return StoreMiss::kFingerprint;
+    case StatusCode::kUnavailable:
+    case StatusCode::kCancelled: return StoreMiss::kDown;
+    default: return StoreMiss::kError;  // refused as malformed, full, an I/O error: not the store being down
   }
 }
 

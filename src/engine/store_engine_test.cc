@@ -362,6 +362,52 @@ TEST(StoreEngine, AFailedPublishGivesUpItsClaims) {
 
 // Destroying an engine while a fetch is in flight waits for it (bounded) and frees
 // everything: nothing writes into a pool that is gone (ASan checks this run).
+// Blocks stored with another block size under the same keys are refused as a
+// fingerprint mismatch, and nothing is written to the reader's buffers; any other
+// refusal is a store error, never "down".
+TEST(StoreEngine, BlocksOfAnotherSizeAreAFingerprintMismatch) {
+  auto s1 = StoreServer();
+  auto bridge = Bridge({s1.get()});
+  StoreNamespace ns;
+  ns.model_fingerprint = 0xabc;
+  ns.block_tokens = 8;
+  std::vector<int32_t> tokens(32);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(7 + i);
+  std::vector<std::vector<uint8_t>> data(4, std::vector<uint8_t>(4096, 0x21));
+  StorePublish p;
+  p.id = 1;
+  p.ns = ns;
+  p.tokens = tokens;
+  for (auto& d : data) p.blocks.push_back(d.data());
+  p.block_ids = {0, 1, 2, 3};
+  p.block_bytes = 4096;
+  p.local = LocalSlice{0, 4096};
+  p.cost_seconds = 1;
+  bridge->StartPublish(std::move(p));
+  bridge->Drain();
+  std::vector<StoreFetchDone> fetched;
+  std::vector<StorePublishDone> published;
+  bridge->Poll(&fetched, &published, 0us);
+  ASSERT_EQ(published.size(), 1u);
+  ASSERT_TRUE(published[0].status.ok()) << published[0].status.ToString();
+  std::vector<std::vector<uint8_t>> dst(4, std::vector<uint8_t>(8192, 0));
+  StoreFetch f;
+  f.id = 2;
+  f.ns = ns;
+  f.tokens = tokens;
+  for (auto& d : dst) f.dst.push_back(d.data());
+  f.dst_blocks = {0, 1, 2, 3};
+  f.block_bytes = 8192;  // the same keys, read as blocks of another size
+  f.local = LocalSlice{0, 8192};
+  bridge->StartFetch(std::move(f));
+  bridge->Drain();
+  bridge->Poll(&fetched, &published, 0us);
+  ASSERT_EQ(fetched.size(), 1u);
+  EXPECT_EQ(fetched[0].blocks, 0);
+  EXPECT_EQ(fetched[0].miss, StoreMiss::kFingerprint) << StoreMissName(fetched[0].miss);
+  for (auto& d : dst) EXPECT_TRUE(std::all_of(d.begin(), d.end(), [](uint8_t b) { return b == 0; }));
+}
+
 TEST(StoreEngine, ShutdownWithAFetchInFlightIsClean) {
   auto s1 = StoreServer();
   ThreadPool pool(2);

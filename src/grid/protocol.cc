@@ -144,7 +144,7 @@ Status DecodeFetchReply(std::string_view body, FetchReply& r) {
   const uint8_t code = rd.U8();
   const std::string msg(rd.Str(1 << 16));
   for (uint32_t* v : {&r.memory, &r.replica, &r.ssd, &r.remote}) *v = rd.U32();
-  if (!rd.Done() || code > static_cast<uint8_t>(StatusCode::kInternal)) return Corrupt("malformed grid fetch reply");
+  if (!rd.Done() || code > static_cast<uint8_t>(kLastStatusCode)) return Corrupt("malformed grid fetch reply");
   r.status = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), msg);
   return Status::Ok();
 }

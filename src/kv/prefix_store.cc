@@ -13,6 +13,7 @@ const char* StoreMissName(StoreMiss m) {
     case StoreMiss::kDown: return "store_down";
     case StoreMiss::kSlower: return "fetch_slower_than_compute";
     case StoreMiss::kPendingTimeout: return "pending_elsewhere_timeout";
+    case StoreMiss::kError: return "store_error";
   }
   return "?";
 }

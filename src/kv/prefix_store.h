@@ -45,8 +45,9 @@ enum class StoreMiss : uint8_t {
   kDown,            // no store server reachable
   kSlower,          // fetching was estimated slower than computing
   kPendingTimeout,  // another node was computing it, and not done within the wait bound
+  kError,           // the store refused or failed otherwise (malformed, full, I/O): a bug or a fault
 };
-inline constexpr int kStoreMissKinds = 9;
+inline constexpr int kStoreMissKinds = 10;
 const char* StoreMissName(StoreMiss m);  // "not_stored", "evicted", ...
 
 // The bytes of each block this process holds: [offset, offset + bytes) of the whole

@@ -427,7 +427,7 @@ void Transport::Impl::Dispatch(ConnId c, const MessageHeader& h, std::string_vie
       WireReader r(body);
       const uint32_t code = r.U32();
       const std::string_view msg = r.Str(4096);
-      if (!r.Done() || code == 0 || code > static_cast<uint32_t>(StatusCode::kInternal)) {
+      if (!r.Done() || code == 0 || code > static_cast<uint32_t>(kLastStatusCode)) {
         pc.done(Corrupt("malformed error reply from " + conns[c].peer));
       } else {
         pc.done(Status(static_cast<StatusCode>(code), std::string(msg)));

@@ -268,8 +268,9 @@ struct StoreClient::Impl {
     if (s.code() == StatusCode::kDeadlineExceeded) ++st.misses_deadline;
     else if (s.code() == StatusCode::kNotFound) ++st.misses_evicted;
     else if (s.code() == StatusCode::kCorrupt) ++st.checksum_failures;
-    else if (s.code() == StatusCode::kInvalidArgument) ++st.misses_mismatch;
-    else ++st.misses_down;
+    else if (s.code() == StatusCode::kFailedPrecondition) ++st.misses_mismatch;
+    else if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCancelled) ++st.misses_down;
+    else ++st.misses_error;
   }
 };
 
@@ -520,7 +521,7 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
               if (!ok) continue;
               if (bb != block_bytes && count == p.run.count) {
                 // Stored by an engine with other blocks: not this reader's to use.
-                return done(InvalidArgument(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes",
+                return done(FailedPrecondition(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes",
                                                         p.run.tensor, bb, block_bytes)));
               }
               if (count != p.run.count || !ValidSlices(bb, slices) || uint64_t{count} * slices > rd.remaining() / 8) {
@@ -531,7 +532,7 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
               // slices must tile the range.
               const uint64_t each = bb / slices;
               if (range.offset % each != 0 || range.bytes % each != 0) {
-                return done(InvalidArgument(fmt::format("tensor {} is checksummed in {} slices per block, which do not "
+                return done(FailedPrecondition(fmt::format("tensor {} is checksummed in {} slices per block, which do not "
                                                         "cover bytes [{}, {}) of a block",
                                                         p.run.tensor, slices, range.offset, range.offset + range.bytes)));
               }

@@ -83,7 +83,8 @@ struct ClientStats {
   uint64_t lookups = 0, gets = 0, get_blocks = 0, get_bytes = 0, puts = 0, put_blocks = 0, put_skipped_blocks = 0;
   uint64_t blocks_local_memory = 0, blocks_local_replica = 0, blocks_local_ssd = 0, blocks_remote = 0;
   uint64_t checksum_failures = 0, misses_not_stored = 0, misses_evicted = 0, misses_down = 0, misses_deadline = 0;
-  uint64_t misses_mismatch = 0;  // stored with another block size
+  uint64_t misses_mismatch = 0;  // stored with another block size or slicing
+  uint64_t misses_error = 0;     // refused as malformed, or another error: a bug or a hostile peer
 };
 
 class StoreClient {

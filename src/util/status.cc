@@ -18,6 +18,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnavailable: return "UNAVAILABLE";
     case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
     case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
   }
   return "UNKNOWN";
 }

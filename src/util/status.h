@@ -27,7 +27,10 @@ enum class StatusCode {
   kUnavailable,        // a peer or service is not reachable now
   kDeadlineExceeded,   // the operation's deadline passed before it completed
   kInternal,           // a bug surfaced as an error at an API edge
+  kFailedPrecondition,  // well-formed, but the state does not allow it (data stored in another layout)
+  // (new codes go last: codes travel on the wire as numbers; kLastCode names the last)
 };
+inline constexpr StatusCode kLastStatusCode = StatusCode::kFailedPrecondition;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -56,6 +59,7 @@ inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgum
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status Corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
 inline Status Unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
