@@ -51,7 +51,11 @@ for trace in {r['trace'] for r in mrc}:
     pts = sorted((int(r['store_bytes']), float(r['hit_ratio'])) for r in mrc if r['trace'] == trace)
     full = [h for m, h in pts if m >= int(mrc[0]['working_set_bytes']) * 1.25]
     assert full and min(full) > 0, f"{trace}: no hits with the whole working set in memory: {pts}"
-    assert pts[0][1] <= max(h for _, h in pts), pts
+    # The miss-ratio curve: the hit ratio never falls as memory grows, and memory matters
+    # (the smallest store hits less than the one holding the whole working set).
+    for (m0, h0), (m1, h1) in zip(pts, pts[1:]):
+        assert h1 >= h0, f"{trace}: hit ratio fell from {h0} at {m0} bytes to {h1} at {m1}: {pts}"
+    assert pts[0][1] < pts[-1][1], f"{trace}: the hit ratio does not grow with memory: {pts}"
 print(f"bench_store_eval: {len(rows)} requests checked")
 PY
 grep -q '### targets' "$out/log" || { echo "no targets table"; cat "$out/log"; exit 1; }
