@@ -803,6 +803,10 @@ std::vector<std::string> StoreClient::Members() const {
   return out;
 }
 
+void StoreClient::SetLandedHookForTesting(std::function<void(void*, uint64_t)> hook) {
+  impl_->t->Sync([&] { impl_->t->SetLandedHookForTesting(std::move(hook)); });
+}
+
 size_t StoreClient::ReachableMembers() const {
   Impl& I = *impl_;
   return I.t->Sync([&I] {

@@ -129,6 +129,9 @@ class StoreClient {
   std::vector<std::string> Members() const;
   // How many of them answered when last tried (connected and greeted, not down).
   size_t ReachableMembers() const;
+  // Tests only: runs on every segment a read lands, on the transport's thread, before the
+  // read completes (net::Transport::SetLandedHookForTesting).
+  void SetLandedHookForTesting(std::function<void(void* local, uint64_t length)> hook);
   // The member that indexes a sequence starting with this first-block key.
   std::string IndexServer(const Key& first_block) const;
 

@@ -970,18 +970,34 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
     }
     ASSERT_EQ(*c->Put(Ns(), seqs[r], ptrs, kBig, 1.0, net::After(5000ms)), 8u) << r;
   }
-  std::atomic<bool> stop{false};
-  std::atomic<int> wrong{0}, slow{0}, ok{0}, missed{0};
+  // A sequence whose blocks all live on b: once armed, the reader reads only it, and the
+  // first segment of it to land kills b (from the client's transport thread, before the
+  // read completes): b dies with that read in flight, not at some moment a sleep picked.
+  int on_b = -1;
+  for (int r = 0; r < 16 && on_b < 0; ++r) {
+    auto f = c->Lookup(Ns(), seqs[r], net::After(1000ms));
+    ASSERT_TRUE(f.ok());
+    if (std::all_of(f->runs.begin(), f->runs.end(), [&](const store::Run& x) { return x.owner == NodeId(b.Addr()); })) on_b = r;
+  }
+  ASSERT_GE(on_b, 0) << "no sequence lives on b alone";
+  std::atomic<bool> stop{false}, armed{false}, killed{false};
+  std::atomic<int> wrong{0}, slow{0}, ok{0}, missed{0}, in_flight_result{-1};
+  c->SetLandedHookForTesting([&](void*, uint64_t) {
+    if (armed && !killed.exchange(true)) kill(b.pid, SIGKILL);
+  });
   std::thread reader([&] {
     std::vector<std::vector<uint8_t>> dst(8, std::vector<uint8_t>(kBig));
     std::vector<void*> ptrs;
     for (auto& d : dst) ptrs.push_back(d.data());
     for (int i = 0; !stop; ++i) {
-      const int r = i % 16;
+      if (i == 40) armed = true;
+      const int r = armed && !killed ? on_b : i % 16;
+      const bool kill_read = armed && !killed;
       const auto t0 = net::Clock::now();
       auto f = c->Lookup(Ns(), seqs[r], net::After(1000ms));
       Status st = f.status();
       if (f.ok()) st = f->blocks == 8 ? c->Get(*f, 8, ptrs, kBig, net::After(1000ms)) : NotFound("short");
+      if (kill_read && killed) in_flight_result = st.ok() ? 1 : 0;
       if (net::Clock::now() - t0 > 1s + TestScaled(2s)) ++slow;  // the 1 s deadline, plus slack
       if (!st.ok()) {
         ++missed;
@@ -991,11 +1007,14 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
       for (size_t b = 0; b < 8; ++b) wrong += dst[b] != data[r][b];
     }
   });
-  std::this_thread::sleep_for(300ms);
-  b.Kill();
+  for (int i = 0; i < 500 && !killed; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(killed) << "b was never killed mid-read";
   std::this_thread::sleep_for(1500ms);
   stop = true;
   reader.join();
+  b.Kill();  // reaps it
+  std::printf("the read in flight when b died: %s\n", in_flight_result == 1 ? "completed (its bytes had landed)" : "failed");
+  EXPECT_GE(in_flight_result, 0);  // that read returned
   std::printf("reads: %d served, %d missed after the kill\n", ok.load(), missed.load());
   EXPECT_EQ(wrong, 0);   // never a wrong byte served
   EXPECT_EQ(slow, 0);    // never past the deadline (plus slack)
