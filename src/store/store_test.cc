@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <numeric>
 #include <set>
@@ -1023,6 +1024,125 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
   std::string log;
   EXPECT_EQ(a.Stop(&log), 0);
   EXPECT_NE(log.find("trellis_store_puts_total"), std::string::npos) << log;
+}
+
+// A read whose server stops answering mid-transfer (SIGSTOP as its first segment lands)
+// fails at its deadline; the connection is force-closed then, so when the server resumes
+// nothing lands in the buffers the caller has since reused.
+TEST(StoreProcesses, AReadPastItsDeadlineNeverWritesLate) {
+  StoreProcess a("64M");
+  ASSERT_GT(a.port, 0);
+  ClientOptions o;
+  o.servers = {a.Addr()};
+  o.transport = Lo();
+  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  constexpr uint64_t kBig = 2 << 20;
+  const auto tok = Tokens(64, 64, 77);
+  std::vector<std::vector<uint8_t>> data(16, std::vector<uint8_t>(kBig, 0x5c));
+  std::vector<const void*> src;
+  for (auto& d : data) src.push_back(d.data());
+  ASSERT_EQ(*c->Put(Ns(), tok, src, kBig, 1.0, net::After(5000ms)), 16u);
+  auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 16u);
+  std::atomic<bool> stopped{false};
+  c->SetLandedHookForTesting([&](void*, uint64_t) {
+    if (!stopped.exchange(true)) kill(a.pid, SIGSTOP);
+  });
+  std::vector<std::vector<uint8_t>> dst(16, std::vector<uint8_t>(kBig, 0));
+  std::vector<void*> ptrs;
+  for (auto& d : dst) ptrs.push_back(d.data());
+  const Status st = c->Get(*f, 16, ptrs, kBig, net::After(500ms));
+  ASSERT_TRUE(stopped);
+  c->SetLandedHookForTesting(nullptr);
+  if (st.ok()) {
+    // Every byte had reached this side before the stop: nothing was late.
+    for (auto& d : dst) EXPECT_EQ(d, data[0]);
+    kill(a.pid, SIGCONT);
+    GTEST_SKIP() << "the whole read had landed before the server stopped";
+  }
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  for (auto& d : dst) std::fill(d.begin(), d.end(), 0xA7);  // the caller reuses its buffers
+  kill(a.pid, SIGCONT);
+  std::this_thread::sleep_for(TestScaled(500ms));
+  for (size_t b = 0; b < 16; ++b) {
+    EXPECT_TRUE(std::all_of(dst[b].begin(), dst[b].end(), [](uint8_t x) { return x == 0xA7; })) << "late bytes in block " << b;
+  }
+  // Not checked here: that the server serves again. It does not always: UCX 1.13 serves
+  // a get over tcp in software and aborts the serving process when the reply cannot be
+  // sent on an endpoint the reader has closed (ucp_get_req_handler, "Fatal: unexpected
+  // error: Endpoint timeout"); see DISABLED_ClientsKilledMidReadNeverTakeTheServerDown.
+}
+
+// The reading side of ClientsKilledMidReadNeverTakeTheServerDown, run as a child process
+// (this binary, re-executed with TRELLIS_STORE_CHILD_READER=host:port): reads one stored
+// sequence in a loop until it is killed.
+TEST(StoreChild, Reader) {
+  const char* addr = getenv("TRELLIS_STORE_CHILD_READER");
+  if (!addr) GTEST_SKIP() << "only as a child of DISABLED_ClientsKilledMidReadNeverTakeTheServerDown";
+  ClientOptions o;
+  o.servers = {addr};
+  o.transport = Lo();
+  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  const auto tok = Tokens(32, 32, 78);
+  std::vector<std::vector<uint8_t>> dst(8, std::vector<uint8_t>(1 << 20));
+  std::vector<void*> ptrs;
+  for (auto& d : dst) ptrs.push_back(d.data());
+  std::printf("reading\n");
+  std::fflush(stdout);
+  for (;;) {
+    auto f = c->Lookup(Ns(), tok, net::After(5000ms));
+    if (f.ok() && f->blocks == 8) (void)c->Get(*f, 8, ptrs, 1 << 20, net::After(5000ms));
+  }
+}
+
+// Readers SIGKILLed at random points of their reads (the server is serving their gets in
+// software, over tcp) must never take the server down. DISABLED: it fails, in the first
+// round, on Debian's UCX 1.13: the serving process aborts in ucp_get_req_handler
+// ("Fatal: unexpected error: Endpoint timeout") when a get's reply cannot be sent to a
+// reader that died. The fix is a read path that does not rest on UCX's software get over
+// tcp (issue 28's note); run it with --gtest_also_run_disabled_tests.
+TEST(StoreProcesses, DISABLED_ClientsKilledMidReadNeverTakeTheServerDown) {
+  StoreProcess a("64M");
+  ASSERT_GT(a.port, 0);
+  ClientOptions o;
+  o.servers = {a.Addr()};
+  o.transport = Lo();
+  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  const auto tok = Tokens(32, 32, 78);
+  std::vector<std::vector<uint8_t>> data(8, std::vector<uint8_t>(1 << 20, 0x3d));
+  std::vector<const void*> src;
+  for (auto& d : data) src.push_back(d.data());
+  ASSERT_EQ(*c->Put(Ns(), tok, src, 1 << 20, 1.0, net::After(5000ms)), 8u);
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  for (int round = 0; round < 12; ++round) {
+    int out[2];
+    ASSERT_EQ(pipe(out), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      setenv("TRELLIS_STORE_CHILD_READER", a.Addr().c_str(), 1);
+      execl(self.c_str(), self.c_str(), "--gtest_filter=StoreChild.Reader", nullptr);
+      _exit(127);
+    }
+    close(out[1]);
+    FILE* f = fdopen(out[0], "r");
+    char line[256];
+    while (std::fgets(line, sizeof line, f) && !std::strstr(line, "reading")) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 37 * round % 150));  // somewhere in a read
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    std::fclose(f);
+    ASSERT_EQ(waitpid(a.pid, nullptr, WNOHANG), 0) << "the server died after reader " << round << " was killed";
+    auto found = c->Lookup(Ns(), tok, net::After(5000ms));
+    if (!found.ok()) {
+      std::string log;
+      char l[512];
+      while (a.err && std::fgets(l, sizeof l, a.err)) log += l;
+      FAIL() << "round " << round << ": " << found.status().ToString() << "\nthe server's log:\n" << log;
+    }
+  }
 }
 
 // A free TCP port on 127.0.0.1 (bound, then released: a race no test here loses).
