@@ -3,8 +3,8 @@
 // 1. Bulk get. One `trellis store` process (this binary, a child) holds a sequence of N
 //    blocks of B bytes (default 64 x 704 KiB: TinyLlama's KV block, 44 MiB). The bench
 //    process reads the whole prefix with StoreClient::Get into N separately allocated
-//    block buffers (N scattered segments): one Acquire round trip, every segment's RMA
-//    get in flight at once, the per-block checksums verified, the lease released, all
+//    block buffers (N scattered segments): one Acquire round trip, every segment's read
+//    in flight at once (served by the owner's transport), the per-block checksums verified, the lease released, all
 //    timed. Then ucx_perftest ucp_get moves the same total size between two processes on
 //    the same transport and settings (UCX_TLS, UCX_NET_DEVICES, the tcp segment sizes):
 //    once as one get of the whole size (the target's definition), once as block-sized

@@ -100,8 +100,8 @@ class StoreBridge : public PrefixStore {
   StoreBridgeOptions opt_;
   std::unique_ptr<store::StoreClient> client_;
   // Publishes go on their own connections, with their own progress thread at nice 19: a
-  // lookup must not wait behind the bulk transfer of a publish (over tcp the owner's RMA
-  // get is served by the progress thread, in order with the lookup's reply), and the
+  // lookup must not wait behind the bulk transfer of a publish (the owner's read of the
+  // staging buffer is served by the progress thread, in order with the lookup's reply), and the
   // transfer must not take the cores from the compute threads.
   std::unique_ptr<store::StoreClient> publish_client_;
 

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <random>
 #include <future>
 #include <deque>
 #include <map>
@@ -28,6 +30,15 @@ namespace trellis::net {
 namespace {
 
 constexpr unsigned kAmId = 7;  // the one UCX active-message id Trellis uses
+// Reads served by the owner (transport.h): the bytes of one read-data message (a little
+// under the default tcp segment, tcp_tx_seg_size 256k, so a chunk and its headers go in
+// one piece: 128 KiB chunks read 15% slower), how many of them a transport keeps handed
+// to UCX at once, and the bounds on one read request and on reads queued.
+constexpr uint64_t kReadChunk = (256 << 10) - 256;
+constexpr uint64_t kServeWindow = 16 << 20;
+constexpr uint32_t kMaxReadSegments = 1 << 20;
+constexpr size_t kMaxServing = 4096;
+constexpr size_t kReadDataPrefix = 12;  // u32 segment, u64 offset
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 
@@ -89,6 +100,20 @@ bool DecodeHeader(std::string_view b, MessageHeader& h) {
   return r.Done() && magic == MessageHeader::kMagic && version == MessageHeader::kVersion;
 }
 
+std::string EncodeError(const Status& error) {
+  WireWriter w;
+  w.U32(static_cast<uint32_t>(error.code()));
+  w.Str(std::string_view(error.message()).substr(0, 4096));
+  return w.Take();
+}
+
+// The largest body a message may carry: the configured limit, except that read data is
+// always accepted in chunks (its size is the protocol's, not the peer's choice).
+size_t BodyLimit(const TransportOptions& o, uint16_t flags) {
+  return (flags & MessageHeader::kReadData) ? std::max(o.max_message_bytes, kReadChunk + kReadDataPrefix)
+                                            : o.max_message_bytes;
+}
+
 }  // namespace
 
 struct Transport::Impl {
@@ -96,31 +121,40 @@ struct Transport::Impl {
     ucp_ep_h ep = nullptr;
     bool alive = true;
     std::string peer;
-    std::map<std::string, ucp_rkey_h> rkeys;  // packed key -> unpacked on this endpoint
   };
   struct PendingCall {
     ConnId conn;
     ReplyCallback done;
     uint64_t timer;
   };
-  struct PendingGet {
+  struct PendingGet {  // a Get of ours, its chunks arriving
     ConnId conn;
     DoneCallback done;
     uint64_t timer = 0;
-    size_t outstanding = 0;  // UCX requests not yet completed
-    bool issued = false;     // every segment handed to UCX
-    Status status;
     SegmentCallback on_segment;  // optional: each segment that landed, as it lands
-    std::vector<Segment> segments;  // kept only while a landed hook is set
+    std::vector<Segment> segments;
+    std::vector<uint64_t> first_chunk;  // per segment: its first chunk's index in `arrived`
+    std::vector<uint64_t> chunks_left;  // per segment
+    std::vector<bool> arrived;          // per chunk
+    uint64_t total_left = 0;
+  };
+  struct ServeRead {  // a peer's Get of one of our regions, being served
+    ConnId conn;
+    uint64_t id;
+    uint64_t base;
+    std::string key;
+    std::vector<std::pair<uint64_t, uint64_t>> segments;  // (address, length)
+    size_t segment = 0;
+    uint64_t offset = 0;
+  };
+  struct Region {
+    uint64_t length;
+    std::string key;
   };
   struct SendCtx {  // keeps a message alive until UCX is done with it
     Impl* impl;
     std::string header, body;
-  };
-  struct GetReq {  // user_data of one RMA get
-    Impl* impl;
-    uint64_t get_id;
-    size_t segment;
+    uint64_t serve_bytes;  // read data counted in serve_inflight
   };
   struct RecvCtx {  // a rendezvous body being received
     Impl* impl;
@@ -150,12 +184,16 @@ struct Transport::Impl {
   std::unordered_map<uint64_t, PendingCall> calls;
   uint64_t next_get = 1;
   std::unordered_map<uint64_t, PendingGet> gets;
+  std::deque<ServeRead> serving;  // reads of our regions, each served a chunk in turn
+  uint64_t serve_inflight = 0;    // read-data bytes handed to UCX and not yet sent
+  bool pump_wanted = false;       // a read arrived or a chunk went: Pump() after progress
 
   uint64_t next_timer = 1;
   std::multimap<Deadline, uint64_t> timer_queue;
   std::unordered_map<uint64_t, std::pair<Deadline, std::function<void()>>> timers;
 
-  std::map<uint64_t, ucp_mem_h> regions;
+  std::map<uint64_t, Region> regions;
+  std::mt19937_64 key_rng{std::random_device{}()};
   RequestHandler on_request;
   std::function<void(ConnId, const Status&)> on_disconnect;
   TransportStats stats;
@@ -173,17 +211,21 @@ struct Transport::Impl {
 
   ConnId AddConn(ucp_ep_h ep, std::string peer) {
     const ConnId id = next_conn++;
-    conns[id] = Conn{ep, true, std::move(peer), {}};
+    conns[id] = Conn{ep, true, std::move(peer)};
     by_ep[ep] = id;
     return id;
   }
   void FailConn(ConnId id, const Status& why, bool notify);
-  Status Send(ConnId c, const MessageHeader& h, std::string body);
+  Status Send(ConnId c, const MessageHeader& h, std::string body, uint64_t serve_bytes = 0);
   void Dispatch(ConnId c, const MessageHeader& h, std::string_view body);
-  void FinishGet(uint64_t id);
-  void GetCompleted(uint64_t id, size_t segment, ucs_status_t s);
+  Status DecodeError(ConnId c, std::string_view body);
+  void SendReadError(ConnId c, uint64_t id, const Status& error);
+  void OnRead(ConnId c, uint64_t id, std::string_view body);
+  void OnReadData(ConnId c, const MessageHeader& h, std::string_view body);
+  void Pump();
+  void FinishGet(uint64_t id, Status status);
   void Landed(PendingGet& g, size_t segment) {
-    if (landed_hook && segment < g.segments.size()) landed_hook(g.segments[segment].local, g.segments[segment].length);
+    if (landed_hook) landed_hook(g.segments[segment].local, g.segments[segment].length);
     if (g.on_segment) g.on_segment(segment);
   }
   std::function<void(void*, uint64_t)> landed_hook;
@@ -195,7 +237,6 @@ struct Transport::Impl {
 };
 
 Transport::Impl::~Impl() {
-  for (auto& [base, memh] : regions) ucp_mem_unmap(ctx, memh);
   if (worker) ucp_worker_destroy(worker);
   if (ctx) ucp_cleanup(ctx);
   if (ep_fd >= 0) close(ep_fd);
@@ -221,7 +262,7 @@ Status Transport::Impl::Init() {
   set("NET_DEVICES", opt.net_devices);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   s = ucp_init(&params, config, &ctx);
   ucp_config_release(config);
   if (s != UCS_OK) return Unavailable("UCX init (transports '" + opt.tls + "'): " + UcsError(s));
@@ -291,13 +332,17 @@ void Transport::Impl::Loop() {
     RunTimers(wait_ms);
     bool worked = false;
     while (ucp_worker_progress(worker) != 0) worked = true;
+    if (pump_wanted) {
+      Pump();
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!tasks.empty()) continue;
     }
     if (wait_ms == 0) continue;
-    // Busy for a moment after work before sleeping: over tcp a peer's RMA reads are
-    // served in software by this loop, and each wake-up from epoll costs them latency.
+    // Busy for a moment after work before sleeping: peers' reads are served by this loop,
+    // and each wake-up from epoll costs them latency.
     const Deadline now = Clock::now();
     if (worked) last_work = now;
     if (now - last_work < spin) continue;
@@ -337,10 +382,8 @@ void Transport::Impl::FailConn(ConnId id, const Status& why, bool notify) {
   if (it == conns.end() || !it->second.alive) return;
   Conn& c = it->second;
   c.alive = false;
-  for (auto& [key, rkey] : c.rkeys) ucp_rkey_destroy(rkey);
-  c.rkeys.clear();
   // Force-close (needs peer error handling): outstanding requests on the endpoint
-  // complete with an error, so no get can land after its callback.
+  // complete with an error at once.
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = opt.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -365,45 +408,51 @@ void Transport::Impl::FailConn(ConnId id, const Status& why, bool notify) {
     timers.erase(pc.timer);
     pc.done(why);
   }
+  std::erase_if(serving, [id](const ServeRead& r) { return r.conn == id; });
+  std::vector<uint64_t> ours;
   for (auto& [gid, g] : gets) {
-    if (g.conn == id && g.status.ok()) g.status = why;
+    if (g.conn == id) ours.push_back(gid);
   }
-  // Gets whose requests all completed during the close finish now.
-  std::vector<uint64_t> ready;
-  for (auto& [gid, g] : gets) {
-    if (g.conn == id && g.issued && g.outstanding == 0) ready.push_back(gid);
-  }
-  for (uint64_t gid : ready) FinishGet(gid);
+  for (uint64_t gid : ours) FinishGet(gid, why);
   if (notify && on_disconnect) on_disconnect(id, why);
   conns.erase(id);
 }
 
-Status Transport::Impl::Send(ConnId c, const MessageHeader& h, std::string body) {
+Status Transport::Impl::Send(ConnId c, const MessageHeader& h, std::string body, uint64_t serve_bytes) {
   auto it = conns.find(c);
   if (it == conns.end() || !it->second.alive) return Unavailable("connection " + std::to_string(c) + " is closed");
-  if (body.size() > opt.max_message_bytes) {
+  if (body.size() > BodyLimit(opt, h.flags)) {
     return InvalidArgument("message of " + std::to_string(body.size()) + " bytes is over the limit of " +
                            std::to_string(opt.max_message_bytes));
   }
   MessageHeader hh = h;
   hh.body_bytes = static_cast<uint32_t>(body.size());
-  auto* ctx_ = new SendCtx{this, EncodeHeader(hh), std::move(body)};
+  auto* ctx_ = new SendCtx{this, EncodeHeader(hh), std::move(body), serve_bytes};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  // Eager only, whatever the size: a rendezvous has the receiver send UCX's own internal
+  // messages back (an RTR or an ATS, rndv.c), and UCX 1.13 aborts the process when such
+  // a send fails other than for lack of resources (ucp_request_try_send's ucs_fatal), as
+  // it can when the sender has just died. Large bodies cost one reassembly copy instead.
+  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
   p.user_data = ctx_;
   p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<SendCtx*>(user_data);
+    auto* sc = static_cast<SendCtx*>(user_data);
+    if (sc->serve_bytes) {
+      sc->impl->serve_inflight -= sc->serve_bytes;
+      sc->impl->pump_wanted = true;
+    }
+    delete sc;
     ucp_request_free(request);
   };
+  serve_inflight += serve_bytes;
   void* r = ucp_am_send_nbx(it->second.ep, kAmId, ctx_->header.data(), ctx_->header.size(), ctx_->body.data(),
                             ctx_->body.size(), &p);
   const size_t n = ctx_->body.size();
-  if (r == nullptr) {
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    serve_inflight -= serve_bytes;
     delete ctx_;
-  } else if (UCS_PTR_IS_ERR(r)) {
-    delete ctx_;
-    return Unavailable("send to " + it->second.peer + ": " + UcsError(UCS_PTR_STATUS(r)));
+    if (r != nullptr) return Unavailable("send to " + it->second.peer + ": " + UcsError(UCS_PTR_STATUS(r)));
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   ++stats.messages_sent;
@@ -417,6 +466,12 @@ void Transport::Impl::Dispatch(ConnId c, const MessageHeader& h, std::string_vie
     ++stats.messages_received;
     stats.bytes_received += body.size();
   }
+  if (h.flags & MessageHeader::kReadData) return OnReadData(c, h, body);
+  if (h.flags & MessageHeader::kRead) return OnRead(c, h.request_id, body);
+  if (h.flags & MessageHeader::kReadCancel) {
+    std::erase_if(serving, [&](const ServeRead& r) { return r.conn == c && r.id == h.request_id; });
+    return;
+  }
   if (h.flags & MessageHeader::kReply) {
     auto it = calls.find(h.request_id);
     if (it == calls.end() || it->second.conn != c) return;  // timed out already, or not ours
@@ -424,20 +479,134 @@ void Transport::Impl::Dispatch(ConnId c, const MessageHeader& h, std::string_vie
     calls.erase(it);
     timers.erase(pc.timer);
     if (h.flags & MessageHeader::kError) {
-      WireReader r(body);
-      const uint32_t code = r.U32();
-      const std::string_view msg = r.Str(4096);
-      if (!r.Done() || code == 0 || code > static_cast<uint32_t>(kLastStatusCode)) {
-        pc.done(Corrupt("malformed error reply from " + conns[c].peer));
-      } else {
-        pc.done(Status(static_cast<StatusCode>(code), std::string(msg)));
-      }
+      pc.done(DecodeError(c, body));
     } else {
       pc.done(std::string(body));
     }
     return;
   }
   if ((h.flags & MessageHeader::kRequest) && on_request) on_request(c, h.type, h.request_id, body);
+}
+
+Status Transport::Impl::DecodeError(ConnId c, std::string_view body) {
+  WireReader r(body);
+  const uint32_t code = r.U32();
+  const std::string_view msg = r.Str(4096);
+  if (!r.Done() || code == 0 || code > static_cast<uint32_t>(kLastStatusCode)) {
+    return Corrupt("malformed error reply from " + conns[c].peer);
+  }
+  return Status(static_cast<StatusCode>(code), std::string(msg));
+}
+
+void Transport::Impl::SendReadError(ConnId c, uint64_t id, const Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++stats.reads_refused;
+  }
+  MessageHeader h;
+  h.flags = MessageHeader::kReadData | MessageHeader::kError;
+  h.request_id = id;
+  (void)Send(c, h, EncodeError(error));
+}
+
+// A peer's read request: u64 region base, str key, u32 n, n x (u64 address, u64 length).
+void Transport::Impl::OnRead(ConnId c, uint64_t id, std::string_view body) {
+  WireReader r(body);
+  ServeRead sr{c, id, r.U64(), std::string(r.Str(64)), {}};
+  const uint32_t n = r.Count(kMaxReadSegments, 16);
+  sr.segments.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t addr = r.U64();
+    sr.segments.emplace_back(addr, r.U64());
+  }
+  if (!r.Done()) return SendReadError(c, id, Corrupt("malformed read request"));
+  auto it = regions.find(sr.base);
+  if (it == regions.end() || it->second.key != sr.key) {
+    return SendReadError(c, id, NotFound("no such registered region (gone, or a wrong key)"));
+  }
+  for (const auto& [addr, len] : sr.segments) {
+    if (addr < sr.base || len > it->second.length || addr - sr.base > it->second.length - len) {
+      return SendReadError(c, id, InvalidArgument("a read segment is outside the region"));
+    }
+  }
+  if (serving.size() >= kMaxServing) return SendReadError(c, id, ResourceExhausted("too many reads queued"));
+  serving.push_back(std::move(sr));
+  pump_wanted = true;
+}
+
+// Hands read data to UCX, a chunk of each queued read in turn, until the window is full.
+// The bytes are copied out of the region here, on the loop thread, after checking that
+// it is still registered: once Unregister returns, no read touches its memory.
+void Transport::Impl::Pump() {
+  pump_wanted = false;
+  while (!serving.empty() && serve_inflight < kServeWindow) {
+    ServeRead sr = std::move(serving.front());
+    serving.pop_front();
+    auto skip_empty = [&] {
+      while (sr.segment < sr.segments.size() && sr.segments[sr.segment].second == 0) ++sr.segment;
+    };
+    skip_empty();
+    if (sr.segment == sr.segments.size()) continue;
+    auto rit = regions.find(sr.base);
+    if (rit == regions.end() || rit->second.key != sr.key) {
+      SendReadError(sr.conn, sr.id, Unavailable("the region was unregistered during the read"));
+      continue;
+    }
+    const auto [addr, len] = sr.segments[sr.segment];
+    const uint64_t n = std::min(kReadChunk, len - sr.offset);
+    WireWriter w;
+    w.U32(static_cast<uint32_t>(sr.segment));
+    w.U64(sr.offset);
+    std::string body = w.Take();
+    body.append(reinterpret_cast<const char*>(addr + sr.offset), n);
+    MessageHeader h;
+    h.flags = MessageHeader::kReadData;
+    h.request_id = sr.id;
+    if (!Send(sr.conn, h, std::move(body), n).ok()) continue;  // the reader is gone: so is its read
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      stats.read_bytes_served += n;
+    }
+    sr.offset += n;
+    if (sr.offset == len) {
+      ++sr.segment;
+      sr.offset = 0;
+      skip_empty();
+    }
+    if (sr.segment < sr.segments.size()) {
+      serving.push_back(std::move(sr));
+    } else {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++stats.reads_served;
+    }
+  }
+}
+
+// A chunk of one of our Gets (u32 segment, u64 offset, the bytes), or its failure.
+void Transport::Impl::OnReadData(ConnId c, const MessageHeader& h, std::string_view body) {
+  auto it = gets.find(h.request_id);
+  if (it == gets.end() || it->second.conn != c) return;  // timed out or cancelled: dropped
+  PendingGet& g = it->second;
+  if (h.flags & MessageHeader::kError) return FinishGet(h.request_id, DecodeError(c, body));
+  WireReader r(body);
+  const uint32_t seg = r.U32();
+  const uint64_t off = r.U64();
+  const std::string_view data = body.substr(std::min(body.size(), kReadDataPrefix));
+  bool good = r.ok() && seg < g.segments.size() && off % kReadChunk == 0 && off < g.segments[seg].length &&
+              data.size() == std::min(kReadChunk, g.segments[seg].length - off);
+  const uint64_t chunk = good ? g.first_chunk[seg] + off / kReadChunk : 0;
+  if (good && g.arrived[chunk]) good = false;  // a chunk twice: some other chunk would be missing
+  if (!good) {
+    FinishGet(h.request_id, Corrupt("malformed read data from " + conns[c].peer));
+    std::lock_guard<std::mutex> lock(mu);
+    tasks.emplace_back([this, c] { FailConn(c, Corrupt("malformed read data"), true); });
+    return;
+  }
+  std::memcpy(static_cast<char*>(g.segments[seg].local) + off, data.data(), data.size());
+  g.arrived[chunk] = true;
+  --g.total_left;
+  if (--g.chunks_left[seg] == 0) Landed(g, seg);
+  if (g.total_left == 0) FinishGet(h.request_id, Status::Ok());
 }
 
 ucs_status_t Transport::Impl::OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -452,7 +621,7 @@ ucs_status_t Transport::Impl::OnAm(void* arg, const void* header, size_t header_
   }
   const bool good = c != 0 &&
                     DecodeHeader({static_cast<const char*>(header), header_length}, h) && h.body_bytes == length &&
-                    length <= self->opt.max_message_bytes;
+                    length <= BodyLimit(self->opt, h.flags);
   if (!good) {
     {
       std::lock_guard<std::mutex> lock(self->stats_mu);
@@ -527,27 +696,17 @@ void Transport::Impl::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
       [self, c, peer, status] { self->FailConn(c, Unavailable("peer " + peer + " failed: " + UcsError(status)), true); });
 }
 
-void Transport::Impl::GetCompleted(uint64_t id, size_t segment, ucs_status_t s) {
-  auto it = gets.find(id);
-  if (it == gets.end()) return;
-  PendingGet& g = it->second;
-  --g.outstanding;
-  if (s != UCS_OK && g.status.ok()) g.status = Unavailable("get failed: " + UcsError(s));
-  if (s == UCS_OK && g.status.ok()) Landed(g, segment);
-  if (g.issued && g.outstanding == 0) FinishGet(id);
-}
-
-void Transport::Impl::FinishGet(uint64_t id) {
+void Transport::Impl::FinishGet(uint64_t id, Status status) {
   auto it = gets.find(id);
   if (it == gets.end()) return;
   PendingGet g = std::move(it->second);
   gets.erase(it);
   timers.erase(g.timer);
-  if (!g.status.ok()) {
+  if (!status.ok()) {
     std::lock_guard<std::mutex> lock(stats_mu);
     ++stats.get_failures;
   }
-  g.done(g.status);
+  g.done(status);
 }
 
 // --- Transport ---
@@ -686,39 +845,20 @@ void Transport::ReplyError(ConnId c, uint64_t request_id, const Status& error) {
   MessageHeader h;
   h.flags = MessageHeader::kReply | MessageHeader::kError;
   h.request_id = request_id;
-  WireWriter w;
-  w.U32(static_cast<uint32_t>(error.code()));
-  w.Str(std::string_view(error.message()).substr(0, 4096));
-  (void)impl_->Send(c, h, w.Take());
+  (void)impl_->Send(c, h, EncodeError(error));
 }
 
 Result<Registration> Transport::Register(void* base, size_t length) {
-  ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = base;
-  mp.length = length;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t s = ucp_mem_map(impl_->ctx, &mp, &memh);
-  if (s != UCS_OK) return ResourceExhausted("registering " + std::to_string(length) + " bytes: " + UcsError(s));
-  void* packed = nullptr;
-  size_t packed_size = 0;
-  s = ucp_rkey_pack(impl_->ctx, memh, &packed, &packed_size);
-  if (s != UCS_OK) {
-    ucp_mem_unmap(impl_->ctx, memh);
-    return Internal("packing a remote key: " + UcsError(s));
-  }
-  Registration r{reinterpret_cast<uint64_t>(base), length, std::string(static_cast<char*>(packed), packed_size)};
-  ucp_rkey_buffer_release(packed);
-  impl_->regions[r.base] = memh;
+  if (base == nullptr || length == 0) return InvalidArgument("registering an empty region");
+  WireWriter key;
+  key.U64(impl_->key_rng());
+  key.U64(impl_->key_rng());
+  Registration r{reinterpret_cast<uint64_t>(base), length, key.Take()};
+  impl_->regions[r.base] = Impl::Region{length, r.rkey};
   return r;
 }
 
-void Transport::Unregister(uint64_t base) {
-  auto it = impl_->regions.find(base);
-  if (it == impl_->regions.end()) return;
-  ucp_mem_unmap(impl_->ctx, it->second);
-  impl_->regions.erase(it);
-}
+void Transport::Unregister(uint64_t base) { impl_->regions.erase(base); }
 
 void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> segments, Deadline deadline,
                     DoneCallback done, SegmentCallback on_segment) {
@@ -726,8 +866,12 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
   auto fail = [&](Status s) { Post([done = std::move(done), s] { done(s); }); };
   auto cit = impl->conns.find(c);
   if (cit == impl->conns.end() || !cit->second.alive) return fail(Unavailable("connection " + std::to_string(c) + " is closed"));
-  Impl::Conn& conn = cit->second;
+  if (segments.size() > kMaxReadSegments) return fail(InvalidArgument("too many segments in one get"));
   uint64_t total = 0;
+  WireWriter w;
+  w.U64(region.base);
+  w.Str(region.rkey);
+  w.U32(static_cast<uint32_t>(segments.size()));
   for (const Segment& s : segments) {
     const bool inside = s.remote >= region.base && s.length <= region.length &&
                         s.remote - region.base <= region.length - s.length;
@@ -736,81 +880,68 @@ void Transport::Get(ConnId c, const RemoteRegion& region, std::vector<Segment> s
                                   ") is outside the peer's region"));
     }
     total += s.length;
-  }
-  ucp_rkey_h rkey = nullptr;
-  if (auto it = conn.rkeys.find(region.rkey); it != conn.rkeys.end()) {
-    rkey = it->second;
-  } else {
-    // ucp_ep_rkey_unpack takes no length: it trusts sizes inside the packed key, which a
-    // hostile peer writes. It reads from a zero-padded copy, so no key can make it read
-    // past memory we own.
-    std::string padded = region.rkey;
-    padded.resize(region.rkey.size() + 4096, '\0');
-    const ucs_status_t s = ucp_ep_rkey_unpack(conn.ep, padded.data(), &rkey);
-    if (s != UCS_OK) return fail(Corrupt("cannot unpack the peer's remote key: " + UcsError(s)));
-    conn.rkeys[region.rkey] = rkey;
+    w.U64(s.remote);
+    w.U64(s.length);
   }
   const uint64_t id = impl->next_get++;
-  Impl::PendingGet& g = impl->gets[id];
+  Impl::PendingGet g;
   g.conn = c;
   g.done = std::move(done);
   g.on_segment = std::move(on_segment);
-  if (impl->landed_hook) g.segments = segments;
+  g.first_chunk.reserve(segments.size());
+  g.chunks_left.reserve(segments.size());
+  for (const Segment& s : segments) {
+    g.first_chunk.push_back(g.total_left);
+    g.chunks_left.push_back((s.length + kReadChunk - 1) / kReadChunk);
+    g.total_left += g.chunks_left.back();
+  }
+  g.arrived.assign(g.total_left, false);
+  g.segments = std::move(segments);
   {
     std::lock_guard<std::mutex> lock(impl->stats_mu);
     ++impl->stats.gets;
-    impl->stats.get_segments += segments.size();
+    impl->stats.get_segments += g.segments.size();
     impl->stats.get_bytes += total;
   }
-  std::vector<size_t> landed;  // segments done at once: reported after the loop
-  for (size_t si = 0; si < segments.size(); ++si) {
-    const Segment& s = segments[si];
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    auto* gr = new Impl::GetReq{impl, id, si};
-    p.user_data = gr;
-    p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-      auto* gr = static_cast<Impl::GetReq*>(user_data);
-      Impl* impl = gr->impl;
-      const uint64_t gid = gr->get_id;
-      const size_t seg = gr->segment;
-      delete gr;
-      ucp_request_free(request);
-      impl->GetCompleted(gid, seg, status);
-    };
-    void* r = ucp_get_nbx(conn.ep, s.local, s.length, s.remote, rkey, &p);
-    if (r == nullptr) {
-      delete gr;
-      landed.push_back(si);
-    } else if (UCS_PTR_IS_ERR(r)) {
-      delete gr;
-      if (g.status.ok()) g.status = Unavailable("get: " + UcsError(UCS_PTR_STATUS(r)));
-      break;
-    } else {
-      ++g.outstanding;
-    }
+  Impl::PendingGet& pg = impl->gets[id] = std::move(g);
+  for (size_t si = 0; si < pg.segments.size(); ++si) {
+    if (pg.chunks_left[si] == 0) impl->Landed(pg, si);  // nothing to move
   }
-  g.issued = true;
-  if (g.status.ok()) {
-    for (size_t si : landed) impl->Landed(g, si);
-  }
-  if (g.outstanding == 0) {
-    // Finished (or failed) at once: report from the loop, never re-entering the caller.
-    Post([impl, id] { impl->FinishGet(id); });
+  if (pg.total_left == 0) {
+    // Report from the loop, never re-entering the caller.
+    Post([impl, id] { impl->FinishGet(id, Status::Ok()); });
     return;
   }
-  g.timer = AddTimer(deadline, [impl, id] {
+  MessageHeader h;
+  h.flags = MessageHeader::kRead;
+  h.request_id = id;
+  if (const Status s = impl->Send(c, h, w.Take()); !s.ok()) {
+    Post([impl, id, s] { impl->FinishGet(id, s); });
+    return;
+  }
+  pg.timer = AddTimer(deadline, [impl, id] {
     auto it = impl->gets.find(id);
     if (it == impl->gets.end()) return;
     it->second.timer = 0;
-    if (it->second.status.ok()) it->second.status = DeadlineExceeded("bulk get not finished before the deadline");
-    // Force-closing the connection completes the outstanding gets (with errors), and
-    // with them this one; its buffers are then the caller's again.
-    impl->FailConn(it->second.conn, DeadlineExceeded("bulk get not finished before the deadline"), true);
+    // The owner may still be sending: tell it to stop. What arrives after this is
+    // dropped (the get is gone), so the buffers are the caller's again at once.
+    MessageHeader cancel;
+    cancel.flags = MessageHeader::kReadCancel;
+    cancel.request_id = id;
+    (void)impl->Send(it->second.conn, cancel, "");
+    impl->FinishGet(id, DeadlineExceeded("bulk get not finished before the deadline"));
   });
 }
 
 void Transport::SetLandedHookForTesting(std::function<void(void*, uint64_t)> hook) { impl_->landed_hook = std::move(hook); }
+
+Status Transport::SendForTesting(ConnId c, uint16_t type, uint16_t flags, uint64_t request_id, std::string body) {
+  MessageHeader h;
+  h.type = type;
+  h.flags = flags;
+  h.request_id = request_id;
+  return impl_->Send(c, h, std::move(body));
+}
 
 uint64_t Transport::AddTimer(Deadline when, std::function<void()> fn) {
   const uint64_t id = impl_->next_timer++;

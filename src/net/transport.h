@@ -7,9 +7,16 @@
 //     error; the peer's handler answers with Reply / ReplyError. Small messages go eagerly,
 //     large ones by UCX's rendezvous, and a body above max_message_bytes is refused
 //     before anything is allocated for it;
-//   - bulk reads: Register a memory region (its packed remote key travels in a message),
-//     and Get a list of scattered segments of a peer's region straight into local buffers
-//     (one UCX RMA get per segment, all in flight at once, no staging copy);
+//   - bulk reads: Register a memory region (its key travels in a message), and Get a
+//     list of scattered segments of a peer's region straight into local buffers. The
+//     region's owner serves a Get itself: the reader sends one read request naming the
+//     segments, the owner checks each against the region it registered and streams the
+//     bytes back as active messages (kReadChunk bytes each, a bounded window of them in
+//     flight per transport, every read served round-robin), and the reader copies each
+//     chunk into place as it lands. Not UCX RMA: Debian's UCX 1.13 emulates gets over
+//     tcp in software, and its emulation aborts the serving process when a reader dies
+//     mid-read (docs/store.md, "what survives what"); here a send that fails is one
+//     failed request of ours, and the read is dropped;
 //   - timers and a task queue, so its owner keeps all of its state on one thread.
 //
 // Threading: one loop thread owns the UCX worker and runs every callback (handlers,
@@ -21,11 +28,12 @@
 // Failures: with peer error handling (the default), a peer that dies or resets fails its
 // connection: pending calls and gets on it complete with Unavailable, the disconnect
 // handler runs, and the ConnId is dead. A call or get past its deadline completes with
-// DeadlineExceeded; a get that times out force-closes its connection first, so no byte
-// lands in the caller's buffers after the callback has run. UCX does not bound-check RMA
-// against registered regions (shared/INFRA.md, pitfall 7): the owner of a region checks
-// every offset and length it hands out; Get itself only refuses segments outside the
-// region the caller names.
+// DeadlineExceeded. Bytes are copied into a Get's buffers only while it is pending, on
+// the loop thread, so none lands after its callback has run; a get that times out tells
+// the owner to stop serving it and leaves the connection up. The owner serves only
+// segments inside a region it registered, to a reader that names the region's key; the
+// owner of a region still checks every offset it hands out (what is in the region is its
+// business), and Get refuses segments outside the region the caller names.
 //
 // The wire format (docs/store.md, "Transport"): every message is one UCX active message
 // whose header is the 24-byte MessageHeader below and whose data is the body.
@@ -75,9 +83,11 @@ struct TransportOptions {
 // The 24-byte header of every message, little-endian on the wire.
 struct MessageHeader {
   static constexpr uint32_t kMagic = 0x534c5254;  // "TRLS"
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;  // 2: reads are served by the owner, not UCX RMA
   static constexpr size_t kBytes = 24;
-  enum Flags : uint16_t { kRequest = 1, kReply = 2, kError = 4 };
+  // kRead: a Get's read request (request_id is the get's id); kReadData: a chunk of its
+  // bytes, or with kError its failure; kReadCancel: the reader gave up on it.
+  enum Flags : uint16_t { kRequest = 1, kReply = 2, kError = 4, kRead = 8, kReadData = 16, kReadCancel = 32 };
   uint16_t type = 0;       // the protocol's message type (store, grid)
   uint16_t flags = 0;
   uint64_t request_id = 0;  // pairs a reply with its request
@@ -88,7 +98,7 @@ struct MessageHeader {
 struct Registration {
   uint64_t base = 0;
   uint64_t length = 0;
-  std::string rkey;  // packed remote key: send it to peers that will Get from the region
+  std::string rkey;  // the region's key (16 random bytes): send it to peers that will Get from it
 };
 
 // What a peer needs to read a registered region.
@@ -109,6 +119,7 @@ struct TransportStats {
   uint64_t messages_sent = 0, messages_received = 0, messages_refused = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t gets = 0, get_segments = 0, get_bytes = 0, get_failures = 0;
+  uint64_t reads_served = 0, read_bytes_served = 0, reads_refused = 0;  // Gets of peers, as the owner
   uint64_t calls_timed_out = 0, connections_failed = 0;
 };
 
@@ -172,6 +183,10 @@ class Transport {
   // or done see it (a test flips a byte there: corruption on the wire that the transport
   // cannot see). nullptr removes it. Call on the loop thread.
   void SetLandedHookForTesting(std::function<void(void* local, uint64_t length)> hook);
+
+  // Tests and fuzzers only: sends one message with any flags and request id, as a hostile
+  // peer could (a read request, read data for a get the peer never made). Loop thread.
+  Status SendForTesting(ConnId c, uint16_t type, uint16_t flags, uint64_t request_id, std::string body);
 
   // Runs fn once at `when` (on the loop thread); returns an id for CancelTimer.
   uint64_t AddTimer(Deadline when, std::function<void()> fn);

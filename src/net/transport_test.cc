@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -164,7 +165,7 @@ TEST(Transport, CallsRepliesAndErrors) {
   }
 }
 
-TEST(Transport, LargeBodiesGoByRendezvousAndLimitsHold) {
+TEST(Transport, LargeBodiesArriveWholeAndLimitsHold) {
   TransportOptions small = Loopback();
   small.max_message_bytes = 1 << 20;
   EchoServer s(small);
@@ -224,6 +225,40 @@ TEST(Transport, ScatteredGetsLandInPlace) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   }
   EXPECT_TRUE(c.t->Sync([&] { return c.t->IsConnected(conn); }));
+}
+
+// The owner serves only what it registered, to a reader that names the region's key: a
+// reader that lies about the region (a wrong key, a longer length, a base that is not
+// one) is refused by the owner, and the connection stays up.
+TEST(Transport, TheOwnerChecksEveryRead) {
+  EchoServer s;
+  Client c;
+  const ConnId conn = c.Connect(s.port);
+  const RemoteRegion region = c.Region(conn);
+  std::vector<uint8_t> dst(1 << 20);
+  RemoteRegion wrong_key = region;
+  wrong_key.rkey[3] ^= 1;
+  Status st = c.Get(conn, wrong_key, {{region.base, dst.data(), 4096}});
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  RemoteRegion longer = region;
+  longer.length += 1 << 20;
+  st = c.Get(conn, longer, {{region.base + region.length - 100, dst.data(), 4096}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  RemoteRegion shifted = region;
+  shifted.base -= 4096;
+  shifted.length += 4096;
+  st = c.Get(conn, shifted, {{shifted.base, dst.data(), 4096}});
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_EQ(s.t->stats().read_bytes_served, 0u);
+  EXPECT_EQ(s.t->stats().reads_refused, 3u);
+  // Still connected and served: empty segments land at once, chunks of odd sizes whole.
+  std::fill(dst.begin(), dst.end(), 0);
+  ASSERT_TRUE(c.Get(conn, region,
+                    {{region.base + 5, dst.data(), 0}, {region.base + 7, dst.data() + 1, (300 << 10) + 3}, {region.base, dst.data(), 0}})
+                  .ok());
+  EXPECT_EQ(std::memcmp(dst.data() + 1, s.region.data() + 7, (300 << 10) + 3), 0);
+  EXPECT_EQ(dst[0], 0);
+  EXPECT_EQ(s.t->stats().reads_served, 1u);
 }
 
 TEST(Transport, DeadlinesBoundSilentPeersAndAbsentOnes) {
@@ -313,6 +348,31 @@ TEST(Transport, AKilledPeerFailsItsCallsAndGetsWithinTheirDeadline) {
   EXPECT_FALSE(after.ok());
   EXPECT_LT(Clock::now() - t0, 9s);
   std::printf("get after kill: %s; call after kill: %s\n", got.ToString().c_str(), after.status().ToString().c_str());
+}
+
+// A get whose owner stops (SIGSTOP) fails at its deadline and leaves the connection up:
+// when the owner resumes, what it still sends for that get is dropped (the buffer the
+// caller refilled keeps its bytes), and the next call and get on the connection succeed.
+TEST(Transport, AGetPastItsDeadlineDropsLateBytesAndKeepsTheConnection) {
+  Child child;
+  ASSERT_GT(child.port, 0);
+  Client c;
+  const ConnId conn = c.Connect(child.port);
+  const RemoteRegion region = c.Region(conn);
+  std::vector<uint8_t> want(8 << 20);
+  ASSERT_TRUE(c.Get(conn, region, {{region.base, want.data(), want.size()}}).ok());
+  std::vector<uint8_t> dst(8 << 20, 0);
+  kill(child.pid, SIGSTOP);
+  const Status st = c.Get(conn, region, {{region.base, dst.data(), dst.size()}}, 300ms);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  std::fill(dst.begin(), dst.end(), 0xA7);
+  kill(child.pid, SIGCONT);
+  auto r = c.Call(conn, kEcho, "after");  // the owner has read the get (and its cancel) by now
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "after");
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t x) { return x == 0xA7; })) << "late bytes landed";
+  ASSERT_TRUE(c.Get(conn, region, {{region.base, dst.data(), dst.size()}}).ok());
+  EXPECT_EQ(dst, want);
 }
 
 }  // namespace

@@ -726,7 +726,7 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
   const size_t inc = n - k;
   const size_t owner = I.OwnerOf(found.keys[k]);
   if (owner == SIZE_MAX) return Unavailable("no live store server");
-  // The increment's bytes, in the registered staging buffer the owner reads by RMA.
+  // The increment's bytes, in the registered staging buffer the owner reads (a bulk read our transport serves).
   std::lock_guard<std::mutex> put_lock(I.put_mu);
   const size_t bytes = inc * block_bytes;
   if (I.staging_bytes < bytes) {

@@ -7,7 +7,7 @@
 //   Get:    that prefix's first n blocks into caller-given block buffers: one Acquire
 //           at the local server (what it owns, its replicas), then one per owner of
 //           what is left (leases, addresses, per-block checksums), then all segments
-//           read by RMA at once, checksums verified, leases released;
+//           read by bulk reads at once, checksums verified, leases released;
 //   Put:    a sequence's blocks beyond what is stored (the increment past the longest
 //           common prefix), as one new tensor on one owner, then indexed.
 // Every call takes a deadline; a server that is down, slow or answers nonsense makes the

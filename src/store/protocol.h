@@ -24,7 +24,7 @@ enum MsgType : uint16_t {
   // memory), checksums u32 (= n x slices), [u64] (the writer's, block-major). Each block
   // is checksummed in `slices` equal parts (a KV block's layers), so a reader of some
   // layers only (a grid node) can check what it read.
-  // -> tensor u64. The owner pulls the bytes by RMA into one contiguous run and checks
+  // -> tensor u64. The owner pulls the bytes by a bulk read into one contiguous run and checks
   // them against the writer's checksums before anything is indexed: a mismatch (bytes
   // changed on the way) is refused with Corrupt and the tensor dropped.
   kPutData = 3,

@@ -1138,7 +1138,7 @@ std::string StoreServer::MetricsText() const {
   m("ssd_log_records_skipped_total", "counter", "Bad index log records skipped at start.", s.ssd_log_records_skipped);
   m("ssd_log_compactions_total", "counter", "Index log rewrites with the live entries alone.", s.ssd_log_compactions);
   m("ssd_rejected_total", "counter", "Tensor files found bad at start (deleted).", s.ssd_rejected);
-  m("get_bytes_total", "counter", "Bytes this node read from peers by RMA (puts).", n.get_bytes);
+  m("get_bytes_total", "counter", "Bytes this node read from peers by bulk reads (puts, replicas).", n.get_bytes);
   m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);
   return out;
 }

@@ -6,12 +6,17 @@
 // request (a reply or an error) within 2 s (util/slowdown.h), and keep answering a well-formed Lookup
 // afterwards: a crash, an ASan report, or a hang (abort) is a finding.
 //
-// PutData names the peer's memory for the server to read by RMA. UCX serves such reads
-// without bounds checks on the reading side's behalf (shared/INFRA.md, pitfall 7), so a
-// fuzzed address would crash this harness, not the server; the harness therefore points
-// every PutData's region and remote key at a buffer it registered, and fuzzes the rest
-// (keys, counts, block size, cost, segment addresses and lengths, which the server must
-// check against that region).
+// PutData names the peer's memory for the server to read. The harness points every
+// PutData's region and key at a buffer it registered (a fuzzed key would only be refused
+// by the harness's transport, and the server's deeper paths never reached), and fuzzes
+// the rest (keys, counts, block size, cost, segment addresses and lengths, which the
+// server must check against that region).
+//
+// Byte 0 from 240 up sends the transport's own bulk-read messages instead (transport.h):
+// a read request of the server's arena (its base and key from Hello, for half of them, so
+// the segments are what the server's transport checks), read data or a read error for
+// whatever get the request id names (the server's own reads of PutData have small ids),
+// or a cancel; no answer is due, and the server must still serve the lookup after.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +86,42 @@ struct Harness {
     }())).value();
     conn = peer->Sync([&] { return *peer->Connect("127.0.0.1", server->port()); });
     reg = peer->Sync([&] { return *peer->Register(region.data(), region.size()); });
+    auto hello = Call(store::kHello, "");
+    net::WireReader hr(*hello);
+    hr.U64();
+    arena_base = hr.U64();
+    arena_length = hr.U64();
+    arena_key = std::string(hr.Str(store::kMaxRkeyBytes));
+  }
+  uint64_t arena_base = 0, arena_length = 0;
+  std::string arena_key;
+
+  // One raw bulk-read message (see the top of this file); byte 1 is the request id.
+  void SendRead(uint8_t which, std::string_view rest) {
+    static constexpr uint16_t kFlags[4] = {net::MessageHeader::kRead, net::MessageHeader::kReadData,
+                                            net::MessageHeader::kReadData | net::MessageHeader::kError,
+                                            net::MessageHeader::kReadCancel};
+    const uint64_t id = rest.empty() ? 1 : static_cast<uint8_t>(rest[0]);
+    std::string body(rest.substr(rest.empty() ? 0 : 1));
+    if (which % 4 == 0 && (which & 4)) {
+      // The arena's base and key, then n segments inside it or just past (each at most
+      // 64 KiB, so a read costs the run little).
+      net::WireReader r(body);
+      net::WireWriter w;
+      w.U64(arena_base);
+      w.Str(arena_key);
+      const uint32_t n = std::min<uint32_t>(r.U32(), 64);
+      w.U32(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        w.U64(arena_base + r.U64() % (arena_length + 64));
+        w.U64(r.U64() % (64 << 10));
+      }
+      body = w.Take();
+    }
+    peer->Sync([&] {
+      if (!peer->IsConnected(conn)) conn = *peer->Connect("127.0.0.1", server->port());
+      (void)peer->SendForTesting(conn, 0, kFlags[which % 4], id, std::move(body));
+    });
   }
 
   Result<std::string> Call(uint16_t type, std::string body) {
@@ -157,8 +198,17 @@ Harness& H() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Harness& h = H();
-  const uint16_t type = data[0] < 224 ? static_cast<uint16_t>(1 + data[0] % 11) : static_cast<uint16_t>(data[0] % 16);
   std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] >= 240) {
+    h.SendRead(data[0], body);
+    auto l = h.Call(store::kLookup, h.lookup);
+    if (!l.ok() && l.status().code() != StatusCode::kUnavailable) {
+      std::fprintf(stderr, "store_fuzz: a well-formed lookup failed after a read message: %s\n", l.status().ToString().c_str());
+      std::abort();
+    }
+    return 0;
+  }
+  const uint16_t type = data[0] < 224 ? static_cast<uint16_t>(1 + data[0] % 11) : static_cast<uint16_t>(data[0] % 16);
   if (type == store::kPutData) body = h.PinRegion(body);
   auto r = h.Call(type, std::move(body));
   if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded) {
