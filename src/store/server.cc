@@ -245,6 +245,9 @@ struct StoreServer::Impl {
     st.ssd_bytes_used = ssd ? ssd->used() : 0;
     st.ssd_bytes_capacity = ssd ? ssd->capacity() : 0;
     st.ssd_log_compactions = ssd ? ssd->log_compactions() : 0;
+    st.ssd_write_failures = ssd ? ssd->write_failures() : 0;
+    st.ssd_read_failures = ssd ? ssd->read_failures() : 0;
+    st.ssd_log_write_failures = ssd ? ssd->log_write_failures() : 0;
   }
 };
 
@@ -976,7 +979,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
   impl->next_tensor = (static_cast<uint64_t>(std::random_device{}()) << 32) | 1;
   if (!options.ssd_dir.empty()) {
     if (options.ssd_bytes == 0) return InvalidArgument("--ssd-dir needs --ssd-size");
-    TRELLIS_ASSIGN_OR_RETURN(impl->ssd, SsdTier::Open(options.ssd_dir, options.ssd_bytes));
+    TRELLIS_ASSIGN_OR_RETURN(impl->ssd, SsdTier::Open(options.ssd_dir, options.ssd_bytes, 4096,
+                                                           options.ssd_env ? options.ssd_env : Env::Default()));
     // What the SSD held before a restart is served again, from SSD, after its check.
     for (const auto& [id, m] : impl->ssd->restored()) {
       Tensor& tn = impl->tensors[id];
@@ -1137,6 +1141,9 @@ std::string StoreServer::MetricsText() const {
   m("ssd_entries_dropped_total", "counter", "Tensors of this server the index log named at start that had not survived (their entries dropped).", s.ssd_entries_dropped);
   m("ssd_log_records_skipped_total", "counter", "Bad index log records skipped at start.", s.ssd_log_records_skipped);
   m("ssd_log_compactions_total", "counter", "Index log rewrites with the live entries alone.", s.ssd_log_compactions);
+  m("ssd_write_failures_total", "counter", "Tensor writes to SSD the file system refused (ENOSPC, EIO); the tensor left memory unsaved.", s.ssd_write_failures);
+  m("ssd_read_failures_total", "counter", "Tensor reads from SSD the file system refused (EIO); each a miss.", s.ssd_read_failures);
+  m("ssd_log_write_failures_total", "counter", "Index log appends or compactions the file system refused.", s.ssd_log_write_failures);
   m("ssd_rejected_total", "counter", "Tensor files found bad at start (deleted).", s.ssd_rejected);
   m("get_bytes_total", "counter", "Bytes this node read from peers by bulk reads (puts, replicas).", n.get_bytes);
   m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);

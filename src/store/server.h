@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "net/transport.h"
+#include "util/env.h"
 #include "util/status.h"
 
 namespace trellis::store {
@@ -41,6 +42,7 @@ struct ServerOptions {
   std::string advertise;  // the address others reach it at; default host:port
   std::string ssd_dir;      // "": no SSD tier
   uint64_t ssd_bytes = 0;   // tensor bytes the SSD tier may hold
+  Env* ssd_env = nullptr;   // the SSD tier's file system (util/env.h); nullptr: Env::Default()
   net::TransportOptions transport;
 };
 
@@ -62,6 +64,9 @@ struct ServerStats {
   // The SSD tier's recovery at start (entries of tensors that did not survive, bad log
   // records, leftover temp files) and its log's compactions.
   uint64_t ssd_entries_dropped = 0, ssd_log_records_skipped = 0, ssd_temp_files_removed = 0, ssd_log_compactions = 0;
+  // What the file system refused (ENOSPC, EIO): tensor writes (the tensor then leaves
+  // memory as if there were no SSD tier), tensor reads (a miss), index log writes.
+  uint64_t ssd_write_failures = 0, ssd_read_failures = 0, ssd_log_write_failures = 0;
 };
 
 class StoreServer {

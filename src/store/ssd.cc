@@ -1,10 +1,5 @@
 #include "store/ssd.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -35,40 +30,6 @@ uint64_t DataOffset(const SsdTensor& m) {
 }
 constexpr size_t kRecordBytes = 45;
 constexpr uint64_t kMaxBlockBytes = 1ull << 32;
-
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-bool PreadAll(int fd, void* buf, size_t n, uint64_t off) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t r = pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-bool PwriteAll(int fd, const void* buf, size_t n, uint64_t off) {
-  const auto* p = static_cast<const uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t r = pwrite(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
 
 std::string Header(const SsdTensor& m) {
   net::WireWriter w;
@@ -128,17 +89,13 @@ Result<SsdTensor> ParseHeader(std::string_view b, uint64_t file_size) {
 
 }  // namespace
 
-SsdTier::~SsdTier() {
-  if (log_fd_ >= 0) close(log_fd_);
-}
-
 std::string SsdTier::PathOf(uint64_t id) const { return fmt::format("{}/{:016x}.tns", dir_, id); }
 
-Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t capacity, size_t compact_slack) {
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return IoError("cannot create --ssd-dir " + dir + ": " + std::strerror(errno));
-  }
+Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t capacity, size_t compact_slack,
+                                               Env* env) {
+  if (Status s = env->CreateDir(dir); !s.ok()) return IoError("cannot create --ssd-dir: " + s.message());
   std::unique_ptr<SsdTier> t(new SsdTier());
+  t->env_ = env;
   t->dir_ = dir;
   t->capacity_ = capacity;
   t->compact_slack_ = compact_slack;
@@ -149,35 +106,36 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Open(const std::string& dir, uint64_t 
 }
 
 Status SsdTier::Scan() {
-  DIR* d = opendir(dir_.c_str());
-  if (!d) return IoError("cannot read --ssd-dir " + dir_ + ": " + std::strerror(errno));
+  auto listed = env_->ListDir(dir_);
+  if (!listed.ok()) return IoError("cannot read --ssd-dir: " + listed.status().message());
   std::vector<std::string> names;
-  while (dirent* e = readdir(d)) {
-    const std::string n = e->d_name;
+  for (const std::string& n : *listed) {
     if (n.size() == 20 && n.substr(16) == ".tns") names.push_back(n);
     if (n.size() == 24 && n.substr(16) == ".tns.tmp") {  // a write cut short
-      unlink((dir_ + "/" + n).c_str());
+      (void)env_->Remove(dir_ + "/" + n);
       ++temp_removed_;
     }
-    if (n == "index.log.tmp") unlink((dir_ + "/" + n).c_str());  // a compaction cut short
+    if (n == "index.log.tmp") (void)env_->Remove(dir_ + "/" + n);  // a compaction cut short
   }
-  closedir(d);
+  std::sort(names.begin(), names.end());
   std::vector<uint8_t> buf;
   for (const std::string& n : names) {
     const std::string path = dir_ + "/" + n;
     auto reject = [&](const std::string& why) {
       TRELLIS_LOG_WARN("store: {}: {}; deleted", path, why);
-      unlink(path.c_str());
+      (void)env_->Remove(path);
       ++rejected_;
     };
-    Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st{};
-    if (fd.fd < 0 || fstat(fd.fd, &st) != 0) {
+    auto file = env_->Open(path, OpenMode::kRead);
+    auto file_size = file.ok() ? (*file)->Size() : Result<uint64_t>(file.status());
+    if (!file_size.ok()) {
       reject("unreadable");
       continue;
     }
+    File& f = **file;
+    const uint64_t size = *file_size;
     std::string head(kPage, '\0');
-    if (static_cast<uint64_t>(st.st_size) < kPage || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
+    if (size < kPage || !f.ReadAt(0, head.data(), head.size()).ok()) {
       reject("shorter than a header");
       continue;
     }
@@ -189,12 +147,12 @@ Status SsdTier::Scan() {
     if (header + 8 > head.size()) {
       // A long header (many blocks or slices): read all of it.
       head.resize((header + 8 + kPage - 1) / kPage * kPage);
-      if (static_cast<uint64_t>(st.st_size) < head.size() || !PreadAll(fd.fd, head.data(), head.size(), 0)) {
+      if (size < head.size() || !f.ReadAt(0, head.data(), head.size()).ok()) {
         reject("shorter than its header");
         continue;
       }
     }
-    auto m = ParseHeader(head, static_cast<uint64_t>(st.st_size));
+    auto m = ParseHeader(head, size);
     if (!m.ok()) {
       reject(m.status().message());
       continue;
@@ -207,7 +165,7 @@ Status SsdTier::Scan() {
     std::vector<uint64_t> sums(m->slices);
     bool good = true;
     for (uint32_t b = 0; b < m->n_blocks && good; ++b) {
-      good = PreadAll(fd.fd, buf.data(), buf.size(), DataOffset(*m) + b * m->block_bytes);
+      good = f.ReadAt(DataOffset(*m) + b * m->block_bytes, buf.data(), buf.size()).ok();
       if (good) SliceChecksums(buf.data(), m->block_bytes, m->slices, sums.data());
       good = good && std::equal(sums.begin(), sums.end(), m->checksums.begin() + static_cast<ptrdiff_t>(size_t{b} * m->slices));
     }
@@ -224,21 +182,21 @@ Status SsdTier::Scan() {
 
 void SsdTier::Replay() {
   const std::string path = dir_ + "/index.log";
-  log_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (log_fd_ < 0) {
-    TRELLIS_LOG_WARN("store: cannot open {}: {}; the index will not survive a restart", path, std::strerror(errno));
+  auto log = env_->Open(path, OpenMode::kReadWrite);
+  auto log_size = log.ok() ? (*log)->Size() : Result<uint64_t>(log.status());
+  if (!log_size.ok()) {
+    TRELLIS_LOG_WARN("store: {}; the index will not survive a restart", log_size.status().message());
     return;
   }
-  struct stat st{};
-  fstat(log_fd_, &st);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  log_ = std::move(log).value();
+  const uint64_t size = *log_size;
   // Every whole record is read: a bad one (a flipped byte, a write torn inside the file)
   // is skipped and counted, and the records after it still count. Records are fixed-size,
   // so a bad one never hides where the next begins.
   uint8_t rec[kRecordBytes];
   uint64_t off = 0;
   for (; off + kRecordBytes <= size; off += kRecordBytes) {
-    if (!PreadAll(log_fd_, rec, kRecordBytes, off)) break;
+    if (!log_->ReadAt(off, rec, kRecordBytes).ok()) break;
     net::WireReader r(std::string_view(reinterpret_cast<char*>(rec), kRecordBytes));
     const uint8_t kind = r.U8();
     IndexRecord x;
@@ -263,7 +221,7 @@ void SsdTier::Replay() {
   if (off != size) {
     // Only a partial record: the tail of an append the crash cut short.
     TRELLIS_LOG_WARN("store: {}: a torn record of {} bytes at the end dropped", path, size - off);
-    if (ftruncate(log_fd_, static_cast<off_t>(off)) != 0) TRELLIS_LOG_WARN("store: cannot truncate {}", path);
+    if (!log_->Truncate(off).ok()) TRELLIS_LOG_WARN("store: cannot truncate {}", path);
   }
   log_bytes_ = off;
 }
@@ -298,10 +256,12 @@ void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
   } else {
     live_.erase({r.owner, r.tensor});
   }
-  if (log_fd_ < 0) return;
+  if (!log_) return;
   const std::string b = Encode(kind, r);
-  if (!PwriteAll(log_fd_, b.data(), b.size(), log_bytes_)) {
-    TRELLIS_LOG_WARN("store: index log write failed: {}", std::strerror(errno));
+  if (Status w = log_->WriteAt(log_bytes_, b.data(), b.size()); !w.ok()) {
+    // Part of the record may be on disk: the next append overwrites it (log_bytes_ did
+    // not move), and replay skips it (its checksum) or cuts it (a torn tail).
+    TRELLIS_LOG_WARN("store: index log: {}", w.message());
     ++log_write_failures_;
     return;
   }
@@ -311,7 +271,7 @@ void SsdTier::Append(uint8_t kind, const IndexRecord& r) {
 }
 
 void SsdTier::MaybeCompact() {
-  if (log_fd_ < 0) return;
+  if (!log_) return;
   size_t live = 0;
   for (const auto& [ot, recs] : live_) live += recs.size();
   if (log_records_ <= 2 * live + compact_slack_) return;
@@ -323,21 +283,27 @@ void SsdTier::MaybeCompact() {
   for (const auto& [ot, recs] : live_) {
     for (const IndexRecord& x : recs) body += Encode('A', x);
   }
-  bool ok;
+  Status s;
   {
-    Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    ok = fd.fd >= 0 && PwriteAll(fd.fd, body.data(), body.size(), 0) && fsync(fd.fd) == 0;
+    auto f = env_->Open(tmp, OpenMode::kTruncate);
+    s = f.ok() ? (*f)->WriteAt(0, body.data(), body.size()) : f.status();
+    if (s.ok()) s = (*f)->Sync();
   }
-  const int nfd = ok && rename(tmp.c_str(), path.c_str()) == 0 ? open(path.c_str(), O_RDWR | O_CLOEXEC) : -1;
-  if (nfd < 0) {
-    TRELLIS_LOG_WARN("store: compacting {} failed: {}; the log keeps growing", path, std::strerror(errno));
-    unlink(tmp.c_str());
+  if (s.ok()) s = env_->Rename(tmp, path);
+  std::unique_ptr<File> reopened;
+  if (s.ok()) {
+    auto f = env_->Open(path, OpenMode::kReadWrite);
+    if (f.ok()) reopened = std::move(f).value();
+    s = f.status();
+  }
+  if (!s.ok()) {
+    TRELLIS_LOG_WARN("store: compacting {} failed: {}; the log keeps growing", path, s.message());
+    (void)env_->Remove(tmp);
     ++log_write_failures_;
     compact_slack_ *= 2;  // not again at every append
     return;
   }
-  close(log_fd_);
-  log_fd_ = nfd;
+  log_ = std::move(reopened);
   log_bytes_ = body.size();
   log_records_ = live;
   ++compactions_;
@@ -356,18 +322,23 @@ Status SsdTier::Write(const SsdTensor& meta, const uint8_t* data) {
   if (used_ + meta.bytes() > capacity_) return ResourceExhausted("SSD tier full");
   const std::string path = PathOf(meta.id);
   const std::string tmp = path + ".tmp";
-  Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.fd < 0) return IoError("cannot create " + tmp + ": " + std::strerror(errno));
+  // Complete files only: a crash mid-write leaves a .tmp, which Scan removes. Not
+  // synced: a power cut may lose or tear a tensor written just before it, which Scan
+  // then rejects by its checksums (a miss, never data); a sync per eviction would stall
+  // the server's loop on the disk.
   std::string head = Header(meta);
   head.resize(DataOffset(meta), '\0');
-  if (!PwriteAll(fd.fd, head.data(), head.size(), 0) || !PwriteAll(fd.fd, data, meta.bytes(), DataOffset(meta))) {
-    unlink(tmp.c_str());
-    return IoError("writing " + tmp + ": " + std::strerror(errno));
+  Status s;
+  {
+    auto f = env_->Open(tmp, OpenMode::kTruncate);
+    s = f.ok() ? (*f)->WriteAt(0, head.data(), head.size()) : f.status();
+    if (s.ok()) s = (*f)->WriteAt(DataOffset(meta), data, meta.bytes());
   }
-  // Complete files only: a crash mid-write leaves a .tmp, which Scan ignores.
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return IoError("renaming " + tmp + ": " + std::strerror(errno));
+  if (s.ok()) s = env_->Rename(tmp, path);
+  if (!s.ok()) {
+    (void)env_->Remove(tmp);
+    ++write_failures_;
+    return IoError("SSD tier: " + s.message());
   }
   used_ += meta.bytes();
   sizes_[meta.id] = meta.bytes();
@@ -376,9 +347,13 @@ Status SsdTier::Write(const SsdTensor& meta, const uint8_t* data) {
 
 Status SsdTier::Read(const SsdTensor& meta, uint8_t* dst) {
   const std::string path = PathOf(meta.id);
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.fd < 0) return NotFound("tensor file " + path + " is gone");
-  if (!PreadAll(fd.fd, dst, meta.bytes(), DataOffset(meta))) return IoError("reading " + path);
+  auto f = env_->Open(path, OpenMode::kRead);
+  if (!f.ok() && f.status().code() == StatusCode::kNotFound) return NotFound("tensor file " + path + " is gone");
+  Status s = f.ok() ? (*f)->ReadAt(DataOffset(meta), dst, meta.bytes()) : f.status();
+  if (!s.ok()) {
+    ++read_failures_;
+    return IoError("SSD tier: " + s.message());
+  }
   std::vector<uint64_t> sums(meta.slices);
   for (uint32_t b = 0; b < meta.n_blocks; ++b) {
     SliceChecksums(dst + b * meta.block_bytes, meta.block_bytes, meta.slices, sums.data());
@@ -395,7 +370,7 @@ void SsdTier::Remove(uint64_t id) {
   if (it == sizes_.end()) return;
   used_ -= it->second;
   sizes_.erase(it);
-  unlink(PathOf(id).c_str());
+  (void)env_->Remove(PathOf(id));
 }
 
 }  // namespace trellis::store

@@ -32,6 +32,7 @@
 
 #include "store/keys.h"
 #include "util/status.h"
+#include "util/env.h"
 
 namespace trellis::store {
 
@@ -57,8 +58,10 @@ class SsdTier {
   // Opens (creating) dir; checks and lists every tensor file, deleting bad ones; replays
   // the index log. capacity: bytes of tensor data the tier may hold; compact_slack: the
   // dead records the log may hold beyond twice the live ones before it is rewritten.
-  static Result<std::unique_ptr<SsdTier>> Open(const std::string& dir, uint64_t capacity, size_t compact_slack = 4096);
-  ~SsdTier();
+  // env: the file system (util/env.h; tests pass a FaultEnv), kept for the tier's life.
+  static Result<std::unique_ptr<SsdTier>> Open(const std::string& dir, uint64_t capacity, size_t compact_slack = 4096,
+                                               Env* env = Env::Default());
+  ~SsdTier() = default;
 
   // What Open found intact (tensor id -> metadata), and the index entries live now
   // (added and not forgotten; at start, what the log held).
@@ -70,6 +73,10 @@ class SsdTier {
   uint64_t log_records() const { return log_records_; }
   uint64_t log_compactions() const { return compactions_; }
   uint64_t log_write_failures() const { return log_write_failures_; }
+  // Tensor writes and reads the file system refused (ENOSPC, EIO, ...): each one a
+  // refusal the caller sees as an IoError, the tier's state unchanged.
+  uint64_t write_failures() const { return write_failures_; }
+  uint64_t read_failures() const { return read_failures_; }
 
   uint64_t used() const { return used_; }
   uint64_t capacity() const { return capacity_; }
@@ -101,9 +108,10 @@ class SsdTier {
   std::map<uint64_t, SsdTensor> restored_;
   // The log's live entries by (owner, tensor), as replayed and appended since.
   std::map<std::pair<uint64_t, uint64_t>, std::vector<IndexRecord>> live_;
-  int log_fd_ = -1;
+  Env* env_ = nullptr;
+  std::unique_ptr<File> log_;
   uint64_t log_bytes_ = 0, log_records_ = 0, records_skipped_ = 0, temp_removed_ = 0, compactions_ = 0,
-           log_write_failures_ = 0;
+           log_write_failures_ = 0, write_failures_ = 0, read_failures_ = 0;
   size_t compact_slack_ = 4096;
 };
 

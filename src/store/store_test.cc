@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <future>
 #include <numeric>
 #include <set>
@@ -31,6 +32,8 @@
 #include "store/server.h"
 #include "store/ssd.h"
 #include "util/slowdown.h"
+#include "util/fault_env.h"
+#include "util/checksum.h"
 
 namespace trellis::store {
 namespace {
@@ -374,11 +377,13 @@ struct TempDir {
   }
 };
 
-std::unique_ptr<StoreServer> SsdServer(const std::string& dir, uint64_t mem, uint64_t ssd, uint16_t port = 0) {
+std::unique_ptr<StoreServer> SsdServer(const std::string& dir, uint64_t mem, uint64_t ssd, uint16_t port = 0,
+                                       Env* env = nullptr) {
   ServerOptions o;
   o.mem_bytes = mem;
   o.ssd_dir = dir;
   o.ssd_bytes = ssd;
+  o.ssd_env = env;
   o.port = port;
   o.transport = Lo();
   auto s = StoreServer::Start(o);
@@ -429,6 +434,142 @@ TEST(StoreSsd, ABadRecordInTheIndexLogCostsOnlyItself) {
   struct stat st{};
   ASSERT_EQ(stat((dir.path + "/index.log").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 11 * 45);  // the torn tail cut, nothing else
+}
+
+// A tensor for the tier alone: `blocks` blocks of 4 KiB, one slice each, filled with
+// `fill`, its checksums right.
+SsdTensor TierTensor(uint64_t id, uint32_t blocks, uint8_t fill, std::vector<uint8_t>* data) {
+  SsdTensor m;
+  m.id = id;
+  m.n_blocks = blocks;
+  m.block_bytes = 4096;
+  m.slices = 1;
+  data->assign(size_t{blocks} * 4096, fill);
+  for (uint32_t b = 0; b < blocks; ++b) m.checksums.push_back(Checksum64(data->data() + b * 4096, 4096));
+  return m;
+}
+
+// What the file system refuses (a full disk, EIO on reads, a failed rename, a full disk
+// under the index log) is one counted IoError each; nothing else changes: no temp file
+// is left, the space is not counted used, the tensor is not there, and once the fault is
+// gone the same call succeeds and reads back the right bytes.
+TEST(StoreSsd, TheFileSystemsRefusalsAreCountedAndCostNothingElse) {
+  TempDir dir;
+  FaultEnv env;
+  auto t = std::move(SsdTier::Open(dir.path, 1 << 20, 4096, &env)).value();
+  std::vector<uint8_t> a, b, got;
+  const SsdTensor ma = TierTensor(1, 4, 0x11, &a), mb = TierTensor(2, 4, 0x22, &b);
+  ASSERT_TRUE(t->Write(ma, a.data()).ok());
+  const uint64_t used = t->used();
+  env.space_left = 10000;  // the header fits, the blocks do not
+  Status w = t->Write(mb, b.data());
+  EXPECT_EQ(w.code(), StatusCode::kIoError) << w.ToString();
+  EXPECT_NE(w.message().find("No space left"), std::string::npos) << w.ToString();
+  EXPECT_EQ(t->write_failures(), 1u);
+  EXPECT_FALSE(t->Has(2));
+  EXPECT_EQ(t->used(), used);
+  EXPECT_TRUE(dir.Files(".tmp").empty());
+  env.space_left = std::numeric_limits<uint64_t>::max();
+  env.fail_renames = true;
+  EXPECT_EQ(t->Write(mb, b.data()).code(), StatusCode::kIoError);
+  EXPECT_EQ(t->write_failures(), 2u);
+  EXPECT_TRUE(dir.Files(".tmp").empty());
+  env.fail_renames = false;
+  ASSERT_TRUE(t->Write(mb, b.data()).ok());
+  got.resize(b.size());
+  env.fail_reads = true;
+  EXPECT_EQ(t->Read(mb, got.data()).code(), StatusCode::kIoError);
+  EXPECT_EQ(t->read_failures(), 1u);
+  EXPECT_TRUE(t->Has(2));  // EIO may pass: the file stays
+  env.fail_reads = false;
+  ASSERT_TRUE(t->Read(mb, got.data()).ok());
+  EXPECT_EQ(got, b);
+  // The index log on a full disk: the append fails (counted), the entry stays live in
+  // memory, and the next append, with room again, lands whole where it would have.
+  t->LogAdd(Entry(1, 0));
+  env.space_left = 20;  // part of a 45-byte record
+  t->LogAdd(Entry(2, 0));
+  EXPECT_EQ(t->log_write_failures(), 1u);
+  EXPECT_EQ(t->LiveIndex().size(), 2u);
+  env.space_left = std::numeric_limits<uint64_t>::max();
+  t->LogAdd(Entry(3, 0));
+  EXPECT_EQ(env.injected.load(), 4u);  // ENOSPC twice, the rename, the read
+  t.reset();
+  auto again = std::move(SsdTier::Open(dir.path, 1 << 20)).value();
+  std::vector<uint64_t> live;
+  for (const IndexRecord& r : again->LiveIndex()) live.push_back(r.tensor);
+  EXPECT_EQ(live, (std::vector<uint64_t>{1, 3}));  // the refused entry is lost, alone
+  EXPECT_EQ(again->log_records_skipped(), 0u);
+  EXPECT_EQ(again->restored().size(), 2u);
+}
+
+// A power cut loses what the page cache held: tensor files are not synced (a sync per
+// eviction would stall the loop), so after LoseUnsyncedData they are empty or torn. A
+// restart rejects every such file by its checksums and serves none of it: misses, never
+// wrong bytes. The log's compaction is synced, so the entries it rewrote survive.
+TEST(StoreSsd, APowerCutCostsMissesNeverWrongBytes) {
+  TempDir dir;
+  FaultEnv env;
+  std::vector<uint8_t> data;
+  {
+    auto t = std::move(SsdTier::Open(dir.path, 1 << 20, /*compact_slack=*/4, &env)).value();
+    for (uint64_t id = 1; id <= 6; ++id) {
+      const SsdTensor m = TierTensor(id, 3, static_cast<uint8_t>(id), &data);
+      ASSERT_TRUE(t->Write(m, data.data()).ok());
+      t->LogAdd(Entry(id, 0));
+    }
+    for (uint64_t i = 100; i < 110; ++i) {  // dead records: a compaction, synced
+      t->LogAdd(Entry(i, 0));
+      t->LogForget(42, i);
+    }
+    EXPECT_GE(t->log_compactions(), 1u);
+  }
+  env.LoseUnsyncedData();
+  auto t = std::move(SsdTier::Open(dir.path, 1 << 20)).value();
+  EXPECT_EQ(t->restored().size(), 0u);
+  EXPECT_EQ(t->files_rejected(), 6u);
+  EXPECT_EQ(t->LiveIndex().size(), 6u);  // the compacted log survived; the server drops
+                                         // entries whose tensor did not (ssd_entries_dropped)
+  // Without the cut, the same writes all come back.
+  TempDir dir2;
+  {
+    auto t2 = std::move(SsdTier::Open(dir2.path, 1 << 20, 4096, &env)).value();
+    for (uint64_t id = 1; id <= 6; ++id) {
+      const SsdTensor m = TierTensor(id, 3, static_cast<uint8_t>(id), &data);
+      ASSERT_TRUE(t2->Write(m, data.data()).ok());
+    }
+  }
+  EXPECT_EQ(std::move(SsdTier::Open(dir2.path, 1 << 20)).value()->restored().size(), 6u);
+}
+
+// A full disk leaves the store serving from memory: tensors that cannot be written to
+// SSD leave memory as if there were no tier (counted), puts go on succeeding, and what is
+// still in memory reads back right.
+TEST(StoreSsd, AFullDiskLeavesTheStoreServingFromMemory) {
+  TempDir dir;
+  FaultEnv env;
+  env.space_left = 0;
+  auto s = SsdServer(dir.path, 8 * kBlockBytes, 64 * kBlockBytes, 0, &env);
+  auto c = Client({s.get()});
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 6; ++r) {
+    seqs.push_back(Tokens(16, 16, 500 + r));
+    Blocks b(seqs.back());
+    ASSERT_EQ(*c->Put(Ns(), seqs.back(), b.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u) << r;
+  }
+  const ServerStats st = s->stats();
+  EXPECT_GE(st.ssd_write_failures, 4u);
+  EXPECT_EQ(st.ssd_flushes, 0u);
+  EXPECT_GE(st.evictions, 4u);
+  auto& last = seqs.back();
+  auto f = c->Lookup(Ns(), last, net::After(5000ms));
+  ASSERT_EQ(f->blocks, 4u);
+  Blocks dst(4), want(last);
+  ASSERT_TRUE(c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(dst.data, want.data);
+  EXPECT_EQ(c->Lookup(Ns(), seqs.front(), net::After(5000ms))->blocks, 0u);  // gone, not served from a file
+  EXPECT_TRUE(dir.Files(".tns").empty());
+  EXPECT_TRUE(dir.Files(".tmp").empty());
 }
 
 // The log is rewritten with the live entries once dead ones dominate, and what a restart

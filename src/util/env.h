@@ -1,0 +1,51 @@
+// util::Env: the file system as an object (LevelDB's Env idea), so what touches disk can
+// be handed an Env that fails on purpose. Env::Default() is POSIX; util/fault_env.h is
+// the fault-injecting one the tests use (ENOSPC, EIO, short writes, fsync failures,
+// unsynced data lost to a power cut).
+//
+// Every call returns a Status whose message names the path and the OS's reason; a
+// ReadAt that reaches the end of the file before n bytes is an IoError ("short read"),
+// and a WriteAt either writes all n bytes or fails (a short write the OS reports is
+// retried; one the OS refuses is the error).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace trellis {
+
+class File {
+ public:
+  virtual ~File() = default;
+  virtual Status ReadAt(uint64_t offset, void* buf, size_t n) = 0;
+  virtual Status WriteAt(uint64_t offset, const void* buf, size_t n) = 0;
+  virtual Status Sync() = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  virtual Result<uint64_t> Size() = 0;
+};
+
+enum class OpenMode {
+  kRead,       // an existing file, read only
+  kReadWrite,  // read and write, created if absent
+  kTruncate,   // write only, created or emptied
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  static Env* Default();  // POSIX; lives for the whole process
+
+  virtual Result<std::unique_ptr<File>> Open(const std::string& path, OpenMode mode) = 0;
+  // Creates a directory; one that exists already is fine.
+  virtual Status CreateDir(const std::string& path) = 0;
+  // The names in a directory (not "." or "..").
+  virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+};
+
+}  // namespace trellis
