@@ -34,6 +34,7 @@ struct Scheduler::Session {
   int32_t fetch_first = 0;
   uint64_t fetch_epoch = 0;     // the executor's epoch when the fetch started
   int32_t fetch_want = 0;
+  int32_t fetched_upto = 0;     // whole blocks of the prompt a store fetch looked up (claims)
   int32_t reused_blocks = 0;    // whole blocks taken from the tree or the store
   double t_submit = 0;
   Sampler sampler;
@@ -340,6 +341,7 @@ void Scheduler::StartFetch(Session& s, int32_t first_block, int32_t n_blocks) {
   s.fetching = true;
   s.fetch_first = first_block;
   s.fetch_want = n_blocks;
+  s.fetched_upto = std::max(s.fetched_upto, first_block + n_blocks);
   ++fetching_;
   opts_.store->StartFetch(std::move(f));
 }
@@ -565,6 +567,11 @@ void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
   // What it generated, for the next turn on any node (not when cancelled: shutting down
   // must not wait for the store).
   if (reason != FinishReason::kError && reason != FinishReason::kCancelled) Publish(s);
+  // Ended before publishing what its fetch looked up (and may have claimed): give the
+  // claims up, so other engines compute those blocks now rather than wait for them.
+  if (opts_.store && s.fetched_upto > s.reused_blocks) {
+    opts_.store->GiveUp(StoreNs(s), std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + static_cast<int64_t>(s.fetched_upto) * opts_.block_size));
+  }
   ReleaseSession(s);
   s.done = true;
   s.result.reason = reason;

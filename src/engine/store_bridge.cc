@@ -138,6 +138,16 @@ void StoreBridge::StartPublish(StorePublish p) {
   done_cv_.notify_all();
 }
 
+void StoreBridge::GiveUp(const StoreNamespace& ns, std::vector<int32_t> tokens) {
+  if (!opt_.single_flight || tokens.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unclaims_.size() >= opt_.max_queued_publishes) unclaims_.pop_front();  // those expire instead
+    unclaims_.emplace_back(ns, std::move(tokens));
+  }
+  work_cv_.notify_all();
+}
+
 void StoreBridge::Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
                        std::chrono::microseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -153,7 +163,7 @@ void StoreBridge::Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePu
 
 void StoreBridge::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return fetches_.empty() && publishes_.empty() && running_ == 0; });
+  done_cv_.wait(lock, [&] { return fetches_.empty() && publishes_.empty() && unclaims_.empty() && running_ == 0; });
 }
 
 void StoreBridge::AbandonQueued() {
@@ -384,7 +394,21 @@ void StoreBridge::PublishLoop() {
     StorePublish p;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || !publishes_.empty(); });
+      work_cv_.wait(lock, [&] { return stop_ || !publishes_.empty() || !unclaims_.empty(); });
+      if (stop_) unclaims_.clear();  // shutting down: those claims expire
+      if (!unclaims_.empty()) {
+        auto [ns, tokens] = std::move(unclaims_.front());
+        unclaims_.pop_front();
+        ++running_;
+        lock.unlock();
+        (void)client_->Unclaim(ToStoreNamespace(ns), tokens, net::After(std::chrono::milliseconds(1000)));
+        lock.lock();
+        ++st_.claims_given_up;
+        --running_;
+        lock.unlock();
+        done_cv_.notify_all();
+        continue;
+      }
       if (publishes_.empty()) return;
       p = std::move(publishes_.front());
       publishes_.pop_front();

@@ -59,6 +59,7 @@ struct StoreBridgeStats {
   uint64_t fetches = 0, fetched_blocks = 0, publishes = 0, published_blocks = 0;
   uint64_t waits = 0, waited_blocks = 0;  // single-flight: fetches that waited, blocks they got
   uint64_t publishes_failed = 0, publishes_dropped = 0;
+  uint64_t claims_given_up = 0;  // GiveUps sent: requests that ended before publishing what they claimed
   uint64_t misses[kStoreMissKinds] = {};
   double get_bytes_per_second = 0;  // current estimate (0: none yet)
   double lookup_seconds = 0;        // current estimate of one lookup round trip
@@ -73,6 +74,7 @@ class StoreBridge : public PrefixStore {
 
   void StartFetch(StoreFetch f) override;
   void StartPublish(StorePublish p) override;
+  void GiveUp(const StoreNamespace& ns, std::vector<int32_t> tokens) override;
   void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
             std::chrono::microseconds wait) override;
   void Drain() override;
@@ -114,6 +116,8 @@ class StoreBridge : public PrefixStore {
   std::vector<StorePublishDone> publish_done_;  // GUARDED_BY(mu_)
   size_t in_flight_ = 0;                    // started, not yet polled; GUARDED_BY(mu_)
   size_t running_ = 0;                      // being worked on now; GUARDED_BY(mu_)
+  // Claims to drop (GiveUp), run on the publish thread before publishes; GUARDED_BY(mu_)
+  std::deque<std::pair<StoreNamespace, std::vector<int32_t>>> unclaims_;
   bool stop_ = false;                       // GUARDED_BY(mu_)
   StoreBridgeStats st_;                     // GUARDED_BY(mu_)
   std::vector<std::thread> fetch_threads_;

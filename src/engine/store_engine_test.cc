@@ -270,6 +270,7 @@ class SlowComputeStore : public PrefixStore {
     inner_.StartFetch(std::move(f));
   }
   void StartPublish(StorePublish p) override { inner_.StartPublish(std::move(p)); }
+  void GiveUp(const StoreNamespace& ns, std::vector<int32_t> tokens) override { inner_.GiveUp(ns, std::move(tokens)); }
   void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
             std::chrono::microseconds wait) override {
     inner_.Poll(fetched, published, wait);
@@ -283,12 +284,21 @@ class SlowComputeStore : public PrefixStore {
   double floor_;
 };
 
+// A node that dies after its fetch claimed a prefix: it never publishes and never gives
+// the claims up (GiveUp is lost with it).
+class DiesWithItsClaims : public SlowComputeStore {
+ public:
+  explicit DiesWithItsClaims(PrefixStore& inner) : SlowComputeStore(inner, 0) {}
+  void GiveUp(const StoreNamespace&, std::vector<int32_t>) override {}
+};
+
 // A node that claimed a prefix and never delivers holds nobody up for longer than
 // computing it would take: B waits about that long, then computes it itself.
 TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
   auto s1 = StoreServer();
   ThreadPool pool(2);
   auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  DiesWithItsClaims dying_a(*ba);
   // B believes a block takes 50 ms to compute: 12 blocks, a 0.6 s wait bound.
   SlowComputeStore slow_b(*bb, 0.05);
   SchedulerOptions o;
@@ -299,7 +309,7 @@ TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
   for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(3 + (i * 53 + 7) % 1000);
   for (size_t i = 0; i < warm.size(); ++i) warm[i] = static_cast<int32_t>(5 + (i * 17) % 1000);
   SchedulerOptions oa = o, ob = o;
-  oa.store = ba.get();
+  oa.store = &dying_a;
   ob.store = &slow_b;
   auto b = Make(pool, ob);
   RunAll(*b, {Greedy(warm, 1)});  // B has measured its prefill rate
@@ -309,6 +319,8 @@ TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
     while (a->metrics().store_fetches == 0) a->Step();  // claimed
     a->CancelAll();  // and gone: the claim stays until it expires
   }
+  ba->Drain();
+  EXPECT_EQ(ba->stats().claims_given_up, 0u);
   const auto t0 = std::chrono::steady_clock::now();
   auto got = RunAll(*b, {Greedy(p, 2)});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -321,6 +333,41 @@ TEST(StoreEngine, AClaimThatNeverCompletesIsWaitedForOnlyBriefly) {
   off.prefix_cache = false;
   auto cold = Make(pool, off);
   ExpectSameOutput(got[0], RunAll(*cold, {Greedy(p, 2)})[0], "after the wait");
+}
+
+// A request cancelled after its fetch claimed the prompt's blocks, before it published
+// them, gives the claims up: another engine asking for the same prompt computes it at
+// once instead of waiting (as it must in AClaimThatNeverCompletesIsWaitedForOnlyBriefly).
+TEST(StoreEngine, ACancelledRequestGivesUpItsClaims) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  SlowComputeStore slow_b(*bb, 0.05);  // as there: a claim would cost B about 0.6 s
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  std::vector<int32_t> p(200), warm(100);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(3 + (i * 59 + 5) % 1000);
+  for (size_t i = 0; i < warm.size(); ++i) warm[i] = static_cast<int32_t>(5 + (i * 19) % 1000);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = &slow_b;
+  auto b = Make(pool, ob);
+  RunAll(*b, {Greedy(warm, 1)});
+  {
+    auto a = Make(pool, oa);
+    ASSERT_TRUE(a->Submit(Greedy(p, 2), nullptr, nullptr).ok());
+    while (a->metrics().store_fetches == 0) a->Step();  // claimed
+    a->CancelAll();
+    a->RunUntilIdle();
+  }
+  ba->Drain();  // the give-up has reached the store
+  EXPECT_EQ(ba->stats().claims_given_up, 1u);
+  auto got = RunAll(*b, {Greedy(p, 2)});
+  EXPECT_EQ(got[0].result.cache.computed, 200);
+  EXPECT_EQ(got[0].result.cache.misses[static_cast<int>(StoreMiss::kPendingTimeout)], 0);
+  EXPECT_EQ(got[0].result.cache.waited_for, 0);
 }
 
 // An engine whose publish fails (here: a store too small for it) drops the claims its

@@ -107,6 +107,12 @@ class PrefixStore {
   virtual ~PrefixStore() = default;
   virtual void StartFetch(StoreFetch f) = 0;
   virtual void StartPublish(StorePublish p) = 0;
+  // A request that ends (cancelled, failed) before publishing the blocks its fetch found
+  // missing: the fetch may have claimed them for this engine (single-flight), and nobody
+  // will put them now, so the claims are dropped and others compute them at once instead
+  // of waiting for the claims to expire. Best effort, never completed through Poll;
+  // Drain waits for it.
+  virtual void GiveUp(const StoreNamespace& ns, std::vector<int32_t> tokens) {}
   // Appends the completions ready now; if there are none, waits up to `wait` for one.
   virtual void Poll(std::vector<StoreFetchDone>* fetched, std::vector<StorePublishDone>* published,
                     std::chrono::microseconds wait) = 0;
