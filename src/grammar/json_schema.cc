@@ -1,6 +1,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -307,7 +308,7 @@ class Converter {
     static const std::set<std::string> kHandled = {
         "type",     "enum",     "const",       "properties", "required", "additionalProperties", "items",
         "prefixItems", "minItems", "maxItems", "minLength",  "maxLength", "format",  "pattern", "anyOf", "oneOf", "allOf", "$ref", "additionalItems",
-        "minimum",  "maximum",  "exclusiveMinimum", "exclusiveMaximum"};
+        "minimum",  "maximum",  "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
     std::vector<std::string> constraining;
     for (const auto& [k, v] : s.items()) {
       if (Annotations().count(k)) continue;
@@ -449,7 +450,7 @@ class Converter {
       if (any_of({"properties", "required", "additionalProperties"})) types.push_back("object");
       if (any_of({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) types.push_back("array");
       if (any_of({"minLength", "maxLength", "format", "pattern"})) types.push_back("string");
-      if (any_of({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
+      if (any_of({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) types.push_back("number");
       if (types.empty()) return std::string("json-value");
     }
     std::string body;
@@ -519,6 +520,7 @@ class Converter {
   // a sign, the integer digits (at most 20, no leading zeros), and for "number" a fraction
   // (at most 20 digits). Every such text within the bounds is in the language.
   Result<std::string> Numeric(const json& s, const std::string& path, bool integer) {
+    if (s.contains("multipleOf")) return MultipleOf(s, path, integer);
     std::optional<Decimal> lo, hi;
     bool lo_strict = false, hi_strict = false;
     auto read = [&](const char* key) -> Result<std::optional<Decimal>> {
@@ -583,6 +585,100 @@ class Converter {
 
   static constexpr size_t kIntDigits = 20;
   static constexpr size_t kFracDigits = 20;
+  static constexpr uint64_t kMaxMultipleStates = 2048;
+
+  // Multiples of k = p / 10^q (multipleOf), written without an exponent: a number x is one
+  // when x * 10^q is an integer multiple of p. An automaton reads the digits (integer
+  // part, then up to q fraction digits, then only zeros) keeping the remainder mod p of
+  // the integer they spell; a state is (remainder, fraction digits read). Bounds beside
+  // it are refused, except minimum 0 (no minus sign), the common "a price" schema.
+  Result<std::string> MultipleOf(const json& s, const std::string& path, bool integer) {
+    const json& k = s["multipleOf"];
+    if (!k.is_number() || !(k.get<double>() > 0)) {
+      return InvalidArgument(fmt::format("'multipleOf' at '{}' must be a number above 0", path));
+    }
+    bool nonnegative = false;
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!s.contains(key)) continue;
+      if (std::string(key) == "minimum" && s[key].is_number() && s[key].get<double>() == 0) {
+        nonnegative = true;
+        continue;
+      }
+      return Unsupported(fmt::format("'multipleOf' together with '{}' at '{}' is not supported (only minimum 0 is)", key, path));
+    }
+    const auto d = ToDecimal(k);
+    if (!d) return Unsupported(fmt::format("'multipleOf' {} at '{}' has more than 40 digits", Dump(k), path));
+    std::string digits = d->i + d->f;
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+    const size_t q = d->f.size();
+    if (digits.size() > 9 || (std::stoull(digits) * (q + 2) > kMaxMultipleStates)) {
+      return Unsupported(fmt::format("'multipleOf' {} at '{}' needs a grammar of more than {} states", Dump(k), path,
+                                     kMaxMultipleStates));
+    }
+    const uint64_t p = std::stoull(digits);
+    // pow10[j] = 10^j mod p; a remainder r after the integer part and j fraction digits is
+    // a multiple when r * 10^(q - j) = 0 (mod p): the digits not written are zeros.
+    std::vector<uint64_t> pow10(q + 1, 1 % p);
+    for (size_t j = 1; j <= q; ++j) pow10[j] = pow10[j - 1] * 10 % p;
+    const std::string base = fmt::format("s{}-mul", rules_.size());
+    auto name = [&](const char* kind, uint64_t r, size_t j) { return fmt::format("{}-{}{}-{}", base, kind, r, j); };
+    // live[j][r]: from F(r, j) a multiple can still be finished (j = 1..q; F(r, q) only
+    // with r = 0, then zeros). Transitions go to live states only.
+    std::vector<std::vector<bool>> live(q + 1, std::vector<bool>(p, false));
+    for (size_t j = q; j >= 1; --j) {
+      for (uint64_t r = 0; r < p; ++r) {
+        bool l = r * pow10[q - j] % p == 0;
+        for (int dgt = 0; dgt <= 9 && !l && j < q; ++dgt) l = live[j + 1][(r * 10 + static_cast<uint64_t>(dgt)) % p];
+        live[j][r] = l;
+      }
+    }
+    // The digits in [from, 9] that lead from remainder r to each next state, as classes
+    // ("" when none leads anywhere live).
+    auto steps = [&](uint64_t r, int from, size_t next_j, const char* kind) {
+      std::map<uint64_t, std::string> by_target;
+      for (int dgt = from; dgt <= 9; ++dgt) {
+        const uint64_t t = (r * 10 + static_cast<uint64_t>(dgt)) % p;
+        if (next_j == 0 || live[next_j][t]) by_target[t] += static_cast<char>('0' + dgt);
+      }
+      std::string body;
+      for (const auto& [t, ds] : by_target) body += (body.empty() ? "" : " | ") + ("[" + ds + "] " + name(kind, t, next_j));
+      return body;
+    };
+    // The end of an integer part of remainder r: nothing more, or a fraction.
+    auto int_end = [&](uint64_t r) {
+      std::string end;
+      if (r * pow10[q] % p == 0) end = "\"\"";
+      if (!integer) {
+        std::string frac;
+        if (q == 0) {
+          if (r == 0) frac = "\".\" \"0\"+";
+        } else if (std::string f = steps(r, 0, 1, "f"); !f.empty()) {
+          frac = "\".\" ( " + f + " )";
+        }
+        if (!frac.empty()) end += (end.empty() ? "" : " | ") + frac;
+      }
+      return end;
+    };
+    // I(r): the integer part's digits so far spell remainder r (every I state is live: 0
+    // can always be reached by more digits). F(r, j): "." and j fraction digits read.
+    const std::string zeros = Rule("mul-zeros", "\"0\"*");
+    for (uint64_t r = 0; r < p; ++r) {
+      std::string body = steps(r, 0, 0, "i");
+      if (std::string e = int_end(r); !e.empty()) body += " | " + e;
+      rules_.emplace_back(name("i", r, 0), body);
+      for (size_t j = 1; j <= q && !integer; ++j) {
+        if (!live[j][r]) continue;
+        std::string fb;
+        if (j < q) fb = steps(r, 0, j + 1, "f");
+        if (r * pow10[q - j] % p == 0) fb += (fb.empty() ? "" : " | ") + (j == q ? zeros : std::string("\"\""));
+        rules_.emplace_back(name("f", r, j), fb);
+      }
+    }
+    // "0" (no leading zeros), then the end of an integer part of remainder 0; or a first
+    // digit 1-9 and more.
+    const std::string magnitude = "\"0\" ( " + int_end(0) + " ) | " + steps(0, 1, 0, "i");
+    return Rule("multiple", nonnegative ? "( " + magnitude + " )" : "\"-\"? ( " + magnitude + " )");
+  }
 
   // Non-negative numbers in [lo, hi] (either open), integer digits then an optional
   // fraction; nullopt when there are none.

@@ -15,10 +15,12 @@
 // any JSON pointer inside the schema ("#", "#/$defs/...", ...; recursion allowed),
 // numbers and integers within minimum / maximum / exclusiveMinimum / exclusiveMaximum
 // (numbers, or draft 4's booleans; the bounds read as the exact decimals the schema
-// spells, so 0.1 is one tenth), boolean schemas, and the annotations (title, description, default, examples, $schema,
+// spells, so 0.1 is one tenth), multipleOf (integer or decimal; alone, or with minimum 0:
+// a remainder automaton over the digits, at most 2048 states; its integer digits are not
+// bounded as other numbers' are, so a weak model may run to max_tokens), boolean schemas, and the annotations (title, description, default, examples, $schema,
 // $id, $comment, deprecated, readOnly, writeOnly, strict), which change nothing.
 //
-// Everything else that constrains a value (multipleOf,
+// Everything else that constrains a value (multipleOf beside other bounds,
 // uniqueItems: true, not, if / then / else, patternProperties, propertyNames, contains,
 // min/maxProperties, dependentRequired, other formats, remote $refs, unknown keywords) is
 // refused with

@@ -184,12 +184,76 @@ TEST(JsonSchemaTest, BoundsAreExact) {
   for (const char* s : {"0", "-99999999999999999999", "99999999999999999999"}) EXPECT_TRUE(Matches(wide, s)) << s;
 }
 
+// multipleOf: every spelling (0 to 4 fraction digits, trailing zeros included) of the
+// values v / 1000 for v in [-3000, 3000] is accepted exactly when it is a multiple of k,
+// by exact integer arithmetic, for integer and fractional k, typed "number", "integer"
+// or untyped, and with minimum 0.
+TEST(JsonSchemaTest, MultipleOfIsExact) {
+  struct K {
+    const char* text;
+    int64_t p;
+    int q;  // k = p / 10^q
+  };
+  const K ks[] = {{"1", 1, 0},     {"2", 2, 0},     {"5", 5, 0},      {"3", 3, 0},     {"7", 7, 0},
+                  {"12", 12, 0},   {"100", 100, 0}, {"0.5", 5, 1},    {"0.25", 25, 2}, {"0.01", 1, 2},
+                  {"0.1", 1, 1},   {"2.5", 25, 1},  {"0.003", 3, 3},  {"0.125", 125, 3}, {"1.5", 15, 1}};
+  auto spell = [](int64_t v, int digits) {
+    const int64_t a = v < 0 ? -v : v;
+    std::string s = (v < 0 ? "-" : "") + std::to_string(a / 1000);
+    if (digits > 0) {
+      std::string f = std::to_string(a % 1000);
+      f = std::string(3 - f.size(), '0') + f + "0";
+      s += "." + f.substr(0, digits);
+    }
+    return s;
+  };
+  int checked = 0;
+  for (const K& k : ks) {
+    for (const char* type : {"number", "integer", ""}) {
+      for (bool min0 : {false, true}) {
+        json schema = {{"multipleOf", json::parse(k.text)}};
+        if (*type) schema["type"] = type;
+        if (min0) schema["minimum"] = 0;
+        SCOPED_TRACE(schema.dump());
+        auto g = CompileJsonSchema(schema.dump());
+        ASSERT_TRUE(g.ok()) << g.status().ToString();
+        const bool integer = std::string(type) == "integer";
+        int64_t scale = 1;
+        for (int i = 0; i < k.q; ++i) scale *= 10;
+        for (int64_t v = -3000; v <= 3000; v += (v > -40 && v < 40) ? 1 : 7) {
+          const bool multiple = (v * scale) % (1000 * k.p) == 0 && (!min0 || v >= 0);
+          for (int d = 0; d <= 4; ++d) {
+            int64_t unit = 1;
+            for (int i = d; i < 3; ++i) unit *= 10;
+            if (d < 3 && v % unit != 0) continue;  // not spelled with d digits
+            const std::string sp = spell(v, d);
+            if (sp == "-0" || sp.rfind("-0.", 0) == 0) {
+              if (v == 0) continue;  // zero spelled negative: either way is right
+            }
+            const bool want = multiple && (!integer || d == 0);
+            EXPECT_EQ(Matches(*g, sp), want) << sp;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 50000);
+  // Not a number above 0: refused as invalid.
+  for (const char* bad : {R"~({"multipleOf": 0})~", R"~({"multipleOf": -2})~", R"~({"multipleOf": "2"})~"}) {
+    auto g = CompileJsonSchema(bad);
+    ASSERT_FALSE(g.ok()) << bad;
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
   const std::pair<const char*, const char*> unsupported[] = {
       {R"~({"type": "string", "pattern": "^a+$", "maxLength": 3})~", "'pattern' with 'format', 'minLength' or 'maxLength'"},
       {R"~({"properties": {"s": {"type": "string", "pattern": "(?=a)a"}}})~", "'pattern' at '/properties/s': regular expression: lookahead"},
       {R"~({"type": "integer", "minimum": 1e50})~", "'minimum' 1e+50 at '' has more than 40 digits"},
-      {R"~({"properties": {"n": {"type": "number", "multipleOf": 2}}})~", "'multipleOf' at '/properties/n/multipleOf'"},
+      {R"~({"properties": {"n": {"type": "number", "multipleOf": 2, "maximum": 9}}})~", "'multipleOf' together with 'maximum' at '/properties/n'"},
+      {R"~({"type": "number", "multipleOf": 0.0001234567})~", "more than 2048 states"},
       {R"~({"type": "array", "uniqueItems": true})~", "'uniqueItems'"},
       {R"~({"not": {"type": "null"}})~", "'not'"},
             {R"~({"$ref": "http://example.com/schema"})~", "only references inside the schema"},
@@ -300,7 +364,7 @@ bool InferredTypeHolds(const json& schema, const json& data) {
   const bool obj = has({"properties", "required", "additionalProperties"});
   const bool arr = has({"items", "prefixItems", "additionalItems", "minItems", "maxItems"});
   const bool str = has({"minLength", "maxLength", "format", "pattern"});
-  const bool num = has({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+  const bool num = has({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"});
   if (!obj && !arr && !str && !num) return true;
   return (obj && data.is_object()) || (arr && data.is_array()) || (str && data.is_string()) || (num && data.is_number());
 }
@@ -323,7 +387,7 @@ TEST(JsonSchemaTest, OfficialTestSuiteDraft7) {
   int compiled = 0, refused = 0, checked = 0;
   for (const char* file : {"type", "enum", "const", "properties", "required", "additionalProperties", "items",
                            "maxItems", "minItems", "maxLength", "minLength", "pattern",
-                           "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "ref", "definitions",
+                           "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "ref", "definitions",
                            "boolean_schema", "default"}) {
     std::ifstream in(dir / (std::string(file) + ".json"));
     ASSERT_TRUE(in) << file;

@@ -1026,6 +1026,14 @@ struct StoreProcess {
   FILE* err = nullptr;
 };
 
+// A client of store processes at `addr`, on loopback.
+std::unique_ptr<StoreClient> ProcessClient(const std::string& addr) {
+  ClientOptions o;
+  o.servers = {addr};
+  o.transport = Lo();
+  return std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+}
+
 // SIGKILL, not a clean stop: nothing is flushed, so the index log names tensors that were
 // only in memory. Then the faults a crash leaves or a disk adds: a leftover temp file, a
 // torn record at the log's end, a tensor file lost. The restarted server must answer every
@@ -1173,10 +1181,7 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
 TEST(StoreProcesses, AReadPastItsDeadlineNeverWritesLate) {
   StoreProcess a("64M");
   ASSERT_GT(a.port, 0);
-  ClientOptions o;
-  o.servers = {a.Addr()};
-  o.transport = Lo();
-  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  auto c = ProcessClient(a.Addr());
   constexpr uint64_t kBig = 2 << 20;
   const auto tok = Tokens(64, 64, 77);
   std::vector<std::vector<uint8_t>> data(16, std::vector<uint8_t>(kBig, 0x5c));
@@ -1222,10 +1227,7 @@ TEST(StoreProcesses, AReadPastItsDeadlineNeverWritesLate) {
 TEST(StoreChild, Reader) {
   const char* addr = getenv("TRELLIS_STORE_CHILD_READER");
   if (!addr) GTEST_SKIP() << "only as a child of ClientsKilledMidReadNeverTakeTheServerDown";
-  ClientOptions o;
-  o.servers = {addr};
-  o.transport = Lo();
-  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  auto c = ProcessClient(addr);
   const auto tok = Tokens(32, 32, 78);
   std::vector<std::vector<uint8_t>> dst(8, std::vector<uint8_t>(1 << 20));
   std::vector<void*> ptrs;
@@ -1246,10 +1248,7 @@ TEST(StoreChild, Reader) {
 TEST(StoreProcesses, ClientsKilledMidReadNeverTakeTheServerDown) {
   StoreProcess a("64M");
   ASSERT_GT(a.port, 0);
-  ClientOptions o;
-  o.servers = {a.Addr()};
-  o.transport = Lo();
-  auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+  auto c = ProcessClient(a.Addr());
   const auto tok = Tokens(32, 32, 78);
   std::vector<std::vector<uint8_t>> data(8, std::vector<uint8_t>(1 << 20, 0x3d));
   std::vector<const void*> src;
@@ -1300,10 +1299,7 @@ TEST(StoreProcesses, AServerKilledMidPutCostsTheWriterOnlyThatPut) {
   for (int round = 0; round < 6; ++round) {
     StoreProcess a("256M");
     ASSERT_GT(a.port, 0);
-    ClientOptions o;
-    o.servers = {a.Addr()};
-    o.transport = Lo();
-    auto c = std::move(StoreClient::Connect(o, net::After(5000ms))).value();
+    auto c = ProcessClient(a.Addr());
     std::atomic<int> puts{0};
     Status last;
     std::thread writer([&] {

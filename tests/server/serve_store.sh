@@ -22,6 +22,16 @@ start_store store_b --peers "$a_addr" --metrics-listen 127.0.0.1:0
 b_addr=$store_addr b_pid=$store_pid
 b_metrics=http://127.0.0.1:$(wait_port store_b "$b_pid" '.*metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics.*') || exit 1
 b_keys() { curl -s -m 5 "$b_metrics/metrics" | awk '$1 == "trellis_store_index_keys" {print $2}'; }
+# The engine at $base's published blocks, once above 0 (10 s at most; 0 then).
+wait_published() {
+  local n=0
+  for _ in $(seq 1 100); do
+    n=$(metric trellis_store_published_blocks_total)
+    [[ ${n%.*} -gt 0 ]] && break
+    sleep 0.1
+  done
+  echo "${n:-0}"
+}
 ok "A $a_addr, B $b_addr"
 
 say "two engines: node 1 names both stores, node 2 only its own (it learns A from B)"
@@ -39,12 +49,7 @@ say "node 1 computes the prompt and publishes it"
 base=$base1
 [[ $(post /v1/completions "$body" "$tmp/r1.json") == 200 ]] || die "node 1: $(cat "$tmp/r1.json")"
 [[ $(jget "$tmp/r1.json" "j['usage']['cache']['store']") == 0 ]] || die "node 1 read from an empty store: $(cat "$tmp/r1.json")"
-published=0
-for _ in $(seq 1 100); do
-  published=$(metric trellis_store_published_blocks_total)
-  [[ ${published%.*} -gt 0 ]] && break
-  sleep 0.1
-done
+published=$(wait_published)
 [[ ${published%.*} -gt 0 ]] || die "node 1 published nothing"
 ok "node 1: $(jget "$tmp/r1.json" "j['usage']['cache']"); published $published blocks"
 
@@ -112,12 +117,7 @@ for _ in $(seq 1 "$(scaled 50)"); do
 done
 [[ -n $joined ]] || die "node 3 did not join its store within $(scaled 5) s: $(curl -s -m 5 "$base3/health")"
 [[ $(post /v1/completions "{\"prompt\":\"$on_b\",\"max_tokens\":2,\"temperature\":0}" "$tmp/r5.json") == 200 ]] || die "node 3: $(cat "$tmp/r5.json")"
-published=0
-for _ in $(seq 1 100); do
-  published=$(metric trellis_store_published_blocks_total)
-  [[ ${published%.*} -gt 0 ]] && break
-  sleep 0.1
-done
+published=$(wait_published)
 [[ ${published%.*} -gt 0 ]] || die "node 3 published nothing to the store that came up"
 ok "node 3 joined the store: $published blocks published, /health $(curl -s -m 5 "$base3/health")"
 
