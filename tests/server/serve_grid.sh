@@ -7,8 +7,10 @@
 #     and concurrent requests, and a repeated prompt is served from the head's cache;
 #     the same for a llama.cpp reference model (tests/data/reference) over 3 nodes;
 #   - a node started with other layers, or another model file, is refused at start-up;
-#   - a node killed with SIGKILL fails requests with 503 (and an SSE error event), /health
-#     says 503 and names the node; restarted, it rejoins and answers are right again;
+#   - a node SIGKILLed in the middle of a long stream ends it with an error event and
+#     [DONE] within the step deadline; then requests fail with 503 (and an SSE error
+#     event), /health says 503 and names the node; restarted, it rejoins and answers are
+#     right again;
 #   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout;
 #   - nodes registered in etcd (`node --etcd`) are found by `serve --grid-etcd`;
 #   - with a prefix store (`trellis store`, nodes and head started with --store): a grid
@@ -96,9 +98,26 @@ for layout in 3 2; do
   ok "concurrent requests the same; a repeated prompt reused $cached cached tokens"
 
   if [[ $layout == 3 ]]; then
-    say "node 3 killed: 503, /health names it; restarted: it rejoins"
+    say "node 3 SIGKILLed during a long stream: an error event and [DONE]; 503, /health names it; restarted: it rejoins"
+    curl -sN -m 60 -H 'Content-Type: application/json' \
+      -d "{\"prompt\":\"${prompts[2]}\",\"max_tokens\":2000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}" \
+      "$base/v1/completions" >"$tmp/long.txt" &
+    curl_pid=$!
+    for _ in $(seq 1 "$(scaled 300)"); do
+      [[ $(grep -c '^data: {"choices"' "$tmp/long.txt") -ge 20 ]] && break
+      sleep 0.02
+    done
+    [[ $(grep -c '^data: {"choices"' "$tmp/long.txt") -ge 20 ]] || die "the long stream did not start: $(head -c 600 "$tmp/long.txt")"
     kill -9 "$pid3"
-    sleep 0.3
+    t0=$(date +%s.%N)
+    wait "$curl_pid" || die "the stream did not end after its node died (curl: $?): $(tail -c 600 "$tmp/long.txt")"
+    t1=$(date +%s.%N)
+    got=$(grep -c '^data: {"choices"' "$tmp/long.txt")
+    [[ $got -lt 2000 ]] || die "all 2000 tokens streamed: the node died after the stream"
+    grep -q '^data: {"error"' "$tmp/long.txt" && [[ $(tail -n 2 "$tmp/long.txt" | head -1) == 'data: [DONE]' ]] \
+      || die "the stream did not end with an error event and [DONE]: $(tail -c 600 "$tmp/long.txt")"
+    python3 -c "import sys; sys.exit(0 if $t1 - $t0 < $(scaled 5) else 1)" || die "the stream took $(python3 -c "print($t1 - $t0)") s to end"
+    ok "the stream ended $(python3 -c "print(round($t1 - $t0, 2))") s after the kill, $got tokens in: $(grep -o '"message":"[^"]*"' "$tmp/long.txt" | head -1)"
     ask dead "${prompts[0]}" 503
     grep -q "127.0.0.1:$p3" "$tmp/dead.json" || die "the error does not name the node: $(cat "$tmp/dead.json")"
     code=$(curl -s -o "$tmp/health.json" -w '%{http_code}' "$base/health")
