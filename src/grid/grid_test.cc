@@ -6,12 +6,20 @@
 // the same with real processes.)
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <random>
+#include <sstream>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -90,8 +98,11 @@ std::vector<Request> Workload(int n, int seed) {
   return reqs;
 }
 
+// Every request's tokens and logits are the whole model's; with may_fail, a request may
+// instead have failed cleanly, Unavailable naming a grid node (never another error, never
+// a wrong answer).
 void ExpectSameAsWhole(const std::vector<Request>& reqs, const std::vector<trellis::testing::Outcome>& got,
-                       const std::string& what) {
+                       const std::string& what, bool may_fail = false) {
   static std::unique_ptr<Model> whole = Load(ModelPath(), {});
   ThreadPool threads(1);
   SchedulerOptions o;
@@ -101,6 +112,11 @@ void ExpectSameAsWhole(const std::vector<Request>& reqs, const std::vector<trell
     auto s = Scheduler::Create(*whole, o, threads);
     ASSERT_TRUE(s.ok());
     auto ref = RunAll(**s, {reqs[i]});
+    if (may_fail && got[i].result.reason == FinishReason::kError) {
+      EXPECT_EQ(got[i].result.error.code(), StatusCode::kUnavailable) << what << ": " << got[i].result.error.ToString();
+      EXPECT_NE(got[i].result.error.message().find("grid node"), std::string::npos) << got[i].result.error.ToString();
+      continue;
+    }
     ASSERT_EQ(got[i].result.reason, FinishReason::kLength) << what << ": " << got[i].result.error.ToString();
     EXPECT_EQ(got[i].tokens, ref[0].tokens) << what << " request " << i;
     ASSERT_EQ(got[i].logits.size(), ref[0].logits.size());
@@ -563,6 +579,178 @@ TEST(GridStoreTest2, ACorruptedLayerSliceIsAMissAndANodeWithoutAStoreIsRefused) 
   auto g = StartHead(1, {Addr(bare, 1, 2)}, threads, 2, 16, 0, bridge.get());
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("--store"), std::string::npos) << g.status().ToString();
+}
+
+// A grid node as a child process (this binary re-executed as GridChild.Node), so that a
+// test can have it SIGKILLed at an exact point of its work: die_at "fetch-landed" kills it
+// as the first segment of a store fetch lands in its pool, "read" as it answers a publish
+// read (GridNode::SetFaultHookForTesting); "" never.
+struct NodeProcess {
+  pid_t pid = -1;
+  uint16_t port = 0;
+  NodeProcess(int first, int last, uint16_t want_port, const std::string& store, const std::string& die_at) {
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+    const std::string spec = fmt::format("{} {} {} {} {} {}", ModelPath(), first, last, want_port, store, die_at.empty() ? "-" : die_at);
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    pid = fork();
+    if (pid == 0) {
+      dup2(fds[1], 1);
+      close(fds[0]);
+      setenv("TRELLIS_GRID_CHILD_NODE", spec.c_str(), 1);
+      execl(self.c_str(), self.c_str(), "--gtest_filter=GridChild.Node", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    out = fdopen(fds[0], "r");
+    char line[256];
+    while (out && std::fgets(line, sizeof line, out)) {
+      if (std::sscanf(line, "node port %hu", &port) == 1) break;
+    }
+  }
+  // Whether the child ended by SIGKILL (its hook ran) within `within`; kills it if not.
+  bool DiedOfSigkill(std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        Kill();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid = -1;
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  }
+  void Kill() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~NodeProcess() {
+    Kill();
+    if (out) std::fclose(out);
+  }
+  FILE* out = nullptr;
+};
+
+TEST(GridChild, Node) {
+  const char* spec = getenv("TRELLIS_GRID_CHILD_NODE");
+  if (!spec) GTEST_SKIP() << "only as the child of a test that kills grid nodes (NodeProcess)";
+  std::istringstream in(spec);
+  std::string path, store, die_at;
+  int first = 0, last = 0;
+  uint16_t port = 0;
+  in >> path >> first >> last >> port >> store >> die_at;
+  TestNode n = StartNode(path, first, last, port, 0, store);
+  ASSERT_TRUE(n.node);
+  if (die_at != "-") {
+    n.node->SetFaultHookForTesting([die_at](std::string_view where) {
+      if (where == die_at) raise(SIGKILL);
+    });
+  }
+  std::printf("node port %u\n", static_cast<unsigned>(n.node->port()));
+  std::fflush(stdout);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Waits until the head says it is healthy again (a restarted node rejoined).
+bool Rejoined(const GridHead& head) {
+  const auto until = std::chrono::steady_clock::now() + TestScaled(std::chrono::seconds(10));
+  while (!head.health().ok && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return head.health().ok;
+}
+
+// A node SIGKILLed as the first segment of a store fetch lands in its pool: the requests
+// in flight fail cleanly (Unavailable) or are right, within the fetch's deadline and
+// grace; restarted, the node rejoins the same head, and the same prompts are read from
+// the store again with the whole model's answers (nothing the dead fetch half wrote is
+// used: the head dropped its cache, the restarted pool is new).
+TEST(GridStoreTest2, ANodeKilledDuringAStoreFetchCostsOnlyTheRequestsInFlight) {
+  auto s = GridStoreServer();
+  ASSERT_TRUE(s);
+  const std::string addr = "127.0.0.1:" + std::to_string(s->port());
+  const auto reqs = Workload(2, 31);
+  auto [published, m0] = RunWholeWithStore(*s, reqs);
+  ASSERT_GT(m0.store_published_blocks, 0);
+
+  NodeProcess doomed(1, 2, 0, addr, "fetch-landed");
+  ASSERT_GT(doomed.port, 0);
+  const NodeAddress where{"127.0.0.1", doomed.port, 1, 2};
+  ThreadPool threads(1);
+  GridHead* head = nullptr;
+  auto bridge = GridBridge(*s, &head);
+  ASSERT_TRUE(bridge);
+  auto g = StartHead(1, {where}, threads, 2, 16, 0, bridge.get());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  head = g->head;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto during = RunAll(*g->sched, reqs);
+  // A killed node's connection fails at once: the requests must not wait out the fetch's
+  // 3 s deadline (or its grace).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, TestScaled(std::chrono::seconds(3)));
+  ASSERT_TRUE(doomed.DiedOfSigkill(std::chrono::seconds(5))) << "the node never reached a fetch's landing";
+  ExpectSameAsWhole(reqs, during, "while the node died mid-fetch", /*may_fail=*/true);
+  EXPECT_GT(g->head->stats().node_failures, 0u);
+
+  NodeProcess back(1, 2, where.port, addr, "");
+  ASSERT_EQ(back.port, where.port);
+  ASSERT_TRUE(Rejoined(*g->head)) << g->head->health().message;
+  const int64_t store_tokens_before = g->sched->metrics().store_tokens;
+  auto after = RunAll(*g->sched, reqs);
+  ExpectSameAsWhole(reqs, after, "after the node rejoined");
+  EXPECT_GT(g->sched->metrics().store_tokens, store_tokens_before) << "the rejoined node read nothing from the store";
+  bridge->Drain();
+  g->sched->RunUntilIdle();
+}
+
+// A node SIGKILLed as it answers the head's read for a publish: the publish fails and
+// stores nothing, the requests fail cleanly or are right; restarted, the node rejoins,
+// and what one process then reads from the store is right (a half-gathered block was
+// never indexed), as is what the grid computes and publishes after.
+TEST(GridStoreTest2, ANodeKilledDuringAPublishReadStoresNothingWrong) {
+  auto s = GridStoreServer();
+  ASSERT_TRUE(s);
+  const std::string addr = "127.0.0.1:" + std::to_string(s->port());
+  const auto reqs = Workload(2, 47);
+
+  NodeProcess doomed(1, 2, 0, addr, "read");
+  ASSERT_GT(doomed.port, 0);
+  const NodeAddress where{"127.0.0.1", doomed.port, 1, 2};
+  ThreadPool threads(1);
+  GridHead* head = nullptr;
+  auto bridge = GridBridge(*s, &head);
+  ASSERT_TRUE(bridge);
+  auto g = StartHead(1, {where}, threads, 2, 16, 0, bridge.get());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  head = g->head;
+  auto during = RunAll(*g->sched, reqs);
+  bridge->Drain();
+  g->sched->RunUntilIdle();
+  ASSERT_TRUE(doomed.DiedOfSigkill(std::chrono::seconds(5))) << "the node never answered a publish read";
+  ExpectSameAsWhole(reqs, during, "while the node died mid-read", /*may_fail=*/true);
+  const SchedulerMetrics m1 = g->sched->metrics();
+  EXPECT_GT(m1.store_publish_failures, 0);
+  EXPECT_EQ(m1.store_published_blocks, 0);
+
+  auto [whole, mw] = RunWholeWithStore(*s, reqs);
+  ExpectSameAsWhole(reqs, whole, "one process, reading the store after the failed publish");
+  EXPECT_EQ(mw.store_tokens, 0) << "a publish whose read failed left blocks in the store";
+
+  NodeProcess back(1, 2, where.port, addr, "");
+  ASSERT_EQ(back.port, where.port);
+  ASSERT_TRUE(Rejoined(*g->head)) << g->head->health().message;
+  const auto other = Workload(2, 48);
+  auto after = RunAll(*g->sched, other);
+  ExpectSameAsWhole(other, after, "after the node rejoined");
+  bridge->Drain();
+  g->sched->RunUntilIdle();
+  EXPECT_GT(g->sched->metrics().store_published_blocks, 0);
+  auto [again, ma] = RunWholeWithStore(*s, other);
+  ExpectSameAsWhole(other, again, "one process, reading what the rejoined grid published");
+  EXPECT_GT(ma.store_tokens, 0);
 }
 
 TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {

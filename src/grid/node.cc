@@ -47,6 +47,7 @@ struct GridNode::Impl {
   std::deque<Job> store_jobs;  // GUARDED_BY(mu)
   std::condition_variable store_cv;
   std::vector<std::thread> store_threads;
+  std::function<void(std::string_view)> fault_hook;  // tests only (SetFaultHookForTesting)
   // Held shared while a store job touches the pool, exclusively by a Hello (which may
   // replace the pool, and after which nothing of the previous head may land in it).
   // Taken before mu.
@@ -308,10 +309,12 @@ struct GridNode::Impl {
     std::shared_lock<std::shared_mutex> pool_lock(pool_mu);
     HelloRequest g;
     bool serving = false;
+    std::function<void(std::string_view)> hook;
     {
       std::lock_guard<std::mutex> lock(mu);
       serving = have_geometry && j.conn == head_conn;
       g = geometry;
+      hook = fault_hook;
     }
     const ModelPart& part = model.part();
     // This node's layers of a block (the geometry is the accepted Hello's, when serving).
@@ -331,6 +334,7 @@ struct GridNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         stats.read_blocks += r.ids.size();
       }
+      if (hook) hook("read");
       return Reply(j.conn, j.request_id, std::move(out));
     }
     // A Fetch is always answered with a FetchReply once nothing more will land in the
@@ -427,6 +431,17 @@ Result<std::unique_ptr<GridNode>> GridNode::Start(const Model& model, const Node
 }
 
 uint16_t GridNode::port() const { return impl_->port; }
+
+void GridNode::SetFaultHookForTesting(std::function<void(std::string_view)> hook) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->fault_hook = hook;
+  }
+  if (impl_->store) {
+    impl_->store->SetLandedHookForTesting(hook ? std::function<void(void*, uint64_t)>([hook](void*, uint64_t) { hook("fetch-landed"); })
+                                               : nullptr);
+  }
+}
 
 NodeStats GridNode::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

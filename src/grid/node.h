@@ -19,8 +19,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "engine/model.h"
 #include "net/transport.h"
@@ -66,6 +68,11 @@ class GridNode {
 
   uint16_t port() const;
   NodeStats stats() const;
+  // Tests only: runs at two points of the store's jobs, on the thread doing them:
+  // "fetch-landed" as each segment of a fetch lands in the pool (before the fetch
+  // completes), "read" when a head's read is copied out, before the answer is sent. A
+  // test that kills the process there has it die exactly mid-fetch or mid-read.
+  void SetFaultHookForTesting(std::function<void(std::string_view where)> hook);
 
   struct Impl;
 
