@@ -907,10 +907,10 @@ TEST(ApiTools, BadToolsAreRefusedNamingTheField) {
       {WithTools(R"("tool_choice":{"type":"function"})"), "tool_choice"},
       {WithTools(R"("parallel_tool_calls":"yes")"), "parallel_tool_calls"},
       {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f",)"
-       R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}],"tool_choice":"required"})",
+       R"("parameters":{"type":"object","properties":{"n":{"type":"array","uniqueItems":true}}}}}],"tool_choice":"required"})",
        "tools[0].function.parameters"},
       {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","strict":true,)"
-       R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}]})",
+       R"("parameters":{"type":"object","properties":{"n":{"type":"array","uniqueItems":true}}}}}]})",
        "tools[0].function.parameters"},
       {R"({"messages":[{"role":"user","content":"hi"},{"role":"tool","content":"x","tool_call_id":5}]})",
        "messages[1].tool_call_id"},
@@ -928,7 +928,7 @@ TEST(ApiTools, BadToolsAreRefusedNamingTheField) {
   // auto and not strict: a schema keyword the converter lacks holds the call to any object.
   auto lax = ParseChatCompletionRequest(
       R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f",)"
-      R"("parameters":{"type":"object","properties":{"n":{"type":"integer","multipleOf":3}}}}}]})", kLimits);
+      R"("parameters":{"type":"object","properties":{"n":{"type":"array","uniqueItems":true}}}}}]})", kLimits);
   ASSERT_TRUE(lax.ok()) << lax.error().message;
   EXPECT_FALSE(lax->tools[0].arguments);
 }
