@@ -562,23 +562,26 @@ void Transport::Impl::Pump() {
     MessageHeader h;
     h.flags = MessageHeader::kReadData;
     h.request_id = sr.id;
-    if (!Send(sr.conn, h, std::move(body), n).ok()) continue;  // the reader is gone: so is its read
-    {
-      std::lock_guard<std::mutex> lock(stats_mu);
-      stats.read_bytes_served += n;
-    }
     sr.offset += n;
     if (sr.offset == len) {
       ++sr.segment;
       sr.offset = 0;
       skip_empty();
     }
-    if (sr.segment < sr.segments.size()) {
-      serving.push_back(std::move(sr));
-    } else {
+    const bool last = sr.segment == sr.segments.size();
+    // Counted before the send: the reader may see its read complete before this thread
+    // runs again, and whoever it tells must find the read counted.
+    auto count = [&](int sign) {
       std::lock_guard<std::mutex> lock(stats_mu);
-      ++stats.reads_served;
+      stats.read_bytes_served += sign * static_cast<int64_t>(n);
+      if (last) stats.reads_served += sign;
+    };
+    count(+1);
+    if (!Send(sr.conn, h, std::move(body), n).ok()) {  // the reader is gone: so is its read
+      count(-1);
+      continue;
     }
+    if (!last) serving.push_back(std::move(sr));
   }
 }
 
