@@ -4,17 +4,20 @@
 // was computed, taken from the local cache, or read from the store.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <random>
 #include <thread>
 
+#include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/store_bridge.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
 #include "store/server.h"
+#include "store/store_process.h"
 #include "util/slowdown.h"
 
 namespace trellis {
@@ -47,6 +50,22 @@ std::unique_ptr<store::StoreServer> StoreServer() {
   auto s = store::StoreServer::Start(o);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return s.ok() ? std::move(s).value() : nullptr;
+}
+
+// A bridge to store servers at `addrs` (the first is the local one); `reader`, if set,
+// replaces the bridge's reads (StoreBridgeOptions::reader).
+std::unique_ptr<StoreBridge> BridgeTo(const std::vector<std::string>& addrs, std::chrono::milliseconds timeout = 2000ms,
+                                      decltype(StoreBridgeOptions::reader) reader = nullptr) {
+  StoreBridgeOptions o;
+  o.client.servers = addrs;
+  o.client.local = addrs[0];
+  o.reader = std::move(reader);
+  o.client.transport = Lo();
+  o.fetch_timeout = timeout;
+  o.publish_timeout = timeout;
+  auto b = StoreBridge::Connect(o);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(b).value() : nullptr;
 }
 
 std::unique_ptr<StoreBridge> Bridge(const std::vector<const store::StoreServer*>& servers, size_t local = 0,
@@ -407,8 +426,6 @@ TEST(StoreEngine, AFailedPublishGivesUpItsClaims) {
   EXPECT_LT(s, 10.0 * TestSlowdown());  // not the claim's minute
 }
 
-// Destroying an engine while a fetch is in flight waits for it (bounded) and frees
-// everything: nothing writes into a pool that is gone (ASan checks this run).
 // Blocks stored with another block size under the same keys are refused as a
 // fingerprint mismatch, and nothing is written to the reader's buffers; any other
 // refusal is a store error, never "down".
@@ -455,6 +472,8 @@ TEST(StoreEngine, BlocksOfAnotherSizeAreAFingerprintMismatch) {
   for (auto& d : dst) EXPECT_TRUE(std::all_of(d.begin(), d.end(), [](uint8_t b) { return b == 0; }));
 }
 
+// Destroying an engine while a fetch is in flight waits for it (bounded) and frees
+// everything: nothing writes into a pool that is gone (ASan checks this run).
 TEST(StoreEngine, ShutdownWithAFetchInFlightIsClean) {
   auto s1 = StoreServer();
   ThreadPool pool(2);
@@ -483,6 +502,147 @@ TEST(StoreEngine, ShutdownWithAFetchInFlightIsClean) {
     b.reset();
     EXPECT_EQ(bridge->in_flight(), 0u);
   }
+}
+
+// What a cold engine (no cache, no store) answers.
+Outcome Cold(ThreadPool& pool, SchedulerOptions o, const Request& r) {
+  o.store = nullptr;
+  o.prefix_cache = false;
+  auto cold = Make(pool, o);
+  return RunAll(*cold, {r})[0];
+}
+
+std::vector<int32_t> Prompt(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % 1000) + 3;
+  return p;
+}
+
+// The next turn of a conversation on another node: A answers a prompt and publishes the
+// prompt and what it generated; B is asked the prompt, A's answer and a new message, and
+// reads from the store every whole block A computed, generated tokens included (A never
+// fed its last token, so its K/V stops one short), then answers what a cold engine does.
+TEST(StoreEngine, TheNextTurnOnAnotherNodeReadsTheGeneratedTokensToo) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.kv_blocks = 96;
+  o.n_ctx = 512;
+  const auto prompt = Prompt(61, 17);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  ASSERT_TRUE(ba && bb);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  auto a = Make(pool, oa);
+  const auto first = RunAll(*a, {Greedy(prompt, 40)});
+  ASSERT_EQ(first[0].tokens.size(), 40u);
+  ba->Drain();
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), first[0].tokens.begin(), first[0].tokens.end());
+  const size_t computed_by_a = next.size() - 1;
+  for (int32_t t : {11, 12, 13, 14, 15}) next.push_back(t);
+  auto b = Make(pool, ob);
+  const auto got = RunAll(*b, {Greedy(next, 6)});
+  const CacheReceipt& c = got[0].result.cache;
+  EXPECT_EQ(c.store, static_cast<int>(computed_by_a / 8 * 8)) << "B read " << c.store << " of the " << computed_by_a
+                                                              << " tokens A computed (prompt " << prompt.size() << ")";
+  EXPECT_GT(c.store, static_cast<int>(prompt.size()));
+  ExpectSameOutput(got[0], Cold(pool, o, Greedy(next, 6)), "the next turn");
+}
+
+// A byte flipped in a stored block: the engine's read of it fails its checksum, the
+// fetch is a checksum miss (counted), and the request is computed with a cold engine's
+// output. Nothing read before the bad block is trusted past it.
+TEST(StoreEngine, AChecksumFailureInAFetchIsAMissAndTheOutputUnchanged) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  const auto p = Prompt(100, 23);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  ASSERT_TRUE(ba && bb);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  auto a = Make(pool, oa);
+  RunAll(*a, {Greedy(p, 2)});
+  ba->Drain();
+  ASSERT_GT(ba->stats().published_blocks, 0u);
+  const uint64_t block_bytes = KvLayoutFor(TestModel().config(), 16).BlockBytes();
+  bool flipped = false;
+  for (uint64_t tensor : s1->TensorIdsForTesting()) flipped |= s1->CorruptByteForTesting(tensor, 2 * block_bytes + 100);
+  ASSERT_TRUE(flipped);
+  auto b = Make(pool, ob);
+  const auto got = RunAll(*b, {Greedy(p, 4)});
+  const CacheReceipt& c = got[0].result.cache;
+  EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kChecksum)], 0) << "no checksum miss: store " << c.store;
+  EXPECT_LE(c.store, 2 * 16);  // at most the blocks before the bad one
+  EXPECT_EQ(c.store + c.local + c.computed, static_cast<int>(p.size()));
+  ExpectSameOutput(got[0], Cold(pool, o, Greedy(p, 4)), "after a checksum failure");
+  EXPECT_EQ(b->cache().CheckInvariants(), "");
+}
+
+// A store process SIGKILLed in the middle of an engine's fetch, after part of it landed
+// in the pool: the rest of the read fails, the fetch is a miss (store down or deadline,
+// within the fetch's deadline), and the engine computes the prompt with a cold engine's
+// output. The half-fetched blocks are never used, now or when the prompt comes back.
+TEST(StoreEngine, AStoreKilledDuringAFetchIsAMissAndTheOutputUnchanged) {
+  store::StoreProcess proc("64M");
+  ASSERT_GT(proc.port, 0);
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 8;
+  o.kv_blocks = 96;
+  o.n_ctx = 512;
+  const auto p = Prompt(200, 29);
+  {
+    auto ba = BridgeTo({proc.Addr()});
+    ASSERT_TRUE(ba);
+    SchedulerOptions oa = o;
+    oa.store = ba.get();
+    auto a = Make(pool, oa);
+    RunAll(*a, {Greedy(p, 2)});
+    ba->Drain();
+    ASSERT_GT(ba->stats().published_blocks, 0u);
+  }
+  // Reads the first half of the fetch, kills the store, then reads the rest.
+  std::atomic<int> killed{0};
+  auto bb = BridgeTo({proc.Addr()}, 2000ms,
+                     [&](store::StoreClient& client, const store::LookupResult& found, size_t first, size_t from, size_t to,
+                         const StoreFetch& f, net::Deadline deadline, store::GetReceipt* receipt) -> Status {
+                       const size_t half = from + (to - from) / 2;
+                       std::vector<void*> head(f.dst.begin() + static_cast<ptrdiff_t>(from), f.dst.begin() + static_cast<ptrdiff_t>(half));
+                       std::vector<void*> rest(f.dst.begin() + static_cast<ptrdiff_t>(half), f.dst.begin() + static_cast<ptrdiff_t>(to));
+                       const store::ByteRange all{f.local.offset, f.local.bytes};
+                       TRELLIS_RETURN_IF_ERROR(client.GetRange(found, first, half - from, head, f.block_bytes, deadline, receipt, all));
+                       if (killed++ == 0) proc.Kill();
+                       return client.GetRange(found, first + (half - from), to - half, rest, f.block_bytes, deadline, receipt, all);
+                     });
+  ASSERT_TRUE(bb);
+  SchedulerOptions ob = o;
+  ob.store = bb.get();
+  auto b = Make(pool, ob);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = RunAll(*b, {Greedy(p, 4)});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, TestScaled(std::chrono::seconds(4)));
+  ASSERT_GT(killed.load(), 0) << "the fetch never read its first half";
+  const CacheReceipt& c = got[0].result.cache;
+  EXPECT_EQ(c.store, 0);
+  EXPECT_EQ(c.computed, static_cast<int>(p.size()));
+  EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kDown)] + c.misses[static_cast<int>(StoreMiss::kDeadline)], 0);
+  const Outcome want = Cold(pool, o, Greedy(p, 4));
+  ExpectSameOutput(got[0], want, "the store killed mid-fetch");
+  const auto again = RunAll(*b, {Greedy(p, 4)});
+  ExpectSameOutput(again[0], want, "the same prompt again, from the local cache");
+  EXPECT_GT(again[0].result.cache.local, 0);
+  EXPECT_EQ(b->cache().CheckInvariants(), "");
+  bb->Drain();
+  EXPECT_EQ(bb->stats().fetched_blocks, 0u) << "the half that landed counted as fetched";
 }
 
 }  // namespace

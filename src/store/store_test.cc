@@ -31,6 +31,7 @@
 #include "store/protocol.h"
 #include "store/server.h"
 #include "store/ssd.h"
+#include "store/store_process.h"
 #include "util/slowdown.h"
 #include "util/fault_env.h"
 #include "util/checksum.h"
@@ -972,59 +973,6 @@ TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
   EXPECT_GT(cs.misses_down + cs.misses_deadline, 0u);
 }
 
-// `trellis store` as a real process: its port is read from its start-up line.
-struct StoreProcess {
-  pid_t pid = -1;
-  uint16_t port = 0;
-  explicit StoreProcess(const std::string& mem, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {TRELLIS_BIN, "store", "--listen", "127.0.0.1:0", "--mem", mem, "--net-devices", "lo"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int fds[2];
-    EXPECT_EQ(pipe(fds), 0);
-    pid = fork();
-    if (pid == 0) {
-      dup2(fds[1], 2);
-      close(fds[0]);
-      execv(TRELLIS_BIN, argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    err = fdopen(fds[0], "r");
-    char line[512];
-    while (err && std::fgets(line, sizeof line, err)) {
-      if (const char* at = std::strstr(line, "listening on 127.0.0.1:")) {
-        port = static_cast<uint16_t>(std::atoi(at + std::strlen("listening on 127.0.0.1:")));
-        break;
-      }
-    }
-  }
-  std::string Addr() const { return "127.0.0.1:" + std::to_string(port); }
-  // SIGTERM: a clean stop, exit code 0, metrics printed.
-  int Stop(std::string* log) {
-    kill(pid, SIGTERM);
-    char line[512];
-    while (err && std::fgets(line, sizeof line, err)) *log += line;
-    int status = 0;
-    waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  void Kill() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  ~StoreProcess() {
-    Kill();
-    if (err) std::fclose(err);
-  }
-  FILE* err = nullptr;
-};
 
 // A client of store processes at `addr`, on loopback.
 std::unique_ptr<StoreClient> ProcessClient(const std::string& addr) {
