@@ -124,6 +124,7 @@ struct StoreServer::Impl {
   std::condition_variable etcd_cv;
   bool etcd_stop = false;
   int64_t lease = 0;
+  bool etcd_reachable = true;  // the last keep-alive or registration worked (etcd_thread only)
 
   std::unique_ptr<net::Transport> t;  // last: destroyed (loop joined) before the state above
 
@@ -455,8 +456,12 @@ void StoreServer::Impl::EtcdLoop() {
     if (!s.ok()) {  // expired (etcd restarted, or we were cut off too long): register again
       auto l = etcd->Register(advertised, opt.etcd_ttl_s);
       if (l.ok()) lease = *l;
-      else TRELLIS_LOG_WARN("store: etcd: {}", l.status().ToString());
+      s = l.status();
     }
+    // Said once when etcd goes away and once when it is back, not three times a second.
+    if (!s.ok() && etcd_reachable) TRELLIS_LOG_WARN("store: etcd: {}; serving on, the last membership kept", s.ToString());
+    if (s.ok() && !etcd_reachable) TRELLIS_LOG_INFO("store: etcd is back; registered as {}", advertised);
+    etcd_reachable = s.ok();
     if (auto live = etcd->Members(); live.ok()) t->Post([this, v = *live] { ApplyPeers(v); });
     lock.lock();
   }

@@ -1330,21 +1330,25 @@ TEST(StoreClient, StartsWithTheStoreDownAndJoinsItWhenItComesUp) {
   EXPECT_FALSE(StoreClient::Connect(e, net::After(2000ms)).ok());
 }
 
-// A single-member etcd (Debian's etcd-server) in a temporary directory.
+// A single-member etcd (Debian's etcd-server) in a temporary directory. Kill and Start
+// again on the same ports model an etcd that goes down and comes back, with its data or
+// (wipe) without it.
 struct EtcdProcess {
   pid_t pid = -1;
   TempDir dir;
-  std::string url;
-  EtcdProcess() {
-    const uint16_t client = FreePort(), peer = FreePort();
-    url = "http://127.0.0.1:" + std::to_string(client);
+  uint16_t client = FreePort(), peer = FreePort();
+  std::string url = "http://127.0.0.1:" + std::to_string(client);
+  EtcdProcess() { Start(); }
+  void Start(bool wipe = false) {
     const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
+    const std::string data = dir.path + "/etcd";
+    if (wipe) std::filesystem::remove_all(data);
     pid = fork();
     if (pid == 0) {
       const int devnull = open("/dev/null", O_WRONLY);
       dup2(devnull, 1);
       dup2(devnull, 2);
-      execlp("etcd", "etcd", "--name", "t", "--data-dir", (dir.path + "/etcd").c_str(), "--listen-client-urls", url.c_str(),
+      execlp("etcd", "etcd", "--name", "t", "--data-dir", data.c_str(), "--listen-client-urls", url.c_str(),
              "--advertise-client-urls", url.c_str(), "--listen-peer-urls", purl.c_str(), "--initial-advertise-peer-urls",
              purl.c_str(), "--initial-cluster", ("t=" + purl).c_str(), "--heartbeat-interval", "10",
              "--election-timeout", "100", nullptr);
@@ -1357,12 +1361,14 @@ struct EtcdProcess {
     }
     ADD_FAILURE() << "etcd did not start (is etcd-server installed?)";
   }
-  ~EtcdProcess() {
+  void Kill() {
     if (pid > 0) {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
+    pid = -1;
   }
+  ~EtcdProcess() { Kill(); }
 };
 
 template <typename F>
@@ -1447,6 +1453,71 @@ TEST(StoreEtcd, MembershipFollowsEtcdAndMovesOnlyTheChangedShare) {
   int back = 0;
   for (size_t i = 0; i < keys.size(); ++i) back += c->IndexServer(keys[i]) == before[i];
   EXPECT_EQ(back, 300);  // the same placement as before it joined
+}
+
+// etcd is membership, not data: while it is down, clients and servers keep the last
+// membership they saw (longer than a lease's TTL) and every stored prefix reads back
+// right; when it comes back with its data, the servers' leases go on; when it comes back
+// empty (data lost), the servers register again and the clients see them within a TTL.
+TEST(StoreEtcd, EtcdDownOrRestartedKeepsTheMembershipAndTheData) {
+  EtcdProcess etcd;
+  auto server = [&] {
+    ServerOptions o;
+    o.transport = Lo();
+    o.etcd = etcd.url;
+    o.etcd_ttl_s = 1;
+    auto s = StoreServer::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::move(s).value();
+  };
+  auto a = server(), b = server();
+  ClientOptions co;
+  co.etcd = etcd.url;
+  co.etcd_poll_ms = 100;
+  co.transport = Lo();
+  auto c = std::move(StoreClient::Connect(co, net::After(5000ms))).value();
+  ASSERT_EQ(c->Members().size(), 2u);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 6; ++r) seqs.push_back(Tokens(16, 16, 4400 + r));
+  auto put = [&](const std::vector<int32_t>& t) {
+    Blocks blk(t);
+    auto n = c->Put(Ns(), t, blk.cptr, kBlockBytes, 1.0, net::After(5000ms));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, 4u);
+  };
+  auto reads_back = [&](const std::vector<int32_t>& t, const char* when) {
+    auto f = c->Lookup(Ns(), t, net::After(3000ms));
+    ASSERT_TRUE(f.ok()) << when << ": " << f.status().ToString();
+    ASSERT_EQ(f->blocks, 4u) << when;
+    Blocks dst(4), want(t);
+    ASSERT_TRUE(c->Get(*f, 4, dst.ptr, kBlockBytes, net::After(3000ms)).ok()) << when;
+    EXPECT_EQ(dst.data, want.data) << when;
+  };
+  ASSERT_TRUE(WaitFor([&] { return a->stats().peers == 1 && b->stats().peers == 1; }, 3000ms)) << "the servers never saw each other";
+  for (size_t r = 0; r < 3; ++r) put(seqs[r]);
+  etcd.Kill();
+  // Down for three TTLs and many polls: nothing is forgotten, reads and puts go on.
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(c->Members().size(), 2u) << "the client dropped its members while etcd was down";
+  EXPECT_EQ(a->stats().peers, 1u) << "a server dropped its peer while etcd was down";
+  for (size_t r = 0; r < 3; ++r) reads_back(seqs[r], "etcd down");
+  put(seqs[3]);
+  reads_back(seqs[3], "put while etcd was down");
+  // Back with its data: the same two members, the data all there.
+  etcd.Start();
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(c->Members().size(), 2u);
+  for (size_t r = 0; r < 4; ++r) reads_back(seqs[r], "etcd restarted");
+  // Back without its data: both servers register again within about a TTL.
+  etcd.Kill();
+  etcd.Start(/*wipe=*/true);
+  auto registered = Etcd::Parse(etcd.url);
+  ASSERT_TRUE(WaitFor([&] { auto m = registered->Members(); return m.ok() && m->size() == 2; }, TestScaled(3000ms)))
+      << "the servers never registered with the new etcd";
+  ASSERT_TRUE(WaitFor([&] { return c->Members().size() == 2; }, 2000ms));
+  for (size_t r = 0; r < 4; ++r) reads_back(seqs[r], "etcd wiped");
+  put(seqs[4]);
+  reads_back(seqs[4], "put after etcd was wiped");
 }
 
 TEST(StoreEtcd, AKilledServerLeavesTheMembershipWhenItsLeaseExpires) {
