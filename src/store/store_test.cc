@@ -87,6 +87,14 @@ std::vector<int32_t> Tokens(size_t n, size_t shared, int root = 1, int branch = 
 }
 
 // K/V stand-ins: block i of a sequence is a deterministic function of its tokens so far.
+template <typename F>
+bool WaitFor(F cond, std::chrono::milliseconds limit) {
+  for (auto t0 = net::Clock::now(); net::Clock::now() - t0 < limit; std::this_thread::sleep_for(50ms)) {
+    if (cond()) return true;
+  }
+  return cond();
+}
+
 struct Blocks {
   std::vector<std::vector<uint8_t>> data;
   std::vector<const void*> cptr;
@@ -770,6 +778,88 @@ TEST(StoreReplicas, HotRemoteTensorsAreCopiedLocallyAndServeWhenTheirOwnerIsGone
   EXPECT_EQ(cs.blocks_local_replica, 6u);
 }
 
+// Replicas live within replica_share of memory and leave before anything the node owns:
+// a third hot remote tensor pushes the oldest replica out of a share that holds two; a
+// put of owned tensors that needs the room evicts replicas, never an owned tensor. Every
+// read, of a dropped replica's tensor too (from its owner), returns the right bytes.
+TEST(StoreReplicas, TheReplicasShareIsACapAndReplicasLeaveFirst) {
+  auto b = Server();
+  ServerOptions ao;
+  ao.transport = Lo();
+  ao.peers = {Addr(*b)};
+  ao.mem_bytes = 32 * kBlockBytes;
+  ao.replica_share = 0.25;  // 8 blocks: two replicas of 3 blocks, not three
+  ao.replica_after_reads = 2;
+  auto a = std::move(StoreServer::Start(ao)).value();
+  ClientOptions co;
+  co.servers = {Addr(*a), Addr(*b)};
+  co.local = Addr(*a);
+  co.transport = Lo();
+  auto c = std::move(StoreClient::Connect(co, net::After(5000ms))).value();
+  // Sequences indexed on a (first block, owned by a) whose blocks 1..3 are b's tensor.
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 2000 && seqs.size() < 3; ++r) {
+    auto cand = Tokens(16, 16, 5100 + r);
+    const auto keys = ChainKeys(Ns(), cand);
+    if (c->IndexServer(keys[0]) == Addr(*a) && c->IndexServer(keys[1]) == Addr(*b)) seqs.push_back(cand);
+  }
+  ASSERT_EQ(seqs.size(), 3u);
+  for (const auto& t : seqs) {
+    Blocks src(t);
+    ASSERT_EQ(*c->Put(Ns(), std::vector<int32_t>(t.begin(), t.begin() + kBlockTokens), src.cptr, kBlockBytes, 1.0,
+                      net::After(5000ms)), 1u);
+    ASSERT_EQ(*c->Put(Ns(), t, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 3u);
+  }
+  auto read = [&](StoreClient& cl, const std::vector<int32_t>& t, GetReceipt* rc) {
+    auto f = cl.Lookup(Ns(), t, net::After(3000ms));
+    if (!f.ok()) return f.status();
+    const size_t n = t.size() / kBlockTokens;
+    if (f->blocks != n) return NotFound("short: " + std::to_string(f->blocks));
+    Blocks dst(n), want(t);
+    Status st = cl.Get(*f, n, dst.ptr, kBlockBytes, net::After(3000ms), rc);
+    if (st.ok() && dst.data != want.data) return Internal("wrong bytes");
+    return st;
+  };
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    GetReceipt r;
+    ASSERT_TRUE(read(*c, seqs[i], &r).ok());
+    ASSERT_TRUE(read(*c, seqs[i], &r).ok());
+    ASSERT_TRUE(WaitFor([&] { return a->stats().replicas_made == i + 1; }, 3000ms)) << "no replica of sequence " << i;
+  }
+  ServerStats st = a->stats();
+  EXPECT_EQ(st.replicas, 2u);
+  EXPECT_EQ(st.replica_bytes, 6 * kBlockBytes);
+  EXPECT_EQ(st.replicas_dropped, 1u);
+  GetReceipt r;
+  ASSERT_TRUE(read(*c, seqs[0], &r).ok());  // the oldest: its replica went, b serves it
+  EXPECT_EQ(r.remote, 3u);
+  EXPECT_EQ(r.memory, 1u);
+  ASSERT_TRUE(read(*c, seqs[2], &r).ok());
+  EXPECT_EQ(r.replica, 3u);
+  // Owned tensors that need the room: 3 + 24 owned blocks and 6 of replicas do not fit in
+  // 32, so replicas leave; nothing a owns does.
+  ClientOptions only_a = co;
+  only_a.servers = {Addr(*a)};
+  only_a.discover = false;
+  auto ca = std::move(StoreClient::Connect(only_a, net::After(5000ms))).value();
+  std::vector<std::vector<int32_t>> owned;
+  for (int r2 = 0; r2 < 6; ++r2) {
+    owned.push_back(Tokens(16, 16, 6100 + r2));
+    Blocks src(owned.back());
+    ASSERT_EQ(*ca->Put(Ns(), owned.back(), src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  }
+  st = a->stats();
+  // One replica or both (a hole of four blocks may need both gone); never an owned tensor.
+  EXPECT_GE(st.replicas_dropped, 2u);
+  EXPECT_EQ(st.replicas, 3u - st.replicas_dropped);
+  EXPECT_EQ(st.evictions, st.replicas_dropped - 1) << "an owned tensor left memory";
+  for (const auto& t : owned) EXPECT_TRUE(read(*ca, t, nullptr).ok());
+  for (const auto& t : seqs) {
+    ASSERT_TRUE(read(*c, t, &r).ok());
+    EXPECT_EQ(r.memory, 1u);  // a's first blocks stayed
+  }
+}
+
 // Speaks the store protocol directly, as a hostile or slow peer would.
 struct RawPeer {
   std::unique_ptr<net::Transport> t;
@@ -1370,14 +1460,6 @@ struct EtcdProcess {
   }
   ~EtcdProcess() { Kill(); }
 };
-
-template <typename F>
-bool WaitFor(F cond, std::chrono::milliseconds limit) {
-  for (auto t0 = net::Clock::now(); net::Clock::now() - t0 < limit; std::this_thread::sleep_for(50ms)) {
-    if (cond()) return true;
-  }
-  return cond();
-}
 
 TEST(StoreEtcd, MembershipFollowsEtcdAndMovesOnlyTheChangedShare) {
   EtcdProcess etcd;
