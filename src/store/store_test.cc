@@ -860,6 +860,60 @@ TEST(StoreReplicas, TheReplicasShareIsACapAndReplicasLeaveFirst) {
   }
 }
 
+
+// The index of a sequence lives on one server and its data on another: when the data's
+// owner evicts it, the index does not know. The next read of the sequence finds its data
+// gone, is a miss counted as evicted (never wrong bytes), and tells the index, which
+// forgets the tensor: later lookups stop at the hole, the part still held reads back
+// right, and a put of the sequence stores the lost increment again.
+TEST(Store, AnEvictionWhereTheIndexIsNotIsAMissAndTheIndexForgetsIt) {
+  auto a = Server(), b = Server(8 * kBlockBytes);
+  auto c = Client({a.get(), b.get()});
+  std::vector<int32_t> t;  // indexed on a (its first block's key), blocks 1..3 owned by b
+  std::vector<int32_t> fill;  // indexed and owned by b: all 8 of its blocks
+  for (int r = 0; r < 2000 && (t.empty() || fill.empty()); ++r) {
+    auto cand = Tokens(32, 32, 8100 + r);
+    const auto keys = ChainKeys(Ns(), cand);
+    const bool a0 = c->IndexServer(keys[0]) == Addr(*a), b1 = c->IndexServer(keys[1]) == Addr(*b);
+    if (t.empty() && a0 && b1) t.assign(cand.begin(), cand.begin() + 16);
+    else if (fill.empty() && !a0) fill = cand;
+  }
+  ASSERT_FALSE(t.empty());
+  ASSERT_FALSE(fill.empty());
+  Blocks src(t);
+  ASSERT_EQ(*c->Put(Ns(), std::vector<int32_t>(t.begin(), t.begin() + kBlockTokens), src.cptr, kBlockBytes, 1.0,
+                    net::After(5000ms)), 1u);
+  ASSERT_EQ(*c->Put(Ns(), t, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 3u);
+  ASSERT_EQ(b->stats().tensors, 1u);
+  // b fills with 8 blocks of its own: t's tensor goes.
+  Blocks bf(fill);
+  ASSERT_EQ(*c->Put(Ns(), fill, bf.cptr, kBlockBytes, 1.0, net::After(5000ms)), 8u);
+  ASSERT_EQ(b->stats().evictions, 1u);
+  // a's index still names the whole sequence.
+  auto found = c->Lookup(Ns(), t, net::After(5000ms));
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->blocks, 4u);
+  const uint64_t forgotten = a->stats().forgotten;
+  Blocks dst(4);
+  const Status st = c->Get(*found, 4, dst.ptr, kBlockBytes, net::After(5000ms));
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_EQ(c->stats().misses_evicted, 1u);
+  EXPECT_EQ(a->stats().forgotten, forgotten + 3) << "the index did not forget the evicted tensor's keys";
+  // Lookups now stop at the hole; the first block, on a, reads back right.
+  found = c->Lookup(Ns(), t, net::After(5000ms));
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->blocks, 1u);
+  Blocks one(1);
+  ASSERT_TRUE(c->Get(*found, 1, one.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(one.data[0], src.data[0]);
+  // The next put stores the lost increment again, and the whole sequence reads back.
+  ASSERT_EQ(*c->Put(Ns(), t, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 3u);
+  found = c->Lookup(Ns(), t, net::After(5000ms));
+  ASSERT_EQ(found->blocks, 4u);
+  Blocks again(4);
+  ASSERT_TRUE(c->Get(*found, 4, again.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(again.data, src.data);
+}
 // Speaks the store protocol directly, as a hostile or slow peer would.
 struct RawPeer {
   std::unique_ptr<net::Transport> t;
