@@ -231,6 +231,9 @@ struct StoreServer::Impl {
     st.index_keys = index.size();
     st.peers = peers.size();
     st.leases_active = leases.size();
+    const auto now = net::Clock::now();
+    st.claims_active = static_cast<uint64_t>(
+        std::count_if(claims.begin(), claims.end(), [now](const auto& kv) { return kv.second.until > now; }));
     uint64_t used = 0, on_ssd = 0, in_mem = 0, replicas = 0;
     for (auto& [id, tn] : tensors) {
       used += tn.in_mem ? tn.bytes : 0;
@@ -1132,6 +1135,7 @@ std::string StoreServer::MetricsText() const {
   m("evicted_bytes_total", "counter", "Bytes evicted from memory.", s.evicted_bytes);
   m("full_refusals_total", "counter", "Puts refused because memory was full of leased tensors.", s.full_refusals);
   m("leases_active", "gauge", "Leases held by readers.", s.leases_active);
+  m("claims_active", "gauge", "Keys claimed by a computing client and not yet stored, unclaimed or expired.", s.claims_active);
   m("lease_expiries_total", "counter", "Leases that expired unreleased.", s.lease_expiries);
   m("refused_requests_total", "counter", "Malformed requests refused.", s.refused_requests);
   m("ssd_tensors", "gauge", "Tensors in the SSD tier.", s.ssd_tensors);

@@ -55,6 +55,7 @@ struct ServerStats {
   uint64_t acquires = 0, acquire_hits = 0, acquire_misses = 0;
   uint64_t evictions = 0, evicted_bytes = 0, full_refusals = 0;
   uint64_t leases_active = 0, lease_expiries = 0;
+  uint64_t claims_active = 0;  // claimed keys whose claim has not expired
   uint64_t forgotten = 0, refused_requests = 0, peers = 0;
   uint64_t replicas = 0, replica_bytes = 0, replica_hits = 0, replicas_made = 0, replicas_dropped = 0,
            replication_failures = 0;

@@ -229,7 +229,9 @@ TEST(Store, ClaimsMakeOthersWaitUntilThePutOrTheExpiry) {
   EXPECT_EQ(lb->blocks, 2u);
   EXPECT_EQ(lb->pending, 2u);
   EXPECT_EQ(lb->claimed, 6u);  // its own blocks past the pending ones: it will compute them after
+  EXPECT_EQ(s->stats().claims_active, 14u);
   ASSERT_EQ(*c1->Put(Ns(), a, ba.cptr, kBlockBytes, 1.0, net::After(5000ms)), 8u);
+  EXPECT_EQ(s->stats().claims_active, 6u);  // a's claims end with its put; b's stay
   auto l3 = c2->Lookup(Ns(), a, net::After(5000ms), 30000);
   EXPECT_EQ(l3->blocks, 10u);
   EXPECT_EQ(l3->pending, 0u);
@@ -241,6 +243,7 @@ TEST(Store, ClaimsMakeOthersWaitUntilThePutOrTheExpiry) {
   EXPECT_EQ(l4->pending, 0u);
   EXPECT_EQ(l4->claimed, 6u);
   EXPECT_EQ(s->stats().claim_waits, 2u);
+  EXPECT_EQ(s->stats().claims_active, 12u);  // b's and l4's; c1's expired one counts no more
 }
 
 // A client that will not put what it claimed (its publish failed) drops its claims, and
