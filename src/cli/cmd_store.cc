@@ -23,6 +23,7 @@ struct StoreOptions {
   std::string tls = "tcp";
   std::string net_devices;
   uint32_t spin_us = 0;
+  uint32_t fault_flip_landed_every = 0;  // chaos runs only (hidden flag)
   std::string ssd_dir, ssd_size;
   double replica_share = 0.25;
   uint32_t replica_after_reads = 2;
@@ -120,6 +121,7 @@ int Run(const StoreOptions& o) {
   so.transport.tls = o.tls;
   so.transport.net_devices = o.net_devices;
   so.transport.spin_us = o.spin_us;
+  so.transport.fault_flip_landed_every = o.fault_flip_landed_every;
 
   // Signals are taken by sigwait below, so block them before any thread starts.
   sigset_t sigs = BlockStopSignals();
@@ -193,6 +195,10 @@ Runner AddStoreCommand(CLI::App& app) {
                  "takes CPU from the engine on the same node)")
       ->capture_default_str();
   app.add_option("--metrics-listen", o->metrics_listen, "HOST:PORT for GET /metrics (Prometheus) and /health");
+  // Chaos runs only (tests/chaos): not in --help.
+  app.add_option("--fault-flip-landed", o->fault_flip_landed_every,
+                 "flip a byte in every Nth segment read from a writer or a peer, after the transport (fault injection)")
+      ->group("");
   return [o] { return Run(*o); };
 }
 

@@ -20,6 +20,10 @@ void AddStoreFlags(CLI::App& app, StoreFlags* f) {
       ->capture_default_str();
   app.add_flag("--store-no-single-flight", f->no_single_flight,
                "compute a prefix another node is computing instead of waiting for it (for comparisons)");
+  // Chaos runs only (tests/chaos): not in --help.
+  app.add_option("--store-fault-flip-landed", f->fault_flip_landed_every,
+                 "flip a byte in every Nth block read from the store, after the transport (fault injection)")
+      ->group("");
 }
 
 store::ClientOptions StoreClientOptions(const StoreFlags& f) {
@@ -37,6 +41,7 @@ store::ClientOptions StoreClientOptions(const StoreFlags& f) {
   c.transport.tls = f.tls;
   c.transport.net_devices = f.net_devices;
   c.transport.spin_us = f.spin_us;
+  c.transport.fault_flip_landed_every = f.fault_flip_landed_every;
   return c;
 }
 

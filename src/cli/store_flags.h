@@ -24,6 +24,7 @@ struct StoreFlags {
   // compute, and a spinning progress thread during a bulk read took ~0.25 core-s per
   // 64 MB from the compute (trellis bench store, single-flight, 4 nodes on 2 cores).
   uint32_t spin_us = 0;
+  uint32_t fault_flip_landed_every = 0;  // chaos runs only (hidden flag)
 };
 
 void AddStoreFlags(CLI::App& app, StoreFlags* f);

@@ -226,9 +226,16 @@ struct Transport::Impl {
   void FinishGet(uint64_t id, Status status);
   void Landed(PendingGet& g, size_t segment) {
     if (landed_hook) landed_hook(g.segments[segment].local, g.segments[segment].length);
+    if (opt.fault_flip_landed_every > 0 && g.segments[segment].length > 0 &&
+        ++landed_segments % opt.fault_flip_landed_every == 0) {
+      static_cast<uint8_t*>(g.segments[segment].local)[g.segments[segment].length / 2] ^= 0x10;
+      std::lock_guard<std::mutex> lock(stats_mu);
+      ++stats.faults_injected;
+    }
     if (g.on_segment) g.on_segment(segment);
   }
   std::function<void(void*, uint64_t)> landed_hook;
+  uint64_t landed_segments = 0;  // fault_flip_landed_every counts them
 
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
                            const ucp_am_recv_param_t* param);

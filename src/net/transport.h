@@ -78,6 +78,10 @@ struct TransportOptions {
   // UCX's tcp segment sizes (pitfall 6: the defaults cap bulk throughput).
   std::string tcp_tx_seg_size = "256k";
   std::string tcp_rx_seg_size = "1m";
+  // Fault injection for chaos runs (hidden flags, never in production): flips one byte
+  // in every Nth segment a Get lands, after the transport's own checks, as corruption
+  // on the wire would (0: off). What reads the bytes must catch it by its checksums.
+  uint32_t fault_flip_landed_every = 0;
 };
 
 // The 24-byte header of every message, little-endian on the wire.
@@ -121,6 +125,7 @@ struct TransportStats {
   uint64_t gets = 0, get_segments = 0, get_bytes = 0, get_failures = 0;
   uint64_t reads_served = 0, read_bytes_served = 0, reads_refused = 0;  // Gets of peers, as the owner
   uint64_t calls_timed_out = 0, connections_failed = 0;
+  uint64_t faults_injected = 0;  // TransportOptions::fault_flip_landed_every
 };
 
 class Transport {

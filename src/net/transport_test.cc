@@ -227,6 +227,33 @@ TEST(Transport, ScatteredGetsLandInPlace) {
   EXPECT_TRUE(c.t->Sync([&] { return c.t->IsConnected(conn); }));
 }
 
+
+// Fault injection for chaos runs: fault_flip_landed_every = 3 flips exactly one byte, in
+// the middle, of every third segment a Get lands, and counts each; the rest land whole.
+TEST(Transport, TheFaultHookFlipsOneByteInEveryNthLandedSegment) {
+  EchoServer s;
+  TransportOptions o = Loopback();
+  o.fault_flip_landed_every = 3;
+  Client c(o);
+  const ConnId conn = c.Connect(s.port);
+  const RemoteRegion region = c.Region(conn);
+  std::vector<uint8_t> dst(9 * 4096, 0);
+  std::vector<Segment> segs;
+  for (size_t i = 0; i < 9; ++i) segs.push_back({region.base + i * 8192, dst.data() + i * 4096, 4096});
+  ASSERT_TRUE(c.Get(conn, region, segs).ok());
+  std::vector<size_t> flipped;
+  for (size_t i = 0; i < 9; ++i) {
+    size_t diffs = 0;
+    for (size_t j = 0; j < 4096; ++j) diffs += dst[i * 4096 + j] != s.region[i * 8192 + j];
+    if (diffs > 0) {
+      EXPECT_EQ(diffs, 1u) << "segment " << i;
+      EXPECT_NE(dst[i * 4096 + 2048], s.region[i * 8192 + 2048]) << "segment " << i;
+      flipped.push_back(i);
+    }
+  }
+  EXPECT_EQ(flipped.size(), 3u);
+  EXPECT_EQ(c.t->stats().faults_injected, 3u);
+}
 // The owner serves only what it registered, to a reader that names the region's key: a
 // reader that lies about the region (a wrong key, a longer length, a base that is not
 // one) is refused by the owner, and the connection stays up.

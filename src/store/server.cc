@@ -1156,6 +1156,9 @@ std::string StoreServer::MetricsText() const {
   m("ssd_rejected_total", "counter", "Tensor files found bad at start (deleted).", s.ssd_rejected);
   m("get_bytes_total", "counter", "Bytes this node read from peers by bulk reads (puts, replicas).", n.get_bytes);
   m("messages_refused_total", "counter", "Messages refused by the transport.", n.messages_refused);
+  if (n.faults_injected > 0 || impl_->opt.transport.fault_flip_landed_every > 0) {
+    m("faults_injected_total", "counter", "Bytes flipped in landed segments by --fault-flip-landed (chaos runs).", n.faults_injected);
+  }
   return out;
 }
 
