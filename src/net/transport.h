@@ -78,9 +78,11 @@ struct TransportOptions {
   // UCX's tcp segment sizes (pitfall 6: the defaults cap bulk throughput).
   std::string tcp_tx_seg_size = "256k";
   std::string tcp_rx_seg_size = "1m";
-  // Fault injection for chaos runs (hidden flags, never in production): flips one byte
-  // in every Nth segment a Get lands, after the transport's own checks, as corruption
-  // on the wire would (0: off). What reads the bytes must catch it by its checksums.
+  // Fault injection for chaos runs (hidden flags, never in production): flips bit 6 of
+  // the byte just past the middle of every Nth segment a Get lands, after the
+  // transport's own checks, as corruption on the wire would (0: off). In K/V blocks that
+  // byte is the high byte of an f16, so the flip is an exponent bit: a check that missed
+  // it would change the answer. What reads the bytes must catch it by its checksums.
   uint32_t fault_flip_landed_every = 0;
 };
 
