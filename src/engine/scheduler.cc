@@ -389,6 +389,18 @@ void Scheduler::ApplyFetch(StoreFetchDone d) {
       m_.store_tier_tokens[3] += c.store_remote;
     }
     InsertFullBlocks(s);
+  } else if (s.n_computed > s.fetch_first * B) {
+    // The read wrote into the fetch's first block, over the slots copied from a partial
+    // match, and failed: those slots hold whatever landed (a corrupt or half-landed
+    // block), so they are computed again rather than trusted.
+    const int32_t copied = s.n_computed - s.fetch_first * B;
+    s.n_computed = s.n_launched = s.fetch_first * B;
+    s.result.n_cached = s.n_computed;
+    c.local -= copied;
+    if (first_admission) {
+      m_.cached_tokens -= copied;
+      m_.partial_tokens -= copied;
+    }
   }
   if (d.miss != StoreMiss::kNone) {
     const int missed = (s.fetch_want - d.blocks) * B;

@@ -587,6 +587,53 @@ TEST(StoreEngine, AChecksumFailureInAFetchIsAMissAndTheOutputUnchanged) {
   EXPECT_EQ(b->cache().CheckInvariants(), "");
 }
 
+
+// A fetch into a block that began with slots copied from a partial local match: the read
+// overwrites those slots too, so when it fails (a checksum here, a dead store or a
+// deadline alike) they hold whatever landed, and the engine must compute them again
+// rather than trust the copy. B holds 2 whole blocks and 8 slots of the third from an
+// earlier prompt; the store's copy of that third block is corrupt.
+TEST(StoreEngine, AFailedFetchOverAPartialMatchComputesTheCopiedSlotsAgain) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.kv_blocks = 64;
+  o.n_ctx = 512;
+  const auto p = Prompt(100, 31);
+  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
+  ASSERT_TRUE(ba && bb);
+  SchedulerOptions oa = o, ob = o;
+  oa.store = ba.get();
+  ob.store = bb.get();
+  auto a = Make(pool, oa);
+  RunAll(*a, {Greedy(p, 2)});
+  ba->Drain();
+  ASSERT_GT(ba->stats().published_blocks, 0u);
+  // B's own earlier prompt: p's first 40 tokens, then others (not published: B's store
+  // client is the one being tested, and it publishes only blocks past what is stored).
+  auto q = std::vector<int32_t>(p.begin(), p.begin() + 40);
+  for (int i = 0; i < 30; ++i) q.push_back(static_cast<int32_t>(900 + i));
+  auto b = Make(pool, ob);
+  RunAll(*b, {Greedy(q, 1)});
+  bb->Drain();
+  const uint64_t block_bytes = KvLayoutFor(TestModel().config(), 16).BlockBytes();
+  bool flipped = false;  // block 2 of p's tensor, in its first slot (layer 0's K)
+  for (uint64_t tensor : s1->TensorIdsForTesting()) flipped |= s1->CorruptByteForTesting(tensor, 2 * block_bytes + 10);
+  ASSERT_TRUE(flipped);
+  const auto got = RunAll(*b, {Greedy(p, 4)});
+  const CacheReceipt& c = got[0].result.cache;
+  EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kChecksum)], 0) << "no checksum miss: store " << c.store;
+  EXPECT_EQ(c.store, 0);
+  EXPECT_EQ(c.local, 32) << "the 8 copied slots were overwritten by the failed read: not reused";
+  EXPECT_EQ(c.store + c.local + c.computed, static_cast<int>(p.size()));
+  ExpectSameOutput(got[0], Cold(pool, o, Greedy(p, 4)), "after a failed fetch over a partial match");
+  // And what B now caches is right: the prompt again reads it locally.
+  const auto again = RunAll(*b, {Greedy(p, 4)});
+  EXPECT_GT(again[0].result.cache.local, 32);
+  ExpectSameOutput(again[0], Cold(pool, o, Greedy(p, 4)), "the prompt again, from the local cache");
+  EXPECT_EQ(b->cache().CheckInvariants(), "");
+}
 // A store process SIGKILLed in the middle of an engine's fetch, after part of it landed
 // in the pool: the rest of the read fails, the fetch is a miss (store down or deadline,
 // within the fetch's deadline), and the engine computes the prompt with a cold engine's
