@@ -467,7 +467,17 @@ def render_speed_threads(meta, rows):
                                      "vs 1 thread", "runs"], body)
 
 
+def render_chaos(meta, rows):
+    """tests/chaos/chaos.py --csv: faults injected by kind, then the requests' outcomes and leaks."""
+    must_be_zero = ("failed uncleanly", "hangs", "wrong answers", "KV blocks, leases, claims")
+    body = [[r["what"], r["kind"], r["count"] + (" (must be 0)" if r["kind"] in must_be_zero else "")]
+            for r in rows if not r["what"].startswith("store misses")]
+    misses = ", ".join(f"{r['kind']} {r['count']}" for r in rows if r["what"].startswith("store misses"))
+    return provenance(meta) + table(["what", "kind", "count"], body) + f"\nStore misses, in prompt tokens: {misses}.\n"
+
+
 RENDERERS = {
+    "chaos": render_chaos,
     "speed_llamacpp_avx2": lambda meta, rows: render_speed_llamacpp(meta, rows, SPEED_TARGETS_AVX2),
     "speed_threads": render_speed_threads,
     "grid_eval": render_grid_eval,
