@@ -553,30 +553,45 @@ TEST(StoreEngine, TheNextTurnOnAnotherNodeReadsTheGeneratedTokensToo) {
   ExpectSameOutput(got[0], Cold(pool, o, Greedy(next, 6)), "the next turn");
 }
 
-// A byte flipped in a stored block: the engine's read of it fails its checksum, the
-// fetch is a checksum miss (counted), and the request is computed with a cold engine's
-// output. Nothing read before the bad block is trusted past it.
-TEST(StoreEngine, AChecksumFailureInAFetchIsAMissAndTheOutputUnchanged) {
-  auto s1 = StoreServer();
-  ThreadPool pool(2);
+// Engine options of the checksum tests: 16-token blocks.
+SchedulerOptions SixteenTokenBlocks() {
   SchedulerOptions o;
   o.block_size = 16;
   o.kv_blocks = 64;
   o.n_ctx = 512;
-  const auto p = Prompt(100, 23);
-  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
-  ASSERT_TRUE(ba && bb);
-  SchedulerOptions oa = o, ob = o;
+  return o;
+}
+
+// An engine on its own bridge computes and publishes p; then byte `at` of the third block
+// (block 2) of every tensor on s is flipped.
+void PublishThenCorruptBlock2(store::StoreServer& s, ThreadPool& pool, const std::vector<int32_t>& p, uint64_t at) {
+  auto ba = Bridge({&s});
+  ASSERT_TRUE(ba);
+  SchedulerOptions oa = SixteenTokenBlocks();
   oa.store = ba.get();
-  ob.store = bb.get();
   auto a = Make(pool, oa);
   RunAll(*a, {Greedy(p, 2)});
   ba->Drain();
   ASSERT_GT(ba->stats().published_blocks, 0u);
   const uint64_t block_bytes = KvLayoutFor(TestModel().config(), 16).BlockBytes();
   bool flipped = false;
-  for (uint64_t tensor : s1->TensorIdsForTesting()) flipped |= s1->CorruptByteForTesting(tensor, 2 * block_bytes + 100);
+  for (uint64_t tensor : s.TensorIdsForTesting()) flipped |= s.CorruptByteForTesting(tensor, 2 * block_bytes + at);
   ASSERT_TRUE(flipped);
+}
+
+// A byte flipped in a stored block: the engine's read of it fails its checksum, the
+// fetch is a checksum miss (counted), and the request is computed with a cold engine's
+// output. Nothing read before the bad block is trusted past it.
+TEST(StoreEngine, AChecksumFailureInAFetchIsAMissAndTheOutputUnchanged) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  const SchedulerOptions o = SixteenTokenBlocks();
+  const auto p = Prompt(100, 23);
+  PublishThenCorruptBlock2(*s1, pool, p, 100);
+  auto bb = Bridge({s1.get()});
+  ASSERT_TRUE(bb);
+  SchedulerOptions ob = o;
+  ob.store = bb.get();
   auto b = Make(pool, ob);
   const auto got = RunAll(*b, {Greedy(p, 4)});
   const CacheReceipt& c = got[0].result.cache;
@@ -596,31 +611,20 @@ TEST(StoreEngine, AChecksumFailureInAFetchIsAMissAndTheOutputUnchanged) {
 TEST(StoreEngine, AFailedFetchOverAPartialMatchComputesTheCopiedSlotsAgain) {
   auto s1 = StoreServer();
   ThreadPool pool(2);
-  SchedulerOptions o;
-  o.block_size = 16;
-  o.kv_blocks = 64;
-  o.n_ctx = 512;
+  const SchedulerOptions o = SixteenTokenBlocks();
   const auto p = Prompt(100, 31);
-  auto ba = Bridge({s1.get()}), bb = Bridge({s1.get()});
-  ASSERT_TRUE(ba && bb);
-  SchedulerOptions oa = o, ob = o;
-  oa.store = ba.get();
+  PublishThenCorruptBlock2(*s1, pool, p, 10);  // in block 2's first slot (layer 0's K)
+  auto bb = Bridge({s1.get()});
+  ASSERT_TRUE(bb);
+  SchedulerOptions ob = o;
   ob.store = bb.get();
-  auto a = Make(pool, oa);
-  RunAll(*a, {Greedy(p, 2)});
-  ba->Drain();
-  ASSERT_GT(ba->stats().published_blocks, 0u);
-  // B's own earlier prompt: p's first 40 tokens, then others (not published: B's store
-  // client is the one being tested, and it publishes only blocks past what is stored).
+  // B's own earlier prompt: p's first 40 tokens, then others (its first two blocks come
+  // from the store, intact; the third is B's own, and shares 8 tokens with p's).
   auto q = std::vector<int32_t>(p.begin(), p.begin() + 40);
   for (int i = 0; i < 30; ++i) q.push_back(static_cast<int32_t>(900 + i));
   auto b = Make(pool, ob);
   RunAll(*b, {Greedy(q, 1)});
   bb->Drain();
-  const uint64_t block_bytes = KvLayoutFor(TestModel().config(), 16).BlockBytes();
-  bool flipped = false;  // block 2 of p's tensor, in its first slot (layer 0's K)
-  for (uint64_t tensor : s1->TensorIdsForTesting()) flipped |= s1->CorruptByteForTesting(tensor, 2 * block_bytes + 10);
-  ASSERT_TRUE(flipped);
   const auto got = RunAll(*b, {Greedy(p, 4)});
   const CacheReceipt& c = got[0].result.cache;
   EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kChecksum)], 0) << "no checksum miss: store " << c.store;
