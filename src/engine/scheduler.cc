@@ -31,6 +31,7 @@ struct Scheduler::Session {
   bool done = false;
   bool fetching = false;        // a store fetch writes into table[fetch_first ..]
   bool cancel_pending = false;  // cancelled while busy (a fetch, batches in flight): finished when they complete
+  Status fail_pending;          // failed while its fetch was in flight: finished with this when it lands
   int32_t fetch_first = 0;
   uint64_t fetch_epoch = 0;     // the executor's epoch when the fetch started
   int32_t fetch_want = 0;
@@ -409,7 +410,11 @@ void Scheduler::ApplyFetch(StoreFetchDone d) {
   }
   ++m_.store_fetches;
   m_.store_fetch_seconds += d.seconds;
-  if (s.cancel_pending) Finish(s, FinishReason::kCancelled);
+  if (!s.fail_pending.ok()) {
+    Finish(s, FinishReason::kError, s.fail_pending);
+  } else if (s.cancel_pending) {
+    Finish(s, FinishReason::kCancelled);
+  }
 }
 
 // Publishes the session's full blocks when it computed some of them itself: the store
@@ -777,7 +782,14 @@ void Scheduler::FailInFlight(const Status& error, std::span<Session* const> also
     PopFlight();
   }
   for (Session* s : failed) {
-    if (!s->done) Finish(*s, FinishReason::kError, error);
+    if (s->done) continue;
+    // A store fetch still writes into its blocks (here, and on grid nodes): they stay its
+    // own until the fetch lands, and it fails then (ApplyFetch).
+    if (s->fetching) {
+      if (s->fail_pending.ok()) s->fail_pending = error;
+      continue;
+    }
+    Finish(*s, FinishReason::kError, error);
   }
   std::erase_if(running_, [](const auto& s) { return s->done; });
 }

@@ -638,6 +638,102 @@ TEST(StoreEngine, AFailedFetchOverAPartialMatchComputesTheCopiedSlotsAgain) {
   ExpectSameOutput(again[0], Cold(pool, o, Greedy(p, 4)), "the prompt again, from the local cache");
   EXPECT_EQ(b->cache().CheckInvariants(), "");
 }
+
+// The whole model here, with an epoch the test moves: "a grid node lost its K/V".
+class EpochExecutor final : public StepExecutor {
+ public:
+  EpochExecutor(const Model& m, const PagedKv& kv, int max_tokens, int max_logits, ThreadPool& tp, const std::atomic<uint64_t>& epoch)
+      : local_(m, kv, max_tokens, max_logits, tp), epoch_(epoch) {}
+  int depth() const override { return 1; }
+  Status Launch(std::span<const SeqBatch> seqs) override { return local_.Launch(seqs); }
+  Status Collect() override { return local_.Collect(); }
+  const float* logits_row(int i) const override { return local_.logits_row(i); }
+  void CopySlots(BlockPool& pool, int32_t src, int32_t dst, int32_t n) override { local_.CopySlots(pool, src, dst, n); }
+  uint64_t epoch() const override { return epoch_.load(); }
+
+ private:
+  LocalExecutor local_;
+  const std::atomic<uint64_t>& epoch_;
+};
+
+// Holds every fetch until Open() (and passes them on after): a fetch is in flight for as
+// long as the test wants.
+class GatedStore : public SlowComputeStore {
+ public:
+  explicit GatedStore(PrefixStore& inner) : SlowComputeStore(inner, 0), inner_(inner) {}
+  void StartFetch(StoreFetch f) override {
+    if (open_) return inner_.StartFetch(std::move(f));
+    held_.push_back(std::move(f));
+  }
+  void Open() {
+    open_ = true;
+    for (auto& f : held_) inner_.StartFetch(std::move(f));
+    held_.clear();
+  }
+  size_t held() const { return held_.size(); }
+  size_t in_flight() const override { return inner_.in_flight() + held_.size(); }
+
+ private:
+  PrefixStore& inner_;
+  std::vector<StoreFetch> held_;
+  bool open_ = false;
+};
+
+// The grid loses a node's K/V (the epoch moves) while a session's store fetch is in
+// flight: the session fails with the others, but its blocks stay its own until the
+// fetch has landed; released at once, they went to the next sessions and the fetch then
+// wrote the stored prefix into them (the chaos run's wrong grid answers).
+TEST(StoreEngine, ASessionFailedDuringItsFetchKeepsItsBlocksUntilTheFetchLands) {
+  auto s1 = StoreServer();
+  ThreadPool pool(2);
+  const SchedulerOptions o = SixteenTokenBlocks();
+  const auto p = Prompt(100, 37);
+  {
+    auto ba = Bridge({s1.get()});
+    ASSERT_TRUE(ba);
+    SchedulerOptions oa = o;
+    oa.store = ba.get();
+    auto a = Make(pool, oa);
+    RunAll(*a, {Greedy(p, 2)});
+    ba->Drain();
+    ASSERT_GT(ba->stats().published_blocks, 0u);
+  }
+  auto bb = Bridge({s1.get()});
+  ASSERT_TRUE(bb);
+  GatedStore gate(*bb);
+  std::atomic<uint64_t> epoch{0};
+  SchedulerOptions ob = o;
+  ob.store = &gate;
+  ob.executor = [&](const PagedKv& kv, int32_t, int max_tokens, int max_logits, ThreadPool& tp)
+      -> Result<std::unique_ptr<StepExecutor>> {
+    return std::unique_ptr<StepExecutor>(std::make_unique<EpochExecutor>(TestModel(), kv, max_tokens, max_logits, tp, epoch));
+  };
+  auto b = Make(pool, ob);
+  bool finished = false;
+  RequestResult result;
+  ASSERT_TRUE(b->Submit(Greedy(p, 4), [](RequestId, int32_t, std::span<const float>) {},
+                        [&](RequestId, const RequestResult& r) { finished = true, result = r; }).ok());
+  for (int i = 0; i < 100 && gate.held() == 0; ++i) b->Step();
+  ASSERT_EQ(gate.held(), 1u) << "no fetch started";
+  const int32_t used = b->pool().n_used();
+  ASSERT_GT(used, 0);
+  epoch = 1;
+  for (int i = 0; i < 20; ++i) b->Step();
+  EXPECT_EQ(b->pool().n_used(), used) << "the fetching session's blocks were released with its fetch in flight";
+  EXPECT_FALSE(finished) << "finished before its fetch landed";
+  gate.Open();
+  for (int i = 0; i < 2000 && (!finished || b->store_pending()); ++i) {
+    b->Step();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(result.reason, FinishReason::kError);
+  EXPECT_FALSE(b->store_pending());
+  EXPECT_EQ(b->pool().n_used(), b->cache().stats().n_cached_blocks) << "blocks leaked";
+  // The engine serves on: the prompt again is right.
+  const auto again = RunAll(*b, {Greedy(p, 4)});
+  ExpectSameOutput(again[0], Cold(pool, o, Greedy(p, 4)), "after the lost epoch");
+}
 // A store process SIGKILLed in the middle of an engine's fetch, after part of it landed
 // in the pool: the rest of the read fails, the fetch is a miss (store down or deadline,
 // within the fetch's deadline), and the engine computes the prompt with a cold engine's

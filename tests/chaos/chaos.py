@@ -381,7 +381,8 @@ try:
     def record(kind, front, path, body, outcome, text, usage, detail, secs):
         with res_lock:
             results.append(dict(kind=kind, front=front_name[front], path=path, body=body, outcome=outcome,
-                                text=text, usage=usage, detail=detail, seconds=secs))
+                                text=text, usage=usage, detail=detail, seconds=secs,
+                                at=round(time.time() - secs - t_start, 2)))
 
     def client(i):
         crng = random.Random(args.seed * 1000 + i)
@@ -620,7 +621,7 @@ try:
         if i < len(toks) and len(top) >= 2 and toks[i] == top[1][0] and top[0][1] - top[1][1] < TIE:
             ties.append((top[0][1] - top[1][1], f"{r['front']} {r['kind']} token {i}: {toks[i]!r} for {top[0][0]!r}"))
         else:
-            wrong.append(f"{r['front']} {r['kind']}: {text!r} != reference {ref_text!r} (token {i}); "
+            wrong.append(f"at {r['at']} s {r['front']} {r['kind']}: {text!r} != reference {ref_text!r} (token {i}); "
                          f"cache {json.dumps((r['usage'] or {}).get('cache'))}, stream {r['body'].get('stream', False)}")
 
     # --- the table ---------------------------------------------------------------------
@@ -657,6 +658,10 @@ try:
         print(f"  {r['outcome']}: {r['front']} {r['kind']} after {r['seconds']:.1f} s: {r['detail']}")
     for w_ in wrong[:10]:
         print("  wrong: " + w_)
+    if wrong:
+        with open(f"{tmp}/wrong.txt", "w") as fw:
+            fw.write("\n".join(sorted(wrong, key=lambda w_: float(w_.split()[1]))) + "\n")
+        print(f"  every wrong answer, by time: {tmp}/wrong.txt")
     for gap, t_ in sorted(ties)[-5:]:
         print(f"  near-tie, gap {gap:.2e}: {t_}")
     for l_ in leaks:
