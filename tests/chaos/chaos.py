@@ -50,6 +50,8 @@ ap.add_argument("--csv", help="write the table here")
 ap.add_argument("--no-netns", action="store_true", help="everything on loopback; no link faults")
 ap.add_argument("--faults", default="all", choices=["all", "none"], help="none: the workload alone (calibration)")
 ap.add_argument("--clients", type=int, default=4)
+ap.add_argument("--only", help="comma-separated fault functions to inject (e.g. f_stop_node), for narrowing a failure down")
+ap.add_argument("--skip", default="", help="comma-separated fault functions not to inject")
 ap.add_argument("--no-wire-flips", action="store_true", help="no byte flips on the transfer path")
 ap.add_argument("--type", default="f32", help="the model's weight type (gen-model --type)")
 args = ap.parse_args()
@@ -493,30 +495,47 @@ try:
     def f_fill_ssd():
         fault("SSD file system full", "for 5 s")
         filler = os.path.join(ssd_mount, "filler")
-        with open(filler, "wb") as fh:
+        try:
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                while True:
-                    fh.write(b"\0" * 65536)
-                    fh.flush()
+                while os.write(fd, b"\0" * 65536) > 0:
+                    pass
             except OSError:
+                pass  # ENOSPC: full
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # full already
+        try:
+            time.sleep(5)
+        finally:
+            try:
+                os.unlink(filler)
+            except FileNotFoundError:
                 pass
-        time.sleep(5)
-        os.unlink(filler)
 
     schedule = [f_kill_store, f_kill_node, f_kill_etcd, f_stop_store, f_stop_node, f_flip_ssd]
     if netns:
         schedule += [f_link_down, f_link_slow]
     if ssd_fs:
         schedule.append(f_fill_ssd)
+    if args.only:
+        schedule = [f for f in schedule if f.__name__ in args.only.split(",")]
+    schedule = [f for f in schedule if f.__name__ not in args.skip.split(",")]
 
     def injector():
         order = []
-        while time.time() < stop_at - 8:
-            if not order:
-                order = list(schedule)
-                rng.shuffle(order)
-            time.sleep(rng.uniform(1, 3))
-            order.pop()()
+        try:
+            while time.time() < stop_at - 8:
+                if not order:
+                    order = list(schedule)
+                    rng.shuffle(order)
+                time.sleep(rng.uniform(1, 3))
+                order.pop()()
+        except BaseException as e:  # noqa: BLE001 - a schedule that stops is a failed run
+            if not fatal:
+                fatal.append(f"the fault injector stopped: {e!r}")
+            raise
 
     t_start = time.time()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
@@ -680,7 +699,7 @@ try:
     if store_hits == 0:
         print("  no answer used the store: the run proved nothing about it")
         failed = True
-    if args.faults == "all" and len(faults) < len(schedule) - 1:
+    if args.faults == "all" and not args.only and len(faults) < len(schedule) - 1:
         print(f"  only {len(faults)} fault kinds of {len(schedule)} injected: make the run longer")
         failed = True
     if failed:
