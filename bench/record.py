@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--tree", default=ROOT, help="git work tree the benchmarked binary was built from")
     ap.add_argument("--trellis", help="the benchmarked trellis binary (default: TREE/build/trellis)")
     ap.add_argument("--note", action="append", default=[], help="extra KEY=VALUE header line")
+    ap.add_argument("--keep-failed", action="store_true",
+                    help="record the results of a command that exits non-zero too (a check that failed is a result: "
+                         "the chaos run), with its exit status in the header")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark command")
     a = ap.parse_args()
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -93,7 +96,9 @@ def main():
     meta = metadata(a.tree, trellis, a.threads, cmd, a.note)  # before the run: the commit it ran at
     if a.csv and os.path.exists(a.csv):
         os.remove(a.csv)  # benchmarks that append must not mix in an older run
-    run = subprocess.run(cmd, check=True, stdout=subprocess.PIPE if a.json_stdout else None, text=True)
+    run = subprocess.run(cmd, check=not a.keep_failed, stdout=subprocess.PIPE if a.json_stdout else None, text=True)
+    if run.returncode != 0:
+        meta["exit_status"] = str(run.returncode)
     day = meta["date"][:10]
     dest = a.dest or os.path.join(ROOT, "bench", "results", f"{a.name}-{day}.csv")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
