@@ -562,9 +562,8 @@ SchedulerOptions SixteenTokenBlocks() {
   return o;
 }
 
-// An engine on its own bridge computes and publishes p; then byte `at` of the third block
-// (block 2) of every tensor on s is flipped.
-void PublishThenCorruptBlock2(store::StoreServer& s, ThreadPool& pool, const std::vector<int32_t>& p, uint64_t at) {
+// An engine on its own bridge computes and publishes p (16-token blocks).
+void PublishOn(store::StoreServer& s, ThreadPool& pool, const std::vector<int32_t>& p) {
   auto ba = Bridge({&s});
   ASSERT_TRUE(ba);
   SchedulerOptions oa = SixteenTokenBlocks();
@@ -573,6 +572,11 @@ void PublishThenCorruptBlock2(store::StoreServer& s, ThreadPool& pool, const std
   RunAll(*a, {Greedy(p, 2)});
   ba->Drain();
   ASSERT_GT(ba->stats().published_blocks, 0u);
+}
+
+// PublishOn, then byte `at` of the third block (block 2) of every tensor on s is flipped.
+void PublishThenCorruptBlock2(store::StoreServer& s, ThreadPool& pool, const std::vector<int32_t>& p, uint64_t at) {
+  PublishOn(s, pool, p);
   const uint64_t block_bytes = KvLayoutFor(TestModel().config(), 16).BlockBytes();
   bool flipped = false;
   for (uint64_t tensor : s.TensorIdsForTesting()) flipped |= s.CorruptByteForTesting(tensor, 2 * block_bytes + at);
@@ -688,16 +692,7 @@ TEST(StoreEngine, ASessionFailedDuringItsFetchKeepsItsBlocksUntilTheFetchLands) 
   ThreadPool pool(2);
   const SchedulerOptions o = SixteenTokenBlocks();
   const auto p = Prompt(100, 37);
-  {
-    auto ba = Bridge({s1.get()});
-    ASSERT_TRUE(ba);
-    SchedulerOptions oa = o;
-    oa.store = ba.get();
-    auto a = Make(pool, oa);
-    RunAll(*a, {Greedy(p, 2)});
-    ba->Drain();
-    ASSERT_GT(ba->stats().published_blocks, 0u);
-  }
+  PublishOn(*s1, pool, p);
   auto bb = Bridge({s1.get()});
   ASSERT_TRUE(bb);
   GatedStore gate(*bb);
