@@ -396,8 +396,16 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
 int GridHead::depth() const { return impl_->opt.depth; }
 
 uint64_t GridHead::epoch() const {
-  impl_->seen_epoch = impl_->epoch.load();
-  return impl_->seen_epoch;
+  const uint64_t e = impl_->epoch.load();
+  if (e != impl_->seen_epoch) {
+    // Slot copies queued on the old epoch (admissions while a node was down, whose
+    // Launch failed) name blocks the scheduler is about to give to other sessions: sent
+    // with the first step of the new epoch they overwrote those sessions' K/V on the
+    // nodes. The scheduler fails every session of the old epoch when it sees this one.
+    impl_->copies.clear();
+  }
+  impl_->seen_epoch = e;
+  return e;
 }
 
 Status GridHead::Launch(std::span<const SeqBatch> seqs) {
