@@ -74,7 +74,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kNodePort = 7300, kServePort = 8300, kStorePort = 7500, kBlock = 32;
+constexpr int kNodePort = 7300, kGridServePort = 8300, kGridStorePort = 7500, kBlock = 32;
 
 // ---- the model's geometry -------------------------------------------------------------------
 
@@ -304,7 +304,7 @@ Prediction Predict(const GridEvalOptions& o, const Geometry& g, const Parts& par
 
 // ---- processes ----------------------------------------------------------------------------------
 
-struct Config {
+struct GridConfig {
   std::string name;
   int nodes = 1;    // processes
   int threads = 1;  // each
@@ -324,13 +324,13 @@ class Procs {
  public:
   // store: a `trellis store` server on node 0 as well, and every process started with
   // --store (a grid's nodes read their layers from it).
-  static Result<std::unique_ptr<Procs>> Start(const Cluster& cl, const Config& c, const GridEvalOptions& o,
+  static Result<std::unique_ptr<Procs>> Start(const Cluster& cl, const GridConfig& c, const GridEvalOptions& o,
                                                int kv_blocks, const std::string& tag, bool store = false) {
     auto p = std::unique_ptr<Procs>(new Procs());
     const std::string logs = o.out + "/logs/";
     std::vector<std::string> store_flags;
     if (store) {
-      const std::string addr = fmt::format("{}:{}", cl.host(0), kStorePort + cl.port_offset(0));
+      const std::string addr = fmt::format("{}:{}", cl.host(0), kGridStorePort + cl.port_offset(0));
       auto cmd = cl.On(0, {o.trellis, "store", "--listen", addr, "--mem", "2G", "--net-devices", cl.device()});
       p->store_ = std::make_unique<ChildProcess>();
       auto a = p->store_->Start(cmd.exe, cmd.argv, logs + tag + "-store.log", "store", 60);
@@ -355,7 +355,7 @@ class Procs {
       first = last + 1;
     }
     std::vector<std::string> a = {o.trellis, "serve", "-m", o.model, "--host", cl.host(0), "--port",
-                                  std::to_string(kServePort + cl.port_offset(0)), "-t", std::to_string(c.threads),
+                                  std::to_string(kGridServePort + cl.port_offset(0)), "-t", std::to_string(c.threads),
                                   "--kv-blocks", std::to_string(kv_blocks), "--max-running", "16", "-c",
                                   std::to_string(std::min(o.prompt + o.decode_tokens + 4 * kBlock, 4096))};
     if (c.nodes > 1) {
@@ -486,7 +486,7 @@ struct StoreSample {
   std::string error;
 };
 
-struct Sample {
+struct GridSample {
   std::string link, config;
   int nodes = 0, rep = 0;
   double decode1 = 0, decode_s = 0, ttft_cold_ms = 0, ttft_phi_ms = 0, hit = 0;
@@ -496,9 +496,9 @@ struct Sample {
   std::string error;
 };
 
-class Eval {
+class GridEval {
  public:
-  Eval(const GridEvalOptions& o, const Geometry& g) : o_(o), g_(g), rng_(12345) {}
+  GridEval(const GridEvalOptions& o, const Geometry& g) : o_(o), g_(g), rng_(12345) {}
 
   std::vector<int32_t> Tokens(int n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -511,15 +511,15 @@ class Eval {
     return per * (o_.sessions + 4);
   }
 
-  double Expected(const Config& c, size_t i) const {
+  double Expected(const GridConfig& c, size_t i) const {
     const double kv = static_cast<double>(KvBlocks()) * g_.kv_layer_block_bytes * c.layers[i];
     double w = c.layers[i] * g_.layer_bytes;
     if (i == 0) w += g_.output_bytes + g_.embd_bytes;
     return (w + kv) / (1 << 20);
   }
 
-  Result<Sample> Run(const Cluster& cl, const std::string& link, const Config& c, int rep) {
-    Sample s;
+  Result<GridSample> Run(const Cluster& cl, const std::string& link, const GridConfig& c, int rep) {
+    GridSample s;
     s.link = link, s.config = c.name, s.nodes = c.nodes, s.rep = rep;
     const std::string tag = fmt::format("{}-{}-r{}", link, c.name, rep);
     TRELLIS_ASSIGN_OR_RETURN(auto procs, Procs::Start(cl, c, o_, KvBlocks(), tag));
@@ -615,7 +615,7 @@ class Eval {
     return s;
   }
 
-  Result<StoreSample> RunStore(const Cluster& cl, const std::string& link, const Config& c, int rep) {
+  Result<StoreSample> RunStore(const Cluster& cl, const std::string& link, const GridConfig& c, int rep) {
     StoreSample s;
     s.link = link, s.config = c.name, s.nodes = c.nodes, s.rep = rep;
     const std::string tag = fmt::format("{}-{}-r{}-store", link, c.name, rep);
@@ -699,9 +699,9 @@ int RunGridEval(const GridEvalOptions& o) {
   auto parts = MeasureParts(o, g, rows);
   if (!parts.ok()) return fail(parts.status().ToString());
 
-  std::vector<Config> configs;
-  configs.push_back(Config{fmt::format("baseline-{}t", o.baseline_threads), 1, o.baseline_threads, {g.n_layer}});
-  for (int n : o.nodes) configs.push_back(Config{fmt::format("{}-node{}", n, n == 1 ? "" : "s"), n, o.node_threads, Split(g, n)});
+  std::vector<GridConfig> configs;
+  configs.push_back(GridConfig{fmt::format("baseline-{}t", o.baseline_threads), 1, o.baseline_threads, {g.n_layer}});
+  for (int n : o.nodes) configs.push_back(GridConfig{fmt::format("{}-node{}", n, n == 1 ? "" : "s"), n, o.node_threads, Split(g, n)});
   const int max_nodes = *std::max_element(o.nodes.begin(), o.nodes.end());
 
   struct Link {
@@ -720,8 +720,8 @@ int RunGridEval(const GridEvalOptions& o) {
   }
   if (links.empty()) return fail("no link to run on (--no-loopback without namespaces)");
 
-  Eval ev(o, g);
-  std::vector<Sample> samples;
+  GridEval ev(o, g);
+  std::vector<GridSample> samples;
   std::ofstream csv(o.out + "/grid_eval.csv");
   std::string header = RunHeader() +
                        fmt::format("# model: {} ({} layers, {} wide; {:.1f} MiB per layer, output {:.1f} MiB, embeddings {:.1f} MiB)\n",
@@ -735,7 +735,7 @@ int RunGridEval(const GridEvalOptions& o) {
          "head_logits_s,rss_mib,expected_mib,node_compute_s\n";
   for (int rep = 0; rep < o.reps; ++rep) {
     for (const Link& l : links) {
-      for (const Config& c : configs) {
+      for (const GridConfig& c : configs) {
         std::fprintf(stderr, "bench grid: rep %d/%d, %s, %s (layers %s)\n", rep + 1, o.reps, l.name.c_str(), c.name.c_str(),
                      Join(std::vector<double>(c.layers.begin(), c.layers.end()), "{:.0f}").c_str());
         auto s = ev.Run(*l.cluster, l.name, c, rep);
@@ -757,7 +757,7 @@ int RunGridEval(const GridEvalOptions& o) {
     sc << header << "link,config,nodes,rep,ttft_cold_ms,ttft_store_ms,hit\n";
     for (int rep = 0; rep < o.reps; ++rep) {
       for (const Link& l : links) {
-        for (const Config& c : configs) {
+        for (const GridConfig& c : configs) {
           if (c.nodes == 1 && c.name.rfind("baseline", 0) != 0) continue;
           std::fprintf(stderr, "bench grid: store, rep %d/%d, %s, %s\n", rep + 1, o.reps, l.name.c_str(), c.name.c_str());
           auto s = ev.RunStore(*l.cluster, l.name, c, rep);
@@ -782,12 +782,12 @@ int RunGridEval(const GridEvalOptions& o) {
   };
   std::vector<Row> rows_out;
   for (const Link& l : links) {
-    for (const Config& c : configs) {
+    for (const GridConfig& c : configs) {
       Row r;
       r.link = l.name, r.config = c.name, r.nodes = c.nodes, r.layers = c.layers;
       std::vector<double> a, b, t, tp, h, bp, rt, bw;
       std::vector<std::vector<double>> rss(c.layers.size());
-      for (const Sample& s : samples) {
+      for (const GridSample& s : samples) {
         if (s.link != l.name || s.config != c.name) continue;
         a.push_back(s.decode1), b.push_back(s.decode_s), t.push_back(s.ttft_cold_ms), tp.push_back(s.ttft_phi_ms);
         h.push_back(s.hit), bp.push_back(s.bytes_per_token), rt.push_back(s.rtt_us), bw.push_back(s.bandwidth);
@@ -904,7 +904,7 @@ int RunGridEval(const GridEvalOptions& o) {
     std::ofstream f(o.out + "/grid_store_summary.csv");
     f << header << "link,config,nodes,ttft_cold_ms,ttft_store_ms,ratio,hit\n";
     for (const Link& l : links) {
-      for (const Config& c : configs) {
+      for (const GridConfig& c : configs) {
         std::vector<double> cold, st, ratio, hit;
         for (const StoreSample& x : store_samples) {
           if (x.link != l.name || x.config != c.name) continue;

@@ -54,6 +54,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/http.h"
+#include "bench/report.h"
 #include "cli/commands.h"
 #include "kernels/cpu_features.h"
 
@@ -330,7 +331,7 @@ std::vector<std::string> LlamaArgs(const ChatBenchOptions& o) {
 
 // --- statistics and output ------------------------------------------------------------
 
-double Median(std::vector<double> v) {
+double MedianOrNan(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -356,7 +357,7 @@ std::vector<TurnStats> PerTurn(const ChatBenchOptions& o, const ServerRun& run) 
       f.push_back(r.ttft * 1e3);
     }
     TurnStats& s = out[static_cast<size_t>(t - 1)];
-    s = {Median(p), Median(c), Median(g), Median(f), static_cast<int>(p.size())};
+    s = {MedianOrNan(p), MedianOrNan(c), MedianOrNan(g), MedianOrNan(f), static_cast<int>(p.size())};
   }
   return out;
 }
@@ -388,13 +389,9 @@ std::string Num(double x, const char* fmt = "%.0f") {
 
 json NumJson(double x) { return std::isnan(x) ? json(nullptr) : json(x); }
 
-std::string Capture(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char b[512];
-    while (std::fgets(b, sizeof b, p)) out += b;
-    pclose(p);
-  }
+// The command's output without its trailing line breaks.
+std::string CaptureLine(const std::string& cmd) {
+  std::string out = bench::Capture(cmd);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
 }
@@ -407,7 +404,7 @@ std::vector<std::pair<std::string, std::string>> Provenance(const ChatBenchOptio
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   m.emplace_back("date", date);
   const std::string src = TRELLIS_SOURCE_DIR;
-  std::string commit = Capture("git -C '" + src + "' rev-parse --short HEAD 2>/dev/null");
+  std::string commit = CaptureLine("git -C '" + src + "' rev-parse --short HEAD 2>/dev/null");
   if (!commit.empty() &&
       std::system(("git -C '" + src + "' diff --quiet HEAD -- src include CMakeLists.txt 2>/dev/null").c_str()) != 0) {
     commit += "+dirty";
@@ -430,7 +427,7 @@ std::vector<std::pair<std::string, std::string>> Provenance(const ChatBenchOptio
   m.emplace_back("threads", std::to_string(o.threads));
   m.emplace_back("model", o.model.empty() ? "(the server at " + o.url + ")" : o.model);
   if (!o.llama_server.empty()) {
-    std::string v = Capture("'" + o.llama_server + "' --version 2>&1 | grep -m1 version");
+    std::string v = CaptureLine("'" + o.llama_server + "' --version 2>&1 | grep -m1 version");
     m.emplace_back("llama_server", o.llama_server + (v.empty() ? "" : " (" + v + ")"));
   }
   m.emplace_back("system_tokens", std::to_string(system_tokens));

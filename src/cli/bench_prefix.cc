@@ -27,6 +27,7 @@
 
 #include "cli/alloc_counter.h"
 #include "cli/bench_prefix.h"
+#include "bench/report.h"
 #include "engine/random_model.h"
 #include "engine/scheduler.h"
 #include "util/clock.h"
@@ -34,12 +35,7 @@
 namespace trellis::cli {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
 
 double Mean(const std::vector<double>& v) {
   double s = 0;

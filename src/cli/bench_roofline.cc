@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "bench/report.h"
 #include "engine/random_model.h"
 #include "kernels/cpu_features.h"
 #include "util/clock.h"
@@ -61,12 +62,7 @@ namespace {
 // The read loops' sums and the peak loops' accumulators end here, so none is dead code.
 volatile uint64_t g_sink;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
 
 // ---- Which instruction paths this CPU runs ------------------------------------------
 

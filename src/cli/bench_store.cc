@@ -49,6 +49,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 using bench::Capture;
+using bench::Median;
 
 // A `trellis store` child: port and metrics port read from its start-up lines.
 struct Child {
@@ -99,10 +100,6 @@ struct Child {
   }
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());

@@ -12,6 +12,7 @@
 
 #include "cli/bench_chat.h"
 #include "cli/bench_prefix.h"
+#include "bench/report.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_roofline.h"
 #include "cli/bench_serve.h"
@@ -35,11 +36,7 @@ struct SpeedOpts {
   bool json = false;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
 
 int64_t PeakRssBytes() {
   struct rusage ru {};

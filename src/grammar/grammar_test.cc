@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "grammar/stacks.h"
+#include "util/test_files.h"
 
 namespace trellis::grammar {
 namespace {
@@ -17,13 +18,6 @@ Grammar MustParse(std::string_view text) {
   auto g = ParseGbnf(text);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << text;
   return g.ok() ? std::move(*g) : Grammar{};
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 struct MatchCase {
@@ -194,10 +188,10 @@ TEST(GbnfTest, SampleGrammarsParseAndMatchTheirSamples) {
   const std::string dir = std::string(TRELLIS_TEST_DATA) + "/grammars/";
   for (const char* name : {"json", "arithmetic", "list", "c", "chess", "japanese"}) {
     SCOPED_TRACE(name);
-    const std::string text = ReadFile(dir + name + ".gbnf");
+    const std::string text = trellis::testing::ReadFileBytes(dir + name + ".gbnf");
     ASSERT_FALSE(text.empty()) << dir << name << ".gbnf";
     const Grammar g = MustParse(text);
-    std::istringstream samples(ReadFile(dir + name + ".samples"));
+    std::istringstream samples(trellis::testing::ReadFileBytes(dir + name + ".samples"));
     std::string line;
     int n = 0;
     while (std::getline(samples, line)) {

@@ -18,7 +18,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-Grammar Compile(std::string_view schema) {
+Grammar CompileSchema(std::string_view schema) {
   auto g = CompileJsonSchema(schema);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << schema;
   return g.ok() ? std::move(*g) : Grammar{};
@@ -78,7 +78,7 @@ TEST(JsonSchemaTest, AcceptsInstancesAndRejectsOthers) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.schema);
-    const Grammar g = Compile(c.schema);
+    const Grammar g = CompileSchema(c.schema);
     if (g.rules.empty()) continue;
     for (const auto& s : c.accept) EXPECT_TRUE(Matches(g, s)) << "should accept " << s;
     for (const auto& s : c.reject) EXPECT_FALSE(Matches(g, s)) << "should reject " << s;
@@ -172,15 +172,15 @@ TEST(JsonSchemaTest, BoundsAreExact) {
   auto none = CompileJsonSchema(R"~({"type": "number", "minimum": 1.5e1, "exclusiveMaximum": 2e-3})~");
   ASSERT_FALSE(none.ok());  // 15 > 0.002: no number
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
-  const Grammar small = Compile(R"~({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-3})~");
+  const Grammar small = CompileSchema(R"~({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-3})~");
   for (const char* s : {"0.001", "0.0005", "0.00099999"}) EXPECT_TRUE(Matches(small, s)) << s;
   for (const char* s : {"0", "0.0", "0.0011", "1e-4", "-0.0001"}) EXPECT_FALSE(Matches(small, s)) << s;
   // Draft 4: exclusiveMinimum / exclusiveMaximum as booleans beside the bound.
-  const Grammar d4 = Compile(R"~({"type": "integer", "minimum": 0, "exclusiveMinimum": true, "maximum": 3, "exclusiveMaximum": false})~");
+  const Grammar d4 = CompileSchema(R"~({"type": "integer", "minimum": 0, "exclusiveMinimum": true, "maximum": 3, "exclusiveMaximum": false})~");
   for (const char* s : {"1", "2", "3"}) EXPECT_TRUE(Matches(d4, s)) << s;
   for (const char* s : {"0", "4", "-1"}) EXPECT_FALSE(Matches(d4, s)) << s;
   // A bound past the grammar's 20 integer digits holds for every number it writes.
-  const Grammar wide = Compile(R"~({"type": "integer", "minimum": -1e30, "maximum": 1e30})~");
+  const Grammar wide = CompileSchema(R"~({"type": "integer", "minimum": -1e30, "maximum": 1e30})~");
   for (const char* s : {"0", "-99999999999999999999", "99999999999999999999"}) EXPECT_TRUE(Matches(wide, s)) << s;
 }
 

@@ -16,7 +16,7 @@
 namespace trellis::grammar {
 namespace {
 
-Grammar Compile(const std::string& p, const RegexOptions& o = {}) {
+Grammar RegexGrammar(const std::string& p, const RegexOptions& o = {}) {
   auto e = RegexToGbnf(p, o);
   EXPECT_TRUE(e.ok()) << p << ": " << e.status().message();
   if (!e.ok()) return {};
@@ -83,10 +83,10 @@ TEST(RegexTest, MatchesAsStdRegexDoes) {
     const std::string p = RandomPattern(rng, 0);
     SCOPED_TRACE(p);
     const std::regex re(p, std::regex::ECMAScript);
-    const Grammar whole = Compile(p);
+    const Grammar whole = RegexGrammar(p);
     RegexOptions search;
     search.search = true;
-    const Grammar found = Compile(p, search);
+    const Grammar found = RegexGrammar(p, search);
     // The JSON forms inside quotes, with the JSON string character as the search padding.
     RegexOptions json_whole, json_search;
     json_whole.json_string = json_search.json_string = json_search.search = true;
@@ -115,7 +115,7 @@ TEST(RegexTest, MatchesAsStdRegexDoes) {
 }
 
 TEST(RegexTest, EcmaScriptSetsBeyondAscii) {
-  const Grammar s = Compile("\\s+"), dot = Compile("."), w = Compile("\\w");
+  const Grammar s = RegexGrammar("\\s+"), dot = RegexGrammar("."), w = RegexGrammar("\\w");
   for (const char* space : {"\xC2\xA0", "\xE2\x80\xA8", "\xE3\x80\x80", "\xEF\xBB\xBF", "\t\v\f"}) {
     EXPECT_TRUE(Matches(s, space)) << space;
   }
@@ -123,10 +123,10 @@ TEST(RegexTest, EcmaScriptSetsBeyondAscii) {
   EXPECT_TRUE(Matches(dot, "\xE6\x97\xA5"));
   EXPECT_FALSE(Matches(dot, "\xE2\x80\xA8"));  // a line terminator
   EXPECT_FALSE(Matches(w, "\xC3\xA9"));         // \w is ASCII
-  EXPECT_TRUE(Matches(Compile("\\u{1F600}|\\u00e9"), "\xF0\x9F\x98\x80"));
-  EXPECT_TRUE(Matches(Compile("[\\u00e0-\\u00ff]+"), "\xC3\xA9\xC3\xA0"));
-  EXPECT_TRUE(Matches(Compile("(?<year>\\d{4})-\\d\\d"), "2026-12"));
-  EXPECT_TRUE(Matches(Compile("a{,2}"), "a{,2}"));  // not a quantifier: literal braces (Annex B)
+  EXPECT_TRUE(Matches(RegexGrammar("\\u{1F600}|\\u00e9"), "\xF0\x9F\x98\x80"));
+  EXPECT_TRUE(Matches(RegexGrammar("[\\u00e0-\\u00ff]+"), "\xC3\xA9\xC3\xA0"));
+  EXPECT_TRUE(Matches(RegexGrammar("(?<year>\\d{4})-\\d\\d"), "2026-12"));
+  EXPECT_TRUE(Matches(RegexGrammar("a{,2}"), "a{,2}"));  // not a quantifier: literal braces (Annex B)
   // Control characters inside a JSON string are written escaped.
   RegexOptions j;
   j.json_string = true;
@@ -161,7 +161,7 @@ TEST(RegexTest, RefusesWhatAGrammarCannotSayNamingIt) {
   // Anchors at the edges of each top-level alternative are fine, and mean what they say.
   RegexOptions search;
   search.search = true;
-  const Grammar g = Compile("^ab|cd$", search);
+  const Grammar g = RegexGrammar("^ab|cd$", search);
   EXPECT_TRUE(Matches(g, "abX"));
   EXPECT_FALSE(Matches(g, "Xab"));
   EXPECT_TRUE(Matches(g, "Xcd"));

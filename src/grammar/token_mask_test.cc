@@ -1,20 +1,14 @@
 #include "grammar/token_mask.h"
 
-#include <fstream>
 #include <random>
 #include <sstream>
 
 #include <gtest/gtest.h>
 
+#include "util/test_files.h"
+
 namespace trellis::grammar {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A vocabulary shaped like a real one: every single byte, JSON and code fragments, words
 // with and without a leading space, multi-byte characters, pieces that split a character
@@ -120,7 +114,7 @@ TEST(TokenMaskTest, ExactOnSampleGrammars) {
   uint64_t seed = 1;
   for (const char* name : {"json", "arithmetic", "c", "chess", "japanese", "list"}) {
     SCOPED_TRACE(name);
-    RandomWalks(Parse(ReadFile(dir + name + ".gbnf")), 6, 40, seed++);
+    RandomWalks(Parse(trellis::testing::ReadFileBytes(dir + name + ".gbnf")), 6, 40, seed++);
     if (HasFatalFailure()) return;
   }
 }

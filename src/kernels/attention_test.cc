@@ -18,14 +18,6 @@ namespace {
 
 using internal::SimdLevel;
 
-std::vector<SimdLevel> SupportedLevels() {
-  std::vector<SimdLevel> levels;
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kNeon}) {
-    if (internal::CpuSupports(l)) levels.push_back(l);
-  }
-  return levels;
-}
-
 TEST(KvTest, LayoutMatchesDocumentedFormula) {
   const KvLayout tiny{22, 4, 64, 32};
   EXPECT_EQ(tiny.BlockBytes(), 720896u);
@@ -164,7 +156,7 @@ void CheckScenario(Scenario& sc, const AttnOptions& opt = {}) {
       }
     }
   }
-  for (SimdLevel level : SupportedLevels()) {
+  for (SimdLevel level : internal::SupportedSimdLevels()) {
     for (int threads : {1, 2}) {
       SCOPED_TRACE("level " + std::to_string(static_cast<int>(level)) + " threads " +
                    std::to_string(threads));

@@ -35,6 +35,14 @@ SimdLevel BestSimdLevel() {
 
 bool CpuSupports(SimdLevel level) { return IsaSupported(ToIsa(level)); }
 
+std::vector<SimdLevel> SupportedSimdLevels() {
+  std::vector<SimdLevel> levels;
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kNeon}) {
+    if (CpuSupports(l)) levels.push_back(l);
+  }
+  return levels;
+}
+
 void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, float eps,
                float* out) {
 #if TRELLIS_X86

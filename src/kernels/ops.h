@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace trellis {
 
@@ -70,6 +71,8 @@ enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3 };
 SimdLevel BestSimdLevel();
 // True if this CPU can run kernels of `level`.
 bool CpuSupports(SimdLevel level);
+// Every level this CPU can run, scalar first (what the tests loop over).
+std::vector<SimdLevel> SupportedSimdLevels();
 
 // Per-level entry points (what the public functions dispatch to).
 void RmsNormAt(SimdLevel level, const float* x, const float* weight, int64_t n, float eps,

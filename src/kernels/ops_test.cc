@@ -19,17 +19,9 @@ std::vector<float> RandomVec(int64_t n, std::mt19937& rng, float lo = -2.0f, flo
   return v;
 }
 
-std::vector<SimdLevel> SupportedLevels() {
-  std::vector<SimdLevel> levels;
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512, SimdLevel::kNeon}) {
-    if (internal::CpuSupports(l)) levels.push_back(l);
-  }
-  return levels;
-}
-
 TEST(OpsTest, RmsNormMatchesRefAllLevels) {
   std::mt19937 rng(1);
-  for (SimdLevel level : SupportedLevels()) {
+  for (SimdLevel level : internal::SupportedSimdLevels()) {
     for (int64_t n : {1, 7, 8, 15, 16, 33, 64, 2048, 2051}) {
       const auto x = RandomVec(n, rng), w = RandomVec(n, rng);
       std::vector<float> ref(n), got(n);
@@ -57,7 +49,7 @@ TEST(OpsTest, RmsNormKnownValuesAndAliasing) {
 
 TEST(OpsTest, SoftmaxSumsToOneAndHandlesLargeValues) {
   std::mt19937 rng(2);
-  for (SimdLevel level : SupportedLevels()) {
+  for (SimdLevel level : internal::SupportedSimdLevels()) {
     for (int64_t n : {1, 5, 16, 17, 100, 4096}) {
       auto x = RandomVec(n, rng, -20.0f, 20.0f);
       auto ref = x;
@@ -86,7 +78,7 @@ TEST(OpsTest, SoftmaxSumsToOneAndHandlesLargeValues) {
 // points, every level, gates far out on both sides (the exp clamps must not make NaN).
 TEST(OpsTest, GeGluMatchesRefAllLevels) {
   std::mt19937 rng(4);
-  for (SimdLevel level : SupportedLevels()) {
+  for (SimdLevel level : internal::SupportedSimdLevels()) {
     for (int64_t n : {1, 9, 16, 31, 9216}) {
       const auto g = RandomVec(n, rng, -60.0f, 60.0f), u = RandomVec(n, rng);
       std::vector<float> ref(n), got(n);
@@ -109,7 +101,7 @@ TEST(OpsTest, GeGluMatchesRefAllLevels) {
 
 TEST(OpsTest, SwiGluMatchesRefAllLevels) {
   std::mt19937 rng(3);
-  for (SimdLevel level : SupportedLevels()) {
+  for (SimdLevel level : internal::SupportedSimdLevels()) {
     for (int64_t n : {1, 9, 16, 31, 5632}) {
       const auto g = RandomVec(n, rng, -12.0f, 12.0f), u = RandomVec(n, rng);
       std::vector<float> ref(n), got(n);

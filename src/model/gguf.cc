@@ -82,16 +82,16 @@ bool ValidType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::kF
 Status ReadScalar(Cursor& c, GgufValueType t, GgufValue* v) {
   v->type = t;
   switch (t) {
-    case GgufValueType::kUint8: { uint8_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint8")); v->u64 = x; v->i64 = x; break; }
-    case GgufValueType::kInt8: { int8_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int8")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
-    case GgufValueType::kUint16: { uint16_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint16")); v->u64 = x; v->i64 = x; break; }
-    case GgufValueType::kInt16: { int16_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int16")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
-    case GgufValueType::kUint32: { uint32_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint32")); v->u64 = x; v->i64 = x; break; }
-    case GgufValueType::kInt32: { int32_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int32")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
-    case GgufValueType::kUint64: { uint64_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint64")); v->u64 = x; v->i64 = static_cast<int64_t>(x); break; }
-    case GgufValueType::kInt64: { int64_t x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int64")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
-    case GgufValueType::kFloat32: { float x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "float32")); v->f64 = x; break; }
-    case GgufValueType::kFloat64: { double x; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "float64")); v->f64 = x; break; }
+    case GgufValueType::kUint8: { uint8_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint8")); v->u64 = x; v->i64 = x; break; }
+    case GgufValueType::kInt8: { int8_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int8")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
+    case GgufValueType::kUint16: { uint16_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint16")); v->u64 = x; v->i64 = x; break; }
+    case GgufValueType::kInt16: { int16_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int16")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
+    case GgufValueType::kUint32: { uint32_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint32")); v->u64 = x; v->i64 = x; break; }
+    case GgufValueType::kInt32: { int32_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int32")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
+    case GgufValueType::kUint64: { uint64_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "uint64")); v->u64 = x; v->i64 = static_cast<int64_t>(x); break; }
+    case GgufValueType::kInt64: { int64_t x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "int64")); v->i64 = x; v->u64 = static_cast<uint64_t>(x); break; }
+    case GgufValueType::kFloat32: { float x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "float32")); v->f64 = x; break; }
+    case GgufValueType::kFloat64: { double x{}; TRELLIS_RETURN_IF_ERROR(c.Read(&x, "float64")); v->f64 = x; break; }
     case GgufValueType::kBool: {
       uint8_t x;
       TRELLIS_RETURN_IF_ERROR(c.Read(&x, "bool"));

@@ -19,14 +19,14 @@ namespace {
 
 constexpr std::string_view kSpaceEscape = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
 
-struct Symbol {
+struct SpmSymbol {
   int32_t prev;
   int32_t next;  // -1 at the ends
   uint32_t offset;
   uint32_t len;  // bytes; 0 once merged into its left neighbour
 };
 
-struct Candidate {
+struct SpmCandidate {
   float score;
   int32_t left;
   int32_t right;
@@ -34,8 +34,8 @@ struct Candidate {
 };
 
 // std::priority_queue pops the "largest": highest score first, then the smallest left index.
-struct CandidateLess {
-  bool operator()(const Candidate& a, const Candidate& b) const {
+struct SpmCandidateLess {
+  bool operator()(const SpmCandidate& a, const SpmCandidate& b) const {
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   }
 };
@@ -62,36 +62,36 @@ void EncodeSpm(const Vocab& vocab, std::string_view raw, bool prefix_space,
   if (text.empty()) return;
   const std::string_view view(text);
 
-  std::vector<Symbol> symbols;
+  std::vector<SpmSymbol> symbols;
   symbols.reserve(text.size());
   for (size_t off = 0; off < text.size();) {
     const size_t len = std::min(Utf8LenFromLead(static_cast<uint8_t>(text[off])), text.size() - off);
     const int32_t index = static_cast<int32_t>(symbols.size());
     off += len;
-    symbols.push_back(Symbol{index - 1, off == text.size() ? -1 : index + 1,
+    symbols.push_back(SpmSymbol{index - 1, off == text.size() ? -1 : index + 1,
                              static_cast<uint32_t>(off - len), static_cast<uint32_t>(len)});
   }
 
-  std::vector<Candidate> storage;
+  std::vector<SpmCandidate> storage;
   storage.reserve(symbols.size());
-  std::priority_queue<Candidate, std::vector<Candidate>, CandidateLess> queue(CandidateLess{},
+  std::priority_queue<SpmCandidate, std::vector<SpmCandidate>, SpmCandidateLess> queue(SpmCandidateLess{},
                                                                               std::move(storage));
   const auto try_pair = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
+    const SpmSymbol& l = symbols[left];
+    const SpmSymbol& r = symbols[right];
     auto it = vocab.token_to_id.find(view.substr(l.offset, l.len + r.len));
     if (it == vocab.token_to_id.end()) return;
-    queue.push(Candidate{vocab.tokens[it->second].score, left, right, l.len + r.len});
+    queue.push(SpmCandidate{vocab.tokens[it->second].score, left, right, l.len + r.len});
   };
 
   for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) try_pair(i - 1, i);
 
   while (!queue.empty()) {
-    const Candidate c = queue.top();
+    const SpmCandidate c = queue.top();
     queue.pop();
-    Symbol& l = symbols[c.left];
-    Symbol& r = symbols[c.right];
+    SpmSymbol& l = symbols[c.left];
+    SpmSymbol& r = symbols[c.right];
     // Stale if either side was merged away or has grown since it was queued (lengths only
     // grow, so an unchanged sum means both are unchanged).
     if (l.len == 0 || r.len == 0 || l.len + r.len != c.len) continue;
@@ -104,7 +104,7 @@ void EncodeSpm(const Vocab& vocab, std::string_view raw, bool prefix_space,
   }
 
   for (int32_t i = 0; i != -1; i = symbols[i].next) {
-    const Symbol& sym = symbols[i];
+    const SpmSymbol& sym = symbols[i];
     const std::string_view piece = view.substr(sym.offset, sym.len);
     // Every merged symbol is a vocab token by construction; single characters may not be.
     if (auto id = vocab.Find(piece)) {

@@ -10,6 +10,7 @@
 #include "model/gguf_writer.h"
 #include "model/unicode.h"
 #include "util/slowdown.h"
+#include "util/test_files.h"
 
 namespace trellis {
 namespace {
@@ -21,18 +22,11 @@ struct VocabCase {
   std::vector<int32_t> expected;
 };
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // *.inp holds the inputs separated by "\n__ggml_vocab_test__\n" (the file ends with one);
 // *.out one line of space-separated ids per input (llama.cpp's test-tokenizer-0 format).
 std::vector<VocabCase> ReadCases(const std::string& vocab) {
-  const std::string inp = ReadFile(kVocabDir + vocab + ".inp");
-  const std::string out = ReadFile(kVocabDir + vocab + ".out");
+  const std::string inp = trellis::testing::ReadFileBytes(kVocabDir + vocab + ".inp");
+  const std::string out = trellis::testing::ReadFileBytes(kVocabDir + vocab + ".out");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> inputs;
   for (size_t pos = 0; pos < inp.size();) {

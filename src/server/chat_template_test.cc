@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <map>
-#include <fstream>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -15,16 +14,15 @@
 #include "model/gguf.h"
 #include "server/api.h"
 #include "model/gguf_writer.h"
+#include "util/test_files.h"
 
 namespace trellis::server {
 namespace {
 
 std::string ReadTemplate(const std::string& name) {
-  std::ifstream f(std::string(TRELLIS_TEST_DATA) + "/templates/" + name);
-  EXPECT_TRUE(f.good()) << name;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string text = trellis::testing::ReadTestData("templates/" + name);
+  EXPECT_FALSE(text.empty()) << name;
+  return text;
 }
 
 const std::vector<ChatMessage> kConversation = {

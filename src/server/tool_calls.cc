@@ -8,27 +8,27 @@
 namespace trellis::server {
 namespace {
 
-using json = nlohmann::ordered_json;  // a call's arguments keep the model's key order
+using ojson = nlohmann::ordered_json;  // a call's arguments keep the model's key order
 
-bool Has(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
+bool Contains(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
 
-std::string_view Trim(std::string_view s) {
+std::string_view TrimSpace(std::string_view s) {
   const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
   while (!s.empty() && ws(s.front())) s.remove_prefix(1);
   while (!s.empty() && ws(s.back())) s.remove_suffix(1);
   return s;
 }
 
-json Parse(std::string_view text) { return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false); }
+ojson Parse(std::string_view text) { return ojson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false); }
 
 // One call from its JSON object, or false.
-bool ReadCall(const json& j, const char* args_key, ParsedToolCall& out) {
+bool ReadCall(const ojson& j, const char* args_key, ParsedToolCall& out) {
   if (!j.is_object()) return false;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
   auto args = j.find(args_key);
   if (args == j.end()) args = j.find("arguments");
-  json a = json::object();
+  ojson a = ojson::object();
   if (args != j.end()) {
     if (args->is_string()) {
       a = Parse(args->get_ref<const std::string&>());
@@ -38,16 +38,16 @@ bool ReadCall(const json& j, const char* args_key, ParsedToolCall& out) {
   }
   if (!a.is_object()) return false;
   out.name = name->get<std::string>();
-  out.arguments = a.dump(-1, ' ', false, json::error_handler_t::replace);
+  out.arguments = a.dump(-1, ' ', false, ojson::error_handler_t::replace);
   return true;
 }
 
 // A JSON array of calls (mistral, phi4), or false.
 bool ReadCallArray(std::string_view text, std::vector<ParsedToolCall>& out) {
-  const json j = Parse(Trim(text));
+  const ojson j = Parse(TrimSpace(text));
   if (!j.is_array() || j.empty()) return false;
   std::vector<ParsedToolCall> calls;
-  for (const json& e : j) {
+  for (const ojson& e : j) {
     ParsedToolCall c;
     if (!ReadCall(e, "arguments", c)) return false;
     calls.push_back(std::move(c));
@@ -77,17 +77,17 @@ ParsedAnswer Blocks(std::string_view text, std::string_view open, std::string_vi
     if (!read(text.substr(body, body_end - body), out.calls)) content += text.substr(b, next - b);
     pos = next;
   }
-  out.content = std::string(Trim(content));
+  out.content = std::string(TrimSpace(content));
   return out;
 }
 
 }  // namespace
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
-  if (Has(src, "<tool_call>")) return ToolCallFormat::kHermes;
-  if (Has(src, "[TOOL_CALLS]")) return ToolCallFormat::kMistral;
-  if (Has(src, "<|tool_call|>")) return ToolCallFormat::kPhi4;
-  if (Has(src, "<|python_tag|>") || (Has(src, "ipython") && Has(src, "parameters"))) return ToolCallFormat::kLlama3;
+  if (Contains(src, "<tool_call>")) return ToolCallFormat::kHermes;
+  if (Contains(src, "[TOOL_CALLS]")) return ToolCallFormat::kMistral;
+  if (Contains(src, "<|tool_call|>")) return ToolCallFormat::kPhi4;
+  if (Contains(src, "<|python_tag|>") || (Contains(src, "ipython") && Contains(src, "parameters"))) return ToolCallFormat::kLlama3;
   return ToolCallFormat::kGeneric;
 }
 
@@ -129,7 +129,7 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
     case ToolCallFormat::kHermes:
       return Blocks(text, "<tool_call>", "</tool_call>", [](std::string_view body, std::vector<ParsedToolCall>& calls) {
         ParsedToolCall c;
-        if (!ReadCall(Parse(Trim(body)), "arguments", c)) return false;
+        if (!ReadCall(Parse(TrimSpace(body)), "arguments", c)) return false;
         calls.push_back(std::move(c));
         return true;
       });
@@ -143,8 +143,8 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
       });
     case ToolCallFormat::kLlama3: {
       // The whole answer: one or more JSON calls separated by ';', maybe after the tag.
-      std::string_view t = Trim(text);
-      if (t.starts_with("<|python_tag|>")) t = Trim(t.substr(14));
+      std::string_view t = TrimSpace(text);
+      if (t.starts_with("<|python_tag|>")) t = TrimSpace(t.substr(14));
       ParsedAnswer out;
       size_t pos = 0;
       while (pos <= t.size()) {
@@ -153,39 +153,39 @@ ParsedAnswer ParseToolCalls(ToolCallFormat f, std::string_view text) {
         while (true) {
           const std::string_view piece = t.substr(pos, semi == std::string_view::npos ? std::string_view::npos : semi - pos);
           ParsedToolCall c;
-          if (ReadCall(Parse(Trim(piece)), "parameters", c)) {
+          if (ReadCall(Parse(TrimSpace(piece)), "parameters", c)) {
             out.calls.push_back(std::move(c));
             break;
           }
           if (semi == std::string_view::npos) {
             out.calls.clear();  // not all calls: the answer is text
-            out.content = std::string(Trim(text));
+            out.content = std::string(TrimSpace(text));
             return out;
           }
           semi = t.find(';', semi + 1);
         }
         if (semi == std::string_view::npos) break;
         pos = semi + 1;
-        if (Trim(t.substr(pos)).empty()) break;
+        if (TrimSpace(t.substr(pos)).empty()) break;
       }
       return out;
     }
     case ToolCallFormat::kGeneric: {
       ParsedAnswer out;
-      const json j = Parse(Trim(text));
+      const ojson j = Parse(TrimSpace(text));
       if (j.is_object() && j.contains("tool_calls") && j["tool_calls"].is_array() && !j["tool_calls"].empty()) {
-        for (const json& e : j["tool_calls"]) {
+        for (const ojson& e : j["tool_calls"]) {
           ParsedToolCall c;
           if (!ReadCall(e, "arguments", c)) {
             out.calls.clear();
-            out.content = std::string(Trim(text));
+            out.content = std::string(TrimSpace(text));
             return out;
           }
           out.calls.push_back(std::move(c));
         }
         return out;
       }
-      out.content = std::string(Trim(text));
+      out.content = std::string(TrimSpace(text));
       return out;
     }
   }

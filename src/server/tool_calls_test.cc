@@ -3,22 +3,14 @@
 #include "grammar/json_schema.h"
 #include "grammar/stacks.h"
 #include "server/answer_grammar.h"
+#include "util/test_files.h"
 
-#include <fstream>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 namespace trellis::server {
 namespace {
-
-std::string ReadTemplate(const std::string& name) {
-  std::ifstream in(std::string(TRELLIS_TEST_DATA) + "/templates/" + name, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 TEST(ToolCalls, FormatIsDetectedFromTheRealTemplates) {
   const std::pair<const char*, ToolCallFormat> cases[] = {
@@ -30,7 +22,7 @@ TEST(ToolCalls, FormatIsDetectedFromTheRealTemplates) {
       {"microsoft-Phi-3.5-mini-instruct.jinja", ToolCallFormat::kGeneric},
   };
   for (auto [file, want] : cases) {
-    const std::string src = ReadTemplate(file);
+    const std::string src = trellis::testing::ReadTestData(std::string("templates/") + file);
     ASSERT_FALSE(src.empty()) << file;
     EXPECT_EQ(DetectToolCallFormat(src), want) << file << " -> " << ToolCallFormatName(DetectToolCallFormat(src));
   }
