@@ -21,7 +21,7 @@ case "$flavour" in
     # ASan and UBSan reports need for file:line in their stacks.
     cmake -S . -B build-asan -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
       -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
-      -DTRELLIS_SANITIZE=ON -DTRELLIS_FUZZ=ON -DTRELLIS_FUZZ_SECONDS="${FUZZ_SECONDS:-50}" >/dev/null
+      -DTRELLIS_SANITIZE=ON -DTRELLIS_FUZZ=ON -DTRELLIS_FUZZ_SECONDS="${FUZZ_SECONDS:-30}" >/dev/null
     ninja -C build-asan -j "$jobs" "${@:2}" ;;
   aarch64)
     cmake -S . -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \

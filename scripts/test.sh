@@ -36,7 +36,7 @@ if ((full)); then
   budget=0
   not_full=()
 else
-  export FUZZ_SECONDS=${FUZZ_SECONDS:-50}  # 7 fuzzers, 2 at a time: 50 s each keeps the run in its budget
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-30}  # 7 fuzzers, 2 at a time: 30 s each keeps the run in its budget
   budget=${TRELLIS_TEST_BUDGET:-2100}
   not_full=(-LE '^full$')
 fi

@@ -51,7 +51,7 @@ const ApiLimits& Limits() {
   return limits;
 }
 
-constexpr const char* kFamilies[] = {"llama2", "llama3",  "llama3.1", "mistral",
+constexpr const char* kFuzzFamilies[] = {"llama2", "llama3",  "llama3.1", "mistral",
                                      "mistral-nemo", "chatml", "zephyr", "phi3"};
 
 // Serializer output must always be strict JSON (the serializers replace invalid UTF-8).
@@ -166,7 +166,7 @@ void FuzzChat(std::string_view body) {
   ChatVars vars;  // the named families take no kwargs; the tools they polyfill
   vars.tools = req->tools_value;
 
-  for (const char* name : kFamilies) {
+  for (const char* name : kFuzzFamilies) {
     auto tmpl = ChatTemplate::FromName(name, TemplateTokens{});
     FUZZ_CHECK(tmpl.ok());
     for (bool add_generation_prompt : {true, false}) {
