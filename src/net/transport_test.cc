@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <numeric>
 #include <random>
@@ -345,6 +347,26 @@ struct Child {
       pid = -1;
     }
   }
+  // SIGSTOP, then waits until every thread of the child is stopped: kill() returns when
+  // the signal is queued, and a thread running on another (virtual) CPU may still run,
+  // and serve a read, until it takes the stop. True once all are stopped (within 10 s).
+  bool Stop() {
+    if (kill(pid, SIGSTOP) != 0) return false;
+    const auto until = Clock::now() + 10s;
+    while (Clock::now() < until) {
+      bool all = true;
+      std::error_code ec;
+      for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::ifstream f(task.path() / "stat");
+        std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        const size_t paren = stat.rfind(')');  // the state follows the command name
+        if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') all = false;
+      }
+      if (all && !ec) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
   ~Child() { Kill(); }
 };
 
@@ -390,7 +412,7 @@ TEST(Transport, AGetPastItsDeadlineDropsLateBytesAndKeepsTheConnection) {
   std::vector<uint8_t> want(8 << 20);
   ASSERT_TRUE(c.Get(conn, region, {{region.base, want.data(), want.size()}}).ok());
   std::vector<uint8_t> dst(8 << 20, 0);
-  kill(child.pid, SIGSTOP);
+  ASSERT_TRUE(child.Stop());
   const Status st = c.Get(conn, region, {{region.base, dst.data(), dst.size()}}, 300ms);
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
   std::fill(dst.begin(), dst.end(), 0xA7);
