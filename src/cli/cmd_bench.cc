@@ -32,6 +32,7 @@ namespace {
 struct SpeedOpts {
   std::string model, csv;
   int threads = 0, pp = 512, tg = 64, reps = 5, block_size = 32, sessions = 1;  // threads 0: the physical cores
+  int depth = 0;  // tokens already in the KV cache before each pp / tg test (llama-bench's -d)
   std::string threads_how;  // how the default thread count was chosen ("" with -t)
   bool json = false;
 };
@@ -51,11 +52,12 @@ int RunSpeed(const SpeedOpts& o) {
   EngineOptions eo;
   eo.n_threads = o.threads;
   eo.block_size = o.block_size;
-  eo.n_ctx = o.pp + o.tg + o.block_size;
+  const int d = std::max(o.depth, 0);
+  eo.n_ctx = d + o.pp + o.tg + o.block_size;
   // Engine::Create validates the block size; only keep this arithmetic safe for it.
   const int bs = std::max(o.block_size, 1);
-  eo.kv_blocks = (o.pp + o.tg) / bs + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / bs + 2);
-  eo.max_batch_tokens = std::max({o.pp, o.sessions, 1});
+  eo.kv_blocks = (d + o.pp + o.tg) / bs + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / bs + 2);
+  eo.max_batch_tokens = std::max({o.pp, o.sessions, d > 0 ? std::min(d, 512) : 1, 1});
   eo.max_logit_rows = std::max(o.sessions, 1);
   auto engine = Engine::Create(**model, eo);
   if (!engine.ok()) return Fail(engine.status().ToString());
@@ -63,13 +65,26 @@ int RunSpeed(const SpeedOpts& o) {
 
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> tok(3, c.n_vocab - 1);
-  std::vector<int32_t> prompt(static_cast<size_t>(o.pp));
+  std::vector<int32_t> prompt(static_cast<size_t>(o.pp)), context(static_cast<size_t>(d));
   for (auto& t : prompt) t = tok(rng);
+  for (auto& t : context) t = tok(rng);
 
   std::vector<int32_t> table;
-  const int n_blocks = (o.pp + o.tg + o.block_size - 1) / o.block_size;
+  const int n_blocks = (d + o.pp + o.tg + o.block_size - 1) / o.block_size;
   for (int i = 0; i < n_blocks; ++i) table.push_back(e.pool().Allocate());
   if (table.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the benchmark");
+  // The depth: positions [0, d) computed once, untimed, in chunks; every pp and tg test
+  // then runs after them (attending to them) and overwrites only positions >= d.
+  for (int p = 0; p < d;) {
+    const int n = std::min(d - p, eo.max_batch_tokens);
+    SeqBatch sb;
+    sb.tokens = std::span<const int32_t>(context.data() + p, static_cast<size_t>(n));
+    sb.pos0 = p;
+    sb.block_table = table;
+    sb.n_logits = 1;
+    if (auto st = e.forward().Run(std::span<const SeqBatch>(&sb, 1)); !st.ok()) return Fail(st.ToString());
+    p += n;
+  }
   // Batched decode: `sessions` sequences, each with its own blocks, one token each per step.
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(o.sessions > 1 ? o.sessions : 0));
   for (auto& t : tables) {
@@ -80,7 +95,7 @@ int RunSpeed(const SpeedOpts& o) {
   auto run_pp = [&]() -> Result<double> {
     SeqBatch sb;
     sb.tokens = prompt;
-    sb.pos0 = 0;
+    sb.pos0 = d;
     sb.block_table = table;
     sb.n_logits = 1;
     const double t0 = NowSeconds();
@@ -93,7 +108,7 @@ int RunSpeed(const SpeedOpts& o) {
     for (int i = 0; i < o.tg; ++i) {
       SeqBatch sb;
       sb.tokens = std::span<const int32_t>(&t, 1);
-      sb.pos0 = i;
+      sb.pos0 = d + i;
       sb.block_table = table;
       sb.n_logits = 1;
       TRELLIS_RETURN_IF_ERROR(e.forward().Run(std::span<const SeqBatch>(&sb, 1)));
@@ -155,7 +170,7 @@ int RunSpeed(const SpeedOpts& o) {
   const std::string isa = KernelPathName(), cpu = CpuModelName();
   if (o.json) {
     nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads}, {"isa", isa}, {"cpu", cpu},
-                        {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"reps", o.reps},
+                        {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"depth", d}, {"reps", o.reps},
                         {"pp_tok_s", pp_med}, {"tg_tok_s", tg_med}, {"peak_rss_bytes", rss},
                         {"pp_runs", pp}, {"tg_runs", tg}};
     if (!tgb.empty()) {
@@ -170,8 +185,9 @@ int RunSpeed(const SpeedOpts& o) {
     std::printf("| model | type | threads | test | tokens/s (median of %d) | min | max |\n|---|---|---|---|---|---|---|\n", o.reps);
     auto row = [&](const char* test, int n, const std::vector<double>& v) {
       if (v.empty()) return;
-      std::printf("| %s | %s | %d | %s%d | %.2f | %.2f | %.2f |\n", o.model.c_str(), type.c_str(), o.threads, test, n,
-                  Median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+      const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
+      std::printf("| %s | %s | %d | %s%d%s | %.2f | %.2f | %.2f |\n", o.model.c_str(), type.c_str(), o.threads, test, n,
+                  at.c_str(), Median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
     };
     row("pp", o.pp, pp);
     row("tg", o.tg, tg);
@@ -185,11 +201,11 @@ int RunSpeed(const SpeedOpts& o) {
   }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv, std::ios::app);
-    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes,isa,cpu\n";
+    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes,isa,cpu,depth\n";
     std::string cpu_field = cpu;
     std::replace(cpu_field.begin(), cpu_field.end(), ',', ';');
     f << o.model << "," << type << "," << o.threads << "," << o.pp << "," << o.tg << "," << pp_med << "," << tg_med
-      << "," << rss << "," << isa << "," << cpu_field << "\n";
+      << "," << rss << "," << isa << "," << cpu_field << "," << d << "\n";
     if (!f) return Fail("cannot write " + o.csv);
   }
   return 0;
@@ -378,6 +394,9 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("-t,--threads", o->threads, kThreadsHelp);
   speed->add_option("-p,--n-prompt", o->pp, "prompt tokens (pp test)")->capture_default_str();
   speed->add_option("-n,--n-gen", o->tg, "generated tokens (tg test)")->capture_default_str();
+  speed->add_option("-d,--n-depth", o->depth,
+                    "tokens already in the KV cache before each pp and tg test (llama-bench's -d): prefill or decode "
+                    "at depth, attending to them")->capture_default_str();
   speed->add_option("-r,--reps", o->reps, "repetitions (median reported)")->capture_default_str();
   speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
   speed->add_option("-s,--sessions", o->sessions, "also decode this many sessions at once (aggregate tok/s)")->capture_default_str();
@@ -460,6 +479,7 @@ Runner AddBenchCommand(CLI::App& app) {
     // Both 0 would size an empty KV block table (table.back() on it crashed).
     if (o->pp == 0 && o->tg == 0) return Fail("bench: nothing to measure (n-prompt and n-gen are both 0)");
     if (o->pp > (1 << 20) || o->tg > (1 << 20)) return Fail("bench: n-prompt and n-gen must be <= 1048576");
+    if (o->depth < 0 || o->depth > (1 << 20)) return Fail("bench: n-depth must be in 0..1048576");
     if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
     o->threads = ResolveThreads(o->threads, &o->threads_how);
     return RunSpeed(*o);

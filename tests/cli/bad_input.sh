@@ -142,6 +142,7 @@ expect_fail "reps >= 1" -- "$T" bench speed -m "$tiny" -r 0
 expect_fail "reps >= 1" -- "$T" bench speed -m "$tiny" -p -1
 expect_fail "nothing to measure" -- "$T" bench speed -m "$tiny" -p 0 -n 0 -r 1
 expect_fail "must be <= 1048576" -- "$T" bench speed -m "$tiny" -p 2000000000 -n 4 -r 1
+expect_fail "n-depth must be in" -- "$T" bench speed -m "$tiny" -p 8 -n 0 -r 1 -d -5
 expect_fail "block size 0 is not usable" -- "$T" bench speed -m "$tiny" -p 8 -n 0 -r 1 --block-size 0
 say "gen-model into a missing directory"
 expect_fail "cannot create.*No such file" -- "$T" gen-model --shape tiny -o "$tmp/no/such/dir/x.gguf"

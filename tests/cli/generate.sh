@@ -82,4 +82,11 @@ for want in scalar native; do
   ok "$want: $isa"
 done
 
+say "bench speed at a depth: the pp and tg tests run after that many cached tokens"
+timeout 60 "$TRELLIS" bench speed -m "$m" -p 8 -n 2 -r 1 -t 1 -d 40 --json 2>/dev/null >"$tmp/depth.json" \
+  || die "bench speed -d 40 failed"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["depth"] == 40 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0, j' \
+  "$tmp/depth.json" || die "bench speed -d: $(cat "$tmp/depth.json")"
+ok "depth 40"
+
 echo "PASS cli_generate: $n_checks checks"
