@@ -85,11 +85,12 @@ void AttnTileScalar(const AttnTile& t) {
   const int nq = t.n_rows * t.n_heads;
   float* kt = t.scratch;                 // [bs][hd]
   float* vt = kt + bs * hd;              // [bs][hd]
-  float* qs = vt + bs * hd;              // [kAttnMaxQueries][hd]
-  float* s = qs + kAttnMaxQueries * hd;  // [kAttnMaxQueries][bs]
-  float* acc = s + kAttnMaxQueries * bs;       // [kAttnMaxQueries][hd]
-  float* m = acc + kAttnMaxQueries * hd;       // [kAttnMaxQueries]
-  float* l = m + kAttnMaxQueries;              // [kAttnMaxQueries]
+  const int max_q = AttnMaxQueries(hd);
+  float* qs = vt + bs * hd;      // [max_q][hd]
+  float* s = qs + max_q * hd;    // [max_q][bs]
+  float* acc = s + max_q * bs;   // [max_q][hd]
+  float* m = acc + max_q * hd;   // [max_q]
+  float* l = m + max_q;          // [max_q]
   for (int qi = 0; qi < nq; ++qi) {
     const float* src = t.q + (qi / t.n_heads) * t.q_stride + (qi % t.n_heads) * hd;
     for (int d = 0; d < hd; ++d) {
@@ -164,13 +165,22 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
 
   // Item = (sequence, row tile, KV head, chunk of the group's query heads).
   const int n_rep = n_head / L.n_head_kv;
-  const int heads_per_item = std::min(n_rep, kAttnMaxQueries);
+  const int max_q = AttnMaxQueries(hd);
+  const int heads_per_item = std::min(n_rep, max_q);
   const int n_chunks = (n_rep + heads_per_item - 1) / heads_per_item;
-  const int rows_per_tile = kAttnMaxQueries / heads_per_item;
   const int64_t items_per_tile = static_cast<int64_t>(L.n_head_kv) * n_chunks;
-  int64_t n_items = 0;
-  for (const AttnSeq& s : seqs) {
-    n_items += (s.n_tokens + rows_per_tile - 1) / rows_per_tile * items_per_tile;
+  auto count_items = [&](int rows_per_tile) {
+    int64_t n = 0;
+    for (const AttnSeq& s : seqs) n += (s.n_tokens + rows_per_tile - 1) / rows_per_tile * items_per_tile;
+    return n;
+  };
+  // As many rows per item as fit, but at least 4 items per thread (short prefills on many
+  // threads) while a tile can still be split.
+  int rows_per_tile = max_q / heads_per_item;
+  int64_t n_items = count_items(rows_per_tile);
+  while (rows_per_tile > 1 && n_items < 4 * static_cast<int64_t>(pool.size())) {
+    rows_per_tile = (rows_per_tile + 1) / 2;
+    n_items = count_items(rows_per_tile);
   }
   const size_t scratch_per_thread = AttentionScratchFloatsPerThread(hd, bs);
   const size_t block_bytes = L.BlockBytes();

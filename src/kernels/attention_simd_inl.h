@@ -83,23 +83,57 @@ inline void ScoreQueries(const float* qs, int hd, const float* kt, int bs, int n
   }
 }
 
-// a[0 .. G*W) = a * corr + sum_{j < n} p[j] * vt[j][0 .. G*W), vt row stride hd.
-template <typename V, int G>
-inline void AccumulateV(float* a, float corr, const float* p, int n, const float* vt, int hd) {
+// For NQ queries q at once: a_q[0 .. G*W) = a_q * corr[q] + sum_{j0 <= j < j1} p_q[j] * vt[j][0 .. G*W)
+// (a_q = a + q * a_stride, p_q = p + q * p_stride, vt row stride hd). Each V row is loaded
+// once for the NQ queries, and the NQ * G accumulators are independent FMA chains (one
+// query's G alone leaves the FMA units waiting on latency: 4 chains at hd 64 on AVX-512).
+template <typename V, int NQ, int G>
+inline void AccumulateV(float* a, int a_stride, const float* corr, const float* p, int p_stride,
+                        int j0, int j1, const float* vt, int hd) {
   using F = typename V::F;
   constexpr int W = V::kW;
-  F acc[G];
-  const F vc = V::Set1(corr);
+  F acc[NQ][G];
   TRELLIS_UNROLL
-  for (int g = 0; g < G; ++g) acc[g] = V::Mul(V::Load(a + g * W), vc);
-  for (int j = 0; j < n; ++j) {
-    const F pj = V::Set1(p[j]);
+  for (int q = 0; q < NQ; ++q) {
+    const F vc = V::Set1(corr[q]);
+    TRELLIS_UNROLL
+    for (int g = 0; g < G; ++g) acc[q][g] = V::Mul(V::Load(a + q * a_stride + g * W), vc);
+  }
+  for (int j = j0; j < j1; ++j) {
+    F v[G];
     const float* vr = vt + j * hd;
     TRELLIS_UNROLL
-    for (int g = 0; g < G; ++g) acc[g] = V::Fma(pj, V::Load(vr + g * W), acc[g]);
+    for (int g = 0; g < G; ++g) v[g] = V::Load(vr + g * W);
+    TRELLIS_UNROLL
+    for (int q = 0; q < NQ; ++q) {
+      const F pj = V::Set1(p[q * p_stride + j]);
+      TRELLIS_UNROLL
+      for (int g = 0; g < G; ++g) acc[q][g] = V::Fma(pj, v[g], acc[q][g]);
+    }
   }
   TRELLIS_UNROLL
-  for (int g = 0; g < G; ++g) V::Store(a + g * W, acc[g]);
+  for (int q = 0; q < NQ; ++q) {
+    TRELLIS_UNROLL
+    for (int g = 0; g < G; ++g) V::Store(a + q * a_stride + g * W, acc[q][g]);
+  }
+}
+
+// Accumulator vectors one AccumulateV pass may hold (NQ * G): half the vector registers
+// (32 on AVX-512 and NEON, 16 for V256, which AVX2 machines run).
+template <typename V>
+constexpr int kAccVectors = V::kW == 8 ? 8 : 16;
+
+// AccumulateV over nq queries (rows of a and p) and G vectors at column d, as many queries
+// per pass as the register budget allows.
+template <typename V, int G>
+inline void AccumulateVGroup(float* a, const float* corr, const float* p, int bs, int nq, int j0,
+                             int j1, const float* vt, int hd) {
+  constexpr int kNq = std::clamp(kAccVectors<V> / G, 1, 4);
+  int q = 0;
+  for (; q + kNq <= nq; q += kNq) {
+    AccumulateV<V, kNq, G>(a + q * hd, hd, corr + q, p + q * bs, bs, j0, j1, vt, hd);
+  }
+  for (; q < nq; ++q) AccumulateV<V, 1, G>(a + q * hd, hd, corr + q, p + q * bs, bs, j0, j1, vt, hd);
 }
 
 // REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
@@ -115,11 +149,14 @@ void AttnTileT(const internal::AttnTile& t) {
   const int nq = t.n_rows * t.n_heads;
   float* kt = t.scratch;       // [hd][bs]
   float* vt = kt + bs * hd;    // [bs][hd]
-  float* qs = vt + bs * hd;    // [kMaxQ][hd]
-  float* s = qs + kMaxQ * hd;  // [kMaxQ][bs]
-  float* acc = s + kMaxQ * bs;  // [kMaxQ][hd]
-  float* m = acc + kMaxQ * hd;  // [kMaxQ]
-  float* l = m + kMaxQ;         // [kMaxQ]
+  const int max_q = internal::AttnMaxQueries(hd);
+  float* qs = vt + bs * hd;     // [max_q][hd]
+  float* s = qs + max_q * hd;   // [max_q][bs]
+  float* acc = s + max_q * bs;  // [max_q][hd]
+  float* m = acc + max_q * hd;  // [max_q]
+  float* l = m + max_q;         // [max_q]
+  float corr[kMaxQ];            // this block's rescale factor per query
+  int qn[kMaxQ];                // this block's causal end per query
 
   const F vscale = V::Set1(t.scale);
   for (int qi = 0; qi < nq; ++qi) {
@@ -159,11 +196,20 @@ void AttnTileT(const internal::AttnTile& t) {
     }
     for (; qi < nq; ++qi) ScoreQueries<V, 1>(qs + qi * hd, hd, kt, bs, n_chunks, s + qi * bs);
 
-    // 3b. Per query: soft-cap, causal and window masks, online softmax, V accumulation.
+    // 3b. Per query: soft-cap, causal and window masks, online softmax. Afterwards s holds
+    // each query's probabilities over the slots [j_lo, j_hi) common to the tile, exact 0
+    // outside its own [lo, n), and corr its rescale factor.
+    int j_lo = bs, j_hi = 0;
     for (qi = 0; qi < nq; ++qi) {
       const int n = std::min(bs, t.pos_first + qi / t.n_heads + 1 - p0);
       const int lo = internal::AttnRowFirstSlot(t, qi / t.n_heads, p0);
-      if (n <= lo) continue;
+      qn[qi] = n;
+      if (n <= lo) {
+        corr[qi] = 1.0f;
+        continue;
+      }
+      j_lo = std::min(j_lo, lo);
+      j_hi = std::max(j_hi, n);
       float* sq = s + qi * bs;
       const int nc = (n + W - 1) / W;
       if (t.softcap > 0) {
@@ -183,7 +229,7 @@ void AttnTileT(const internal::AttnTile& t) {
       }
       const float m_new = std::max(m[qi], V::HMax(mx));
       // Rescale only when the running max moved (exp(-inf) = 0 on the first block).
-      const float corr = m_new == m[qi] ? 1.0f : std::exp(m[qi] - m_new);
+      corr[qi] = m_new == m[qi] ? 1.0f : std::exp(m[qi] - m_new);
       const F vm = V::Set1(m_new);
       F sum = V::Zero();
       for (int c = 0; c < nc; ++c) {
@@ -202,24 +248,34 @@ void AttnTileT(const internal::AttnTile& t) {
         }
         sum = V::Add(sum, V::MaskTail(V::Set1(part), 1, 0.0f));
       }
-      l[qi] = l[qi] * corr + V::HSum(sum);
+      l[qi] = l[qi] * corr[qi] + V::HSum(sum);
       m[qi] = m_new;
-      float* a = acc + qi * hd;
-      // As many independent accumulator chains as fit (hides the FMA latency).
-      for (int d = 0; d < hd;) {
-        const int g = std::min(kMaxG, (hd - d) / W);
-        switch (g) {
-          case 1: AccumulateV<V, 1>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 2: AccumulateV<V, 2>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 3: AccumulateV<V, 3>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 4: AccumulateV<V, 4>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 5: AccumulateV<V, 5>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 6: AccumulateV<V, 6>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          case 7: AccumulateV<V, 7>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-          default: AccumulateV<V, 8>(a + d, corr, sq + lo, n - lo, vt + lo * hd + d, hd); break;
-        }
-        d += g * W;
+    }
+    if (j_hi <= j_lo) continue;  // no query of the tile attends to this block
+    // Zeros where a query's own range ends before the tile's (the causal diagonal, rows
+    // that skip the block): the shared pass then adds exact zeros there.
+    for (qi = 0; qi < nq; ++qi) {
+      const int lo = internal::AttnRowFirstSlot(t, qi / t.n_heads, p0);
+      const int from = qn[qi] <= lo ? j_lo : qn[qi];
+      std::fill(s + qi * bs + std::max(from, j_lo), s + qi * bs + j_hi, 0.0f);
+    }
+    // 3c. acc = acc * corr + P V for all queries, in passes of as many independent
+    // accumulator chains as fit.
+    for (int d = 0; d < hd;) {
+      const int g = std::min(kMaxG, (hd - d) / W);
+      float* a = acc + d;
+      const float* v = vt + d;
+      switch (g) {
+        case 1: AccumulateVGroup<V, 1>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 2: AccumulateVGroup<V, 2>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 3: AccumulateVGroup<V, 3>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 4: AccumulateVGroup<V, 4>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 5: AccumulateVGroup<V, 5>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 6: AccumulateVGroup<V, 6>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        case 7: AccumulateVGroup<V, 7>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
+        default: AccumulateVGroup<V, 8>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
       }
+      d += g * W;
     }
   }
 

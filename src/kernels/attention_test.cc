@@ -250,11 +250,12 @@ TEST(AttentionTest, MatchesRefGqa32x4) {
 }
 
 TEST(AttentionTest, MatchesRefOddShapes) {
-  // head_dim 128 (wide accumulators), n_rep 20 > kAttnMaxQueries (head chunks), head_dim 72
+  // head_dim 128 (wide accumulators), n_rep 80 > AttnMaxQueries (head chunks), head_dim 72
   // (8- but not 16-lane), and a shape no SIMD path takes (head_dim 20, block_size 5).
   Scenario a = MakeScenario(8, 1, 128, 16, {{20, 18}, {0, 1}}, 15);
   CheckScenario(a);
-  Scenario b = MakeScenario(40, 2, 32, 16, {{7, 5}, {30, 1}}, 16);
+  static_assert(internal::kAttnMaxQueries < 80);
+  Scenario b = MakeScenario(160, 2, 32, 16, {{7, 5}, {30, 1}}, 16);
   CheckScenario(b);
   Scenario c = MakeScenario(6, 3, 72, 16, {{0, 19}, {12, 3}}, 17);
   CheckScenario(c);
