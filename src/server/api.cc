@@ -1,5 +1,6 @@
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <climits>
 #include <exception>
@@ -11,17 +12,13 @@
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
 
-// Fields accepted and ignored (they do not change the output of this server):
-//   user, store, metadata, service_tier, prediction, reasoning_effort,
-//   guided_decoding_backend; an empty tools / functions array, suffix "" and (legacy
-//   completions) tool_choice "none". Message fields other than role and content reach
-//   the template as they are (tool_calls, tool_call_id, name, reasoning_content, ...).
-// Fields that would change the output and are not implemented are refused with 400 and
-// the parameter named: n != 1, best_of != 1, regex constraints, modalities other than
-// ["text"], audio, web_search_options, a non-empty suffix, function_call in messages,
-// tools on legacy completions, and the sampling fields of RefuseUnimplementedSampling.
-// Output constraints (response_format, grammar, json_schema, guided_*, ...): ReadConstraint
-// and docs/server.md.
+// Every field of a request is implemented, refused with 400 naming it, or one that changes
+// nothing the client receives (AcceptNoEffect); the readers note each field they read, and
+// Reader::RefuseUnread refuses the rest, so a field this server does not know is never
+// dropped. Fields not implemented are refused unless they hold their no-op value
+// (RefuseUnimplementedSampling) or always (RefuseUnsupported). Output constraints
+// (response_format, grammar, json_schema, guided_*, ...): ReadConstraint. The lists, by
+// kind: docs/server.md, "Every field is implemented, refused, or changes nothing".
 
 namespace trellis::server {
 namespace {
@@ -93,6 +90,7 @@ class Reader {
   }
   const json* Get(const char* key) {
     if (error_) return nullptr;
+    if (std::find(read_.begin(), read_.end(), key) == read_.end()) read_.emplace_back(key);
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
@@ -150,6 +148,21 @@ class Reader {
     return false;
   }
 
+  // Every member no reader asked for (and not null) is refused, named: a field this server
+  // does not know might change the answer, and an answer that ignored it would look like
+  // one that honoured it. (OpenAI refuses unknown fields too.) Call after all reads.
+  void RefuseUnread(const std::string& prefix = "") {
+    if (error_) return;
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (it->is_null() || std::find(read_.begin(), read_.end(), it.key()) != read_.end()) continue;
+      const std::string name = prefix + Clip(it.key());
+      return Fail(name, "unknown field '" + name +
+                            "': this server does not implement it and refuses it rather than ignore it "
+                            "(docs/server.md lists the fields it takes)",
+                  "unknown_parameter");
+    }
+  }
+
  private:
   static std::string Num(double d) {
     std::string s = std::to_string(d);
@@ -158,6 +171,7 @@ class Reader {
     return s;
   }
   const json& obj_;
+  std::vector<std::string> read_;  // keys asked for, present or not
   std::optional<ApiError> error_;
 };
 
@@ -545,12 +559,46 @@ void RefuseUnimplementedSampling(Reader& r) {
       {"documents", [](const json& v) { return v.is_array() && v.empty(); }},
       {"truncate_prompt_tokens", [](const json&) { return false; }},
       {"logits_processors", [](const json&) { return false; }},
+      // llama-server's own client fields: a lazy grammar's triggers (this server builds
+      // its own from the tools), tokens kept whole, extra output, per-request adapters.
+      {"grammar_lazy", [](const json& v) { return v == false; }},
+      {"grammar_triggers", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"preserved_tokens", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"n_indent", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"t_max_predict_ms", [](const json& v) { return v.is_number() && v.get<double>() <= 0; }},
+      {"min_keep", [](const json& v) { return v.is_number() && v.get<double>() == 0; }},
+      {"lora", [](const json& v) { return v.is_array() && v.empty(); }},
+      {"post_sampling_probs", [](const json& v) { return v == false; }},
+      {"return_tokens", [](const json& v) { return v == false; }},
+      {"response_fields", [](const json& v) { return v.is_array() && v.empty(); }},
+      // vLLM's and SGLang's.
+      {"return_tokens_as_token_ids", [](const json& v) { return v == false; }},
+      {"stream_reasoning", [](const json& v) { return v == true; }},
+      {"no_stop_trim", [](const json& v) { return v == false; }},
+      {"lora_path", [](const json&) { return false; }},
   };
   for (const Field& f : kFields) {
     if (const json* v = r.Get(f.key); v && !f.is_default(*v)) {
       r.Fail(f.key, std::string("'") + f.key + "' is not supported by this server (it would change the output)");
     }
   }
+}
+
+// Fields taken with any value because they change nothing the client receives as its
+// answer: identity, billing and routing (user, metadata, store, service_tier,
+// safety_identifier, prompt_cache_key, priority, request_id); hints about speed
+// (prediction, cache_prompt, id_slot: every prefix is cached anyway); which backend
+// enforces a constraint (guided_decoding_backend); llama-server's timing extras; and the
+// settings of llama.cpp samplers that only act when their switch (mirostat,
+// dynatemp_range, xtc_probability, dry_multiplier: RefuseUnimplementedSampling) is on.
+void AcceptNoEffect(Reader& r) {
+  static const char* const kKeys[] = {
+      "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "priority",
+      "request_id", "prediction", "cache_prompt", "id_slot", "guided_decoding_backend", "timings_per_token",
+      "return_progress", "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "xtc_threshold", "dry_base",
+      "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+  };
+  for (const char* k : kKeys) r.Get(k);
 }
 
 // Options common to chat and completions. `chat`: logprobs is a boolean with
@@ -574,14 +622,32 @@ void ReadGeneration(Reader& r, std::string_view body, const ApiLimits& limits, b
       g.max_tokens = static_cast<int>(v);
     }
   }
+  bool window_given = false;
   for (const char* key : {"repeat_last_n", "penalty_last_n"}) {
-    if (r.Int(key, v, -1, limits.n_ctx)) g.repeat_last_n = static_cast<int>(v);
+    if (r.Int(key, v, -1, limits.n_ctx)) {
+      g.repeat_last_n = static_cast<int>(v);
+      window_given = true;
+    }
   }
   r.Bool("ignore_eos", g.ignore_eos);
   r.Float("temperature", g.temperature, 0.0, 2.0);
   r.Float("top_p", g.top_p, 0.0, 1.0, /*lo_open=*/true);
   r.Float("min_p", g.min_p, 0.0, 1.0);
   r.Float("repeat_penalty", g.repeat_penalty, 0.0, 10.0, /*lo_open=*/true);
+  // vLLM's and SGLang's repetition_penalty: the same rule (divide positive logits,
+  // multiply negative ones, once per distinct token) over the whole sequence, prompt and
+  // output, unless the client also gives llama.cpp's window.
+  if (r.Get("repetition_penalty")) {
+    float rep = 1.0f;
+    const bool had = r.Get("repeat_penalty") != nullptr;
+    r.Float("repetition_penalty", rep, 0.0, 10.0, /*lo_open=*/true);
+    if (r.ok() && had && rep != g.repeat_penalty) {
+      r.Fail("repetition_penalty", "'repetition_penalty' and 'repeat_penalty' disagree: give one");
+    } else if (r.ok()) {
+      g.repeat_penalty = rep;
+      if (!window_given) g.repeat_last_n = -1;
+    }
+  }
   r.Float("presence_penalty", g.presence_penalty, -2.0, 2.0);
   r.Float("frequency_penalty", g.frequency_penalty, -2.0, 2.0);
   if (r.Int("top_k", v, 0, limits.n_vocab)) g.top_k = static_cast<int>(v);
@@ -628,7 +694,14 @@ void ReadGeneration(Reader& r, std::string_view body, const ApiLimits& limits, b
     if (!g.stream) return r.Fail("stream_options", "'stream_options' is only allowed with 'stream': true");
     Reader sr(*so);
     sr.Bool("include_usage", g.include_usage);
-    if (!sr.ok()) r.Fail("stream_options.include_usage", sr.error().message);
+    bool continuous = false;  // vLLM: usage in every chunk
+    sr.Bool("continuous_usage_stats", continuous);
+    if (continuous) sr.Fail("continuous_usage_stats", "'stream_options.continuous_usage_stats' is not supported (usage comes once, at the end)");
+    sr.RefuseUnread("stream_options.");
+    if (!sr.ok()) {
+      const ApiError e = sr.error();
+      r.Fail(e.param.starts_with("stream_options.") ? e.param : "stream_options." + e.param, e.message, e.code);
+    }
   }
   ReadLogitBias(r, limits, g);
   ReadConstraint(r, body, g);
@@ -637,6 +710,16 @@ void ReadGeneration(Reader& r, std::string_view body, const ApiLimits& limits, b
   }
   RefuseUnimplementedSampling(r);
   RefuseUnsupported(r, chat);
+  AcceptNoEffect(r);
+  // vLLM's cache_salt: prefixes are shared only among requests with the same salt (and
+  // API key).
+  if (const json* cs = r.Get("cache_salt")) {
+    if (!cs->is_string() || cs->get_ref<const std::string&>().empty() || cs->get_ref<const std::string&>().size() > 256) {
+      r.Fail("cache_salt", "'cache_salt' must be a non-empty string of at most 256 bytes");
+    } else {
+      g.cache_salt = cs->get<std::string>();
+    }
+  }
 }
 
 Result<std::string> MessageContent(const json& c) {
@@ -1019,6 +1102,38 @@ std::string ErrorJson(const ApiError& e) {
 // NUL characters (\u0000) in strings are accepted and kept: they are valid JSON and
 // Unicode, and everything past the parser handles text as (pointer, length) — the
 // tokenizer encodes U+0000 like any other character. Nothing truncates at a NUL.
+// Reasoning switches of the three servers' clients, read into one setting: llama-server's
+// reasoning_format (none / deepseek / auto), SGLang's separate_reasoning (false: the
+// reasoning stays in content, as none), vLLM's include_reasoning (false: split off and
+// dropped); and OpenAI's reasoning_effort, a variable for templates that read it (gpt-oss)
+// unless chat_template_kwargs sets it.
+void ReadReasoningFields(Reader& r, ChatCompletionRequest& req) {
+  if (const json* f = r.Get("reasoning_format")) {
+    if (!f->is_string() || (*f != "none" && *f != "deepseek" && *f != "auto")) {
+      return r.Fail("reasoning_format", "'reasoning_format' must be \"none\", \"deepseek\" or \"auto\", got " + Describe(*f));
+    }
+    req.reasoning_format = *f == "none" ? "none" : "deepseek";
+  }
+  bool separate = true;
+  r.Bool("separate_reasoning", separate);
+  if (!separate) {
+    if (req.reasoning_format == "deepseek") {
+      return r.Fail("separate_reasoning", "'separate_reasoning': false and 'reasoning_format' disagree");
+    }
+    req.reasoning_format = "none";
+  }
+  r.Bool("include_reasoning", req.include_reasoning);
+  if (const json* e = r.Get("reasoning_effort")) {
+    if (!e->is_string() || (*e != "none" && *e != "minimal" && *e != "low" && *e != "medium" && *e != "high")) {
+      return r.Fail("reasoning_effort",
+                    "'reasoning_effort' must be one of none, minimal, low, medium, high, got " + Describe(*e));
+    }
+    const bool set = std::any_of(req.template_kwargs.begin(), req.template_kwargs.end(),
+                                 [](const auto& kv) { return kv.first == "reasoning_effort"; });
+    if (!set) req.template_kwargs.emplace_back("reasoning_effort", jinja::Value::Str(e->get<std::string>(), /*input=*/true));
+  }
+}
+
 Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, const ApiLimits& limits) {
   return Guard<ChatCompletionRequest>([&]() -> Parsed<ChatCompletionRequest> {
     json j;
@@ -1120,6 +1235,14 @@ Parsed<ChatCompletionRequest> ParseChatCompletionRequest(std::string_view body, 
         req.template_kwargs.emplace_back(k, ToTemplateValue(v));
       }
     }
+    ReadReasoningFields(r, req);
+    bool flag = false;
+    r.Bool("add_special_tokens", flag);  // vLLM: the template writes the special tokens
+    if (flag) r.Fail("add_special_tokens", "'add_special_tokens' must be false for chat: the chat template writes them");
+    flag = false;
+    r.Bool("echo", flag);  // vLLM: the last message repeated in the answer
+    if (flag) r.Fail("echo", "'echo' is not supported for chat completions");
+    r.RefuseUnread();
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;
@@ -1182,6 +1305,8 @@ Parsed<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
     if (const json* kw = r.Get("chat_template_kwargs"); kw && !(kw->is_object() && kw->empty())) {
       return Bad("chat_template_kwargs", "'chat_template_kwargs' is for chat completions (a raw prompt has no template)");
     }
+    r.Bool("add_special_tokens", req.add_special);  // vLLM: BOS before a text prompt
+    r.RefuseUnread();
     if (!r.ok()) return r.error();
     if (not_found) return *not_found;
     return req;
@@ -1198,6 +1323,7 @@ Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ApiLim
     r.String("content", req.content);
     r.Bool("add_special", req.add_special);
     r.Bool("with_pieces", req.with_pieces);
+    r.RefuseUnread();
     if (!r.ok()) return r.error();
     if (limits.max_prompt_bytes > 0 && req.content.size() > limits.max_prompt_bytes) {
       return Bad("content", "'content' holds " + std::to_string(req.content.size()) + " bytes; at most " +
@@ -1230,6 +1356,8 @@ Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const Ap
       }
       req.tokens.push_back(static_cast<int32_t>(x.get<int64_t>()));
     }
+    r.RefuseUnread();
+    if (!r.ok()) return r.error();
     return req;
   });
 }

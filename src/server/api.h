@@ -101,6 +101,7 @@ struct GenerationParams {
   int top_logprobs = 0;           // [0, kMaxTopLogprobs]
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
+  std::string cache_salt;         // vLLM's: prefixes shared only with the same salt
   // Constrained output, compiled and checked (null: free text). From response_format
   // (json_object, json_schema), llama.cpp's grammar / json_schema, vLLM's guided_json /
   // guided_choice / guided_grammar / structured_outputs, SGLang's ebnf; at most one.
@@ -142,6 +143,10 @@ struct ChatCompletionRequest {
   // Strings are client input (never control tokens); the template's own variables
   // (messages, tools, add_generation_prompt, bos_token, eos_token) cannot be replaced.
   jinja::ValueDict template_kwargs;
+  // Where a thinking model's reasoning goes: "" (the server's --reasoning-format), "none"
+  // (left in content) or "deepseek" (reasoning_content); include_reasoning false drops it.
+  std::string reasoning_format;
+  bool include_reasoning = true;
 };
 inline constexpr size_t kMaxTemplateKwargs = 64;
 
@@ -150,6 +155,7 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;  // exactly one of prompt_text / prompt_tokens
   std::vector<int32_t> prompt_tokens;
   bool echo = false;
+  bool add_special = true;  // BOS before a text prompt, where the vocabulary wants one
   GenerationParams gen;
 };
 

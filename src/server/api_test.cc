@@ -222,11 +222,18 @@ TEST(Api, FuzzedBodiesGiveARequestOrA4xx) {
     json j = base;
     const int n = 1 + static_cast<int>(rng() % 4);
     for (int k = 0; k < n; ++k) Mutate(j, rng);
-    std::string body = j.dump();
-    if (rng() % 8 == 0) body.resize(rng() % (body.size() + 1));  // truncated
-    if (rng() % 16 == 0 && !body.empty()) body[rng() % body.size()] = static_cast<char>(rng());
+    // Each endpoint refuses the other's main field as unknown: each gets the body without it.
+    auto damaged = [&](const char* other) {
+      json k = j;
+      if (k.is_object()) k.erase(other);
+      std::string body = k.dump();
+      if (rng() % 8 == 0) body.resize(rng() % (body.size() + 1));  // truncated
+      if (rng() % 16 == 0 && !body.empty()) body[rng() % body.size()] = static_cast<char>(rng());
+      return body;
+    };
+    const std::string body = damaged("prompt"), completion_body = damaged("messages");
     auto c = ParseChatCompletionRequest(body, kLimits);
-    auto p = ParseCompletionRequest(body, kLimits);
+    auto p = ParseCompletionRequest(completion_body, kLimits);
     for (const ApiError* e : {c.ok() ? nullptr : &c.error(), p.ok() ? nullptr : &p.error()}) {
       if (!e) continue;
       ASSERT_GE(e->status, 400) << body;
@@ -799,6 +806,128 @@ TEST(ApiConstraints, LlamaCppGenerationFieldsAreImplementedOrRefused) {
            {R"("skip_special_tokens":false)", "skip_special_tokens"}, {R"("n_keep":-1)", "n_keep"}}) {
     EXPECT_EQ(ChatError(Chat(field)).param, param) << field;
   }
+}
+
+// Every field is implemented, refused, or one that changes nothing: a field this server does
+// not know is a 400 naming it, never dropped (the client asked for something and would get
+// an answer that looks as if it had been honoured).
+TEST(Api, UnknownFieldsAreRefusedNamingThem) {
+  for (const char* field : {R"("frobnicate":1)", R"("verbosity":"low")", R"("top_a":0.2)", R"("echo_prompt":true)"}) {
+    const ApiError e = ChatError(Chat(field));
+    EXPECT_EQ(e.code, "unknown_parameter") << field;
+    EXPECT_NE(e.message.find("unknown field"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(ChatError(Chat(R"("frobnicate":1)")).param, "frobnicate");
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat(R"("frobnicate":null)"), kLimits).ok());  // null is absent
+  // The other endpoint's main field is unknown here.
+  EXPECT_EQ(ChatError(Chat(R"("prompt":"p")")).param, "prompt");
+  auto c = ParseCompletionRequest(R"({"prompt":"p","messages":[]})", kLimits);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().param, "messages");
+  auto t = ParseTokenizeRequest(R"({"content":"a","add_bos":true})", kLimits);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().param, "add_bos");
+  auto d = ParseDetokenizeRequest(R"({"tokens":[1],"skip":1})", kLimits);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().param, "skip");
+  // Inside stream_options too; its error names the nested field.
+  EXPECT_EQ(ChatError(Chat(R"("stream":true,"stream_options":{"include_usage":true,"x":1})")).param, "stream_options.x");
+  EXPECT_EQ(ChatError(Chat(R"("stream":true,"stream_options":{"continuous_usage_stats":true})")).param,
+            "stream_options.continuous_usage_stats");
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat(R"("stream":true,"stream_options":{"continuous_usage_stats":false})"), kLimits).ok());
+  // A huge unknown key is clipped in the message.
+  const std::string big(100000, 'k');
+  const ApiError e = ChatError(Chat("\"" + big + "\":1"));
+  EXPECT_LT(e.message.size(), 2000u);
+}
+
+TEST(Api, FieldsThatChangeNothingAreTaken) {
+  for (const char* field :
+       {R"("user":"u","metadata":{"a":"b"},"store":false,"service_tier":"auto","safety_identifier":"x")",
+        R"("prompt_cache_key":"k","priority":3,"request_id":"r","prediction":{"type":"content","content":"x"})",
+        R"("cache_prompt":false,"id_slot":-1,"guided_decoding_backend":"xgrammar","timings_per_token":true)",
+        R"("mirostat":0,"mirostat_tau":5,"mirostat_eta":0.1,"dynatemp_range":0,"dynatemp_exponent":1)",
+        R"("xtc_probability":0,"xtc_threshold":0.1,"dry_multiplier":0,"dry_base":1.75,"dry_allowed_length":2)",
+        R"("dry_penalty_last_n":-1,"dry_sequence_breakers":["\n"],"return_progress":false)",
+        R"("grammar_lazy":false,"grammar_triggers":[],"preserved_tokens":[],"n_indent":0,"t_max_predict_ms":0)",
+        R"("min_keep":0,"lora":[],"post_sampling_probs":false,"return_tokens":false,"response_fields":[])",
+        R"("return_tokens_as_token_ids":false,"stream_reasoning":true,"no_stop_trim":false,"add_special_tokens":false)"}) {
+    auto r = ParseChatCompletionRequest(Chat(field), kLimits);
+    EXPECT_TRUE(r.ok()) << field << ": " << (r.ok() ? "" : r.error().message);
+  }
+  for (auto [field, param] : std::vector<std::pair<const char*, const char*>>{
+           {R"("grammar_lazy":true)", "grammar_lazy"}, {R"("grammar_triggers":[{"type":0,"value":"<"}])", "grammar_triggers"},
+           {R"("preserved_tokens":["<x>"])", "preserved_tokens"}, {R"("n_indent":4)", "n_indent"},
+           {R"("t_max_predict_ms":100)", "t_max_predict_ms"}, {R"("min_keep":2)", "min_keep"},
+           {R"("lora":[{"id":0,"scale":1}])", "lora"}, {R"("post_sampling_probs":true)", "post_sampling_probs"},
+           {R"("return_tokens_as_token_ids":true)", "return_tokens_as_token_ids"},
+           {R"("stream_reasoning":false)", "stream_reasoning"}, {R"("no_stop_trim":true)", "no_stop_trim"},
+           {R"("lora_path":"a")", "lora_path"}, {R"("add_special_tokens":true)", "add_special_tokens"},
+           {R"("echo":true)", "echo"}}) {
+    EXPECT_EQ(ChatError(Chat(field)).param, param) << field;
+  }
+}
+
+// vLLM's repetition_penalty is llama.cpp's rule over the whole sequence; the reasoning
+// switches of the three servers' clients; reasoning_effort for templates that read it;
+// cache_salt; add_special_tokens on raw prompts.
+TEST(Api, OtherServersFieldsAreImplemented) {
+  auto r = ParseChatCompletionRequest(Chat(R"("repetition_penalty":1.3)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FLOAT_EQ(r->gen.repeat_penalty, 1.3f);
+  EXPECT_EQ(r->gen.repeat_last_n, -1);
+  r = ParseChatCompletionRequest(Chat(R"("repetition_penalty":1.3,"repeat_last_n":16)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->gen.repeat_last_n, 16);
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat(R"("repetition_penalty":1.3,"repeat_penalty":1.3)"), kLimits).ok());
+  EXPECT_EQ(ChatError(Chat(R"("repetition_penalty":1.3,"repeat_penalty":1.1)")).param, "repetition_penalty");
+  EXPECT_EQ(ChatError(Chat(R"("repetition_penalty":0)")).param, "repetition_penalty");
+
+  r = ParseChatCompletionRequest(Chat(R"("n":1)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reasoning_format, "");
+  EXPECT_TRUE(r->include_reasoning);
+  r = ParseChatCompletionRequest(Chat(R"("reasoning_format":"none")"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reasoning_format, "none");
+  r = ParseChatCompletionRequest(Chat(R"("reasoning_format":"auto")"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reasoning_format, "deepseek");
+  r = ParseChatCompletionRequest(Chat(R"("separate_reasoning":false)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reasoning_format, "none");
+  r = ParseChatCompletionRequest(Chat(R"("include_reasoning":false)"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->include_reasoning);
+  EXPECT_EQ(ChatError(Chat(R"("reasoning_format":"deepseek-legacy")")).param, "reasoning_format");
+  EXPECT_EQ(ChatError(Chat(R"("reasoning_format":"deepseek","separate_reasoning":false)")).param, "separate_reasoning");
+
+  auto kwarg = [](const ChatCompletionRequest& q, const std::string& k) -> std::string {
+    for (const auto& [key, v] : q.template_kwargs) {
+      if (key == k) return v.kind() == jinja::Value::Kind::kString ? v.text() : "?";
+    }
+    return "";
+  };
+  r = ParseChatCompletionRequest(Chat(R"("reasoning_effort":"low")"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(kwarg(*r, "reasoning_effort"), "low");
+  r = ParseChatCompletionRequest(Chat(R"("reasoning_effort":"low","chat_template_kwargs":{"reasoning_effort":"high"})"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(kwarg(*r, "reasoning_effort"), "high");
+  EXPECT_EQ(ChatError(Chat(R"("reasoning_effort":"max")")).param, "reasoning_effort");
+
+  r = ParseChatCompletionRequest(Chat(R"("cache_salt":"tenant-7")"), kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->gen.cache_salt, "tenant-7");
+  EXPECT_EQ(ChatError(Chat(R"("cache_salt":"")")).param, "cache_salt");
+  EXPECT_EQ(ChatError(Chat(R"("cache_salt":7)")).param, "cache_salt");
+
+  auto c = ParseCompletionRequest(R"({"prompt":"p","add_special_tokens":false})", kLimits);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->add_special);
+  c = ParseCompletionRequest(R"({"prompt":"p"})", kLimits);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->add_special);
 }
 
 // text_offset: byte offsets into the whole returned text, counting an echoed prompt and

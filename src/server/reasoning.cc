@@ -18,8 +18,8 @@ size_t PartialSuffix(std::string_view s, std::string_view marker) {
 
 }  // namespace
 
-ReasoningSplitter::ReasoningSplitter(bool enabled, bool open_in_prompt)
-    : state_(!enabled ? State::kOff : open_in_prompt ? State::kReasoning : State::kStart) {}
+ReasoningSplitter::ReasoningSplitter(bool enabled, bool open_in_prompt, bool keep_reasoning)
+    : state_(!enabled ? State::kOff : open_in_prompt ? State::kReasoning : State::kStart), keep_(keep_reasoning) {}
 
 bool ReasoningSplitter::PromptOpensReasoning(std::string_view prompt) {
   size_t e = prompt.size();
@@ -27,7 +27,7 @@ bool ReasoningSplitter::PromptOpensReasoning(std::string_view prompt) {
   return prompt.substr(0, e).ends_with(kOpen);
 }
 
-ReasoningSplitter::Parts ReasoningSplitter::Feed(std::string_view text) {
+ReasoningSplitter::Parts ReasoningSplitter::Split(std::string_view text) {
   Parts out;
   held_ += text;
   while (!held_.empty()) {
@@ -76,7 +76,7 @@ ReasoningSplitter::Parts ReasoningSplitter::Feed(std::string_view text) {
   return out;
 }
 
-ReasoningSplitter::Parts ReasoningSplitter::Flush() {
+ReasoningSplitter::Parts ReasoningSplitter::SplitRest() {
   Parts out;
   if (state_ == State::kReasoning) {
     out.reasoning = std::move(held_);

@@ -20,20 +20,28 @@ namespace trellis::server {
 class ReasoningSplitter {
  public:
   ReasoningSplitter() = default;  // disabled: everything is content
-  ReasoningSplitter(bool enabled, bool open_in_prompt);
+  // keep_reasoning false: the reasoning is split off and dropped (vLLM's include_reasoning).
+  ReasoningSplitter(bool enabled, bool open_in_prompt, bool keep_reasoning = true);
 
   struct Parts {
     std::string reasoning, content;
   };
-  Parts Feed(std::string_view text);
-  Parts Flush();  // at the end: what was held back (an unclosed block stays reasoning)
+  Parts Feed(std::string_view text) { return Keep(Split(text)); }
+  Parts Flush() { return Keep(SplitRest()); }  // at the end: what was held back (an unclosed block stays reasoning)
 
   // The opening marker ends the prompt (after whitespace): the answer starts inside it.
   static bool PromptOpensReasoning(std::string_view prompt);
 
  private:
   enum class State { kOff, kStart, kReasoning, kAfterClose, kContent };
+  Parts Split(std::string_view text);
+  Parts SplitRest();
+  Parts Keep(Parts p) const {
+    if (!keep_) p.reasoning.clear();
+    return p;
+  }
   State state_ = State::kOff;
+  bool keep_ = true;
   std::string held_;
 };
 

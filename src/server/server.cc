@@ -410,8 +410,10 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
     gen.grammar = *g;
     if (gen.grammar_param.empty()) gen.grammar_param = "tools";
   }
-  const bool split = opts_.reasoning_format == "deepseek" && chat_.thinks();
-  Generate(Endpoint::kChat, std::move(prompt), gen, salt, "", ex, ReasoningSplitter(split, split && opens),
+  const std::string& format = r->reasoning_format.empty() ? opts_.reasoning_format : r->reasoning_format;
+  const bool split = (format == "deepseek" || !r->include_reasoning) && chat_.thinks();
+  Generate(Endpoint::kChat, std::move(prompt), gen, salt, "", ex,
+           ReasoningSplitter(split, split && opens, /*keep_reasoning=*/r->include_reasoning),
            calls ? ToolCallStream(tool_format_) : ToolCallStream());
 }
 
@@ -420,7 +422,8 @@ void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchang
   if (!r.ok()) return SendError(ex, r.error());
   // A raw prompt is the client's whole input (no turns to forge): special tokens parse.
   std::vector<int32_t> prompt =
-      r->prompt_text ? tok_.Encode(*r->prompt_text, tok_.add_bos(), /*parse_special=*/true) : r->prompt_tokens;
+      r->prompt_text ? tok_.Encode(*r->prompt_text, tok_.add_bos() && r->add_special, /*parse_special=*/true)
+                     : r->prompt_tokens;
   std::string echo;
   if (r->echo) echo = r->prompt_text ? *r->prompt_text : tok_.Decode(r->prompt_tokens);
   Generate(Endpoint::kCompletion, std::move(prompt), r->gen, salt, echo, ex);
@@ -468,7 +471,8 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       return SendError(ex, e);
     }
   }
-  p.cache_salt = salt;
+  // A request's own cache_salt narrows the API key's: blocks are shared only where both match.
+  p.cache_salt = gen.cache_salt.empty() ? salt : Mix64(salt ^ SaltForKey("request:" + gen.cache_salt)) | 1;
   p.rendered = marker_tokens_;
   p.seed = Mix64(next_seed_.fetch_add(1));
   auto g = std::make_shared<Generation>(engine_, tok_, metrics_, std::move(p));

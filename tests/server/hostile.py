@@ -861,7 +861,7 @@ def _(srv):
         ("messages", CHAT, '{"messages":' + arr + ',"max_tokens":1}'),
         ("prompt", COMP, '{"prompt":' + arr + ',"max_tokens":1}'),
         ("stop", CHAT, '{"messages":' + msg + ',"max_tokens":1,"stop":' + arr + "}"),
-        ("an ignored unknown field", CHAT, '{"messages":' + msg + ',"max_tokens":1,"x_unknown":' + obj + "}"),
+        ("metadata (taken, no effect)", CHAT, '{"messages":' + msg + ',"max_tokens":1,"metadata":' + obj + "}"),
         ("content", CHAT, '{"messages":[{"role":"user","content":' + arr + '}],"max_tokens":1}'),
     ]
     run_all(cases, lambda c: expect_error(post_text(srv, c[1], c[2]), 400, what=c[0]))
@@ -876,10 +876,12 @@ def _(srv):
     ], lambda c: expect_error(post_text(srv, c[1], c[2]), 400, what=c[0]))
 
 
-@check("JSON nested 8 deep in an unknown field is fine", "default")
+@check("JSON nested 8 deep in metadata is fine; an unknown field is a 400 naming it", "default", extra=1)
 def _(srv):
     msg = '[{"role":"user","content":"x"}]'
-    expect_ok_json(post_text(srv, CHAT, '{"messages":' + msg + ',"max_tokens":1,"x_unknown":' + deep_object(8) + "}"))
+    expect_ok_json(post_text(srv, CHAT, '{"messages":' + msg + ',"max_tokens":1,"metadata":' + deep_object(8) + "}"))
+    r = post_text(srv, CHAT, '{"messages":' + msg + ',"max_tokens":1,"x_unknown":' + deep_object(8) + "}")
+    expect_error(r, 400, param="x_unknown")
 
 
 def chat_bytes(content=b"x", extra=b""):
@@ -1372,7 +1374,7 @@ def _(srv):
 
 @check("a 900 KB body under --max-body is served", "limits")
 def _(srv):
-    expect_ok_json(srv.post(CHAT, chat_body(max_tokens=1, x_pad="p" * 900000)))
+    expect_ok_json(srv.post(CHAT, chat_body(max_tokens=1, user="p" * 900000)))
 
 
 @check("gzip / deflate / brotli bombs -> 413 (decompress)", "limits", spec=3)

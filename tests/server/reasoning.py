@@ -69,6 +69,41 @@ for stream in (False, True):
         raise SystemExit(f"FAIL: stream={stream}: reasoning {reasoning!r}, content {content!r}")
     print(f"ok: stream={stream}: reasoning {reasoning!r} apart from content {content!r}")
 
+# The reasoning switches of the other servers' clients, per request: llama-server's
+# reasoning_format none and SGLang's separate_reasoning false leave the block in content;
+# vLLM's include_reasoning false splits it off and drops it. Same seed, same grammar: the
+# same tokens, so the three answers are the one above, arranged differently.
+base = {"messages": msgs, "max_tokens": 200, "grammar": grammar, "temperature": 1.0, "seed": 7}
+code, raw = post("/v1/chat/completions", base)
+m = json.loads(raw)["choices"][0]["message"]
+split_reasoning, split_content = m.get("reasoning_content", ""), m["content"]
+for extra in ({"reasoning_format": "none"}, {"separate_reasoning": False}):
+    code, raw = post("/v1/chat/completions", {**base, **extra})
+    assert code == 200, raw
+    m = json.loads(raw)["choices"][0]["message"]
+    if m.get("reasoning_content") or not m["content"].startswith("<think>" + split_reasoning + "</think>"):
+        raise SystemExit(f"FAIL: {extra}: the block should stay in content: {m}")
+    print(f"ok: {extra}: the block stays in content")
+for stream in (False, True):
+    code, raw = post("/v1/chat/completions", {**base, "include_reasoning": False, **({"stream": True} if stream else {})})
+    assert code == 200, raw
+    if stream:
+        content = ""
+        for line in raw.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:]).get("choices", []):
+                    if ch.get("delta", {}).get("reasoning_content"):
+                        raise SystemExit(f"FAIL: include_reasoning false streamed reasoning: {line}")
+                    content += ch.get("delta", {}).get("content") or ""
+    else:
+        m = json.loads(raw)["choices"][0]["message"]
+        if m.get("reasoning_content"):
+            raise SystemExit(f"FAIL: include_reasoning false, yet reasoning: {m}")
+        content = m["content"]
+    if content != split_content:
+        raise SystemExit(f"FAIL: include_reasoning false: content {content!r}, want {split_content!r}")
+    print(f"ok: include_reasoning false (stream={stream}): reasoning dropped, content kept")
+
 # A schema with thinking off: the answer validates at once; with it on, the grammar lets
 # the model reason first (a random model seldom closes the block, so only the split's
 # shape is checked there).

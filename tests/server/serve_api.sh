@@ -43,6 +43,32 @@ c2=$(jget "$tmp/c2.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
 [[ $c2 -gt 0 ]] || die "second call cached_tokens = $c2: $(cat "$tmp/c2.json")"
 ok "second call cached_tokens = $c2 of $(jget "$tmp/c2.json" "j['usage']['prompt_tokens']")"
 
+say "cache_salt (vLLM's): prefixes are shared only among requests with the same salt"
+cached() { jget "$1" "j['usage']['prompt_tokens_details']['cached_tokens']"; }
+[[ $(post /v1/chat/completions "$(chat 'And of Spain?' 8 ',"cache_salt":"tenant-a"')" "$tmp/s1.json") == 200 ]] || die "salted: $(cat "$tmp/s1.json")"
+[[ $(cached "$tmp/s1.json") == 0 ]] || die "a new salt reused unsalted blocks: $(cat "$tmp/s1.json")"
+[[ $(post /v1/chat/completions "$(chat 'And of Italy?' 8 ',"cache_salt":"tenant-b"')" "$tmp/s2.json") == 200 ]] || die "salted b"
+[[ $(cached "$tmp/s2.json") == 0 ]] || die "tenant-b reused tenant-a's blocks: $(cat "$tmp/s2.json")"
+[[ $(post /v1/chat/completions "$(chat 'And of Italy?' 8 ',"cache_salt":"tenant-a"')" "$tmp/s3.json") == 200 ]] || die "salted a again"
+[[ $(cached "$tmp/s3.json") -gt 0 ]] || die "tenant-a did not reuse its own prefix: $(cat "$tmp/s3.json")"
+ok "salt a: 0 cached, salt b: 0, salt a again: $(cached "$tmp/s3.json")"
+
+say "repetition_penalty (vLLM's) is repeat_penalty over the whole sequence"
+# A bias of +8 makes the "▁" token (29871, in the prompt) win every greedy step; a penalty
+# of 5 on the tokens seen keeps it out.
+rp() { post /v1/chat/completions "$(chat 'Say it again and again' 8 ",\"temperature\":0,\"logit_bias\":{\"29871\":8}$1")" "$2"; }
+text() { jget "$1" "repr(j['choices'][0]['message']['content'])"; }
+[[ $(rp ',"repetition_penalty":5' "$tmp/rp1.json") == 200 ]] || die "repetition_penalty: $(cat "$tmp/rp1.json")"
+[[ $(rp ',"repeat_penalty":5,"repeat_last_n":-1' "$tmp/rp2.json") == 200 ]] || die "repeat_penalty: $(cat "$tmp/rp2.json")"
+[[ $(rp '' "$tmp/rp0.json") == 200 ]] || die "no penalty: $(cat "$tmp/rp0.json")"
+[[ $(jget "$tmp/rp0.json" "j['choices'][0]['message']['content'].strip() == ''") == True ]] \
+  || die "the biased token did not win without a penalty: $(text "$tmp/rp0.json")"
+[[ $(text "$tmp/rp1.json") == "$(text "$tmp/rp2.json")" ]] \
+  || die "repetition_penalty $(text "$tmp/rp1.json") and repeat_penalty over the whole context $(text "$tmp/rp2.json") differ"
+[[ $(jget "$tmp/rp1.json" "'  ' not in j['choices'][0]['message']['content']") == True ]] \
+  || die "repetition_penalty 5 let the seen token repeat: $(text "$tmp/rp1.json")"
+ok "without: $(text "$tmp/rp0.json"); with: $(text "$tmp/rp1.json"), as repeat_penalty with the whole sequence"
+
 say "greedy, and sampling with a seed, are deterministic: the same request twice gives the same text"
 # same_twice NAME BODY: both answers must be 200 with non-empty content before they are
 # compared (two failed requests would otherwise compare equal: two empty strings).

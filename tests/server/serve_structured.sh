@@ -35,5 +35,10 @@ code=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"m
 [[ $(jget "$tmp/none.json" "j['choices'][0]['message']['content'].startswith('<think>') and 'reasoning_content' not in j['choices'][0]['message']") == True ]] \
   || die "reasoning-format none split the block: $(cat "$tmp/none.json")"
 ok "--reasoning-format none leaves the block in content"
+code=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":60,"reasoning_format":"deepseek","grammar":"root ::= \"<think>\" [a-z]{1,5} \"</think>\" [a-z]{1,5}"}' "$tmp/per-request.json")
+[[ $code == 200 ]] || die "reasoning_format deepseek per request: $code $(cat "$tmp/per-request.json")"
+[[ $(jget "$tmp/per-request.json" "len(j['choices'][0]['message'].get('reasoning_content') or '') > 0 and '<think>' not in j['choices'][0]['message']['content']") == True ]] \
+  || die "a request's reasoning_format deepseek did not split the block: $(cat "$tmp/per-request.json")"
+ok "a request's reasoning_format overrides the server's"
 stop_server
 ok "server_structured"
