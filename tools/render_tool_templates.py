@@ -65,14 +65,46 @@ REQUESTS = {
 }
 
 # Templates only this file renders (render_chat_templates.py cannot: no date_string).
-TOOL_TOKENS = {"meta-llama-Llama-3.2": ("<|begin_of_text|>", "<|eot_id|>")}
+# Phi-4-mini's bos / eos: its tokenizer_config.json ("<|endoftext|>" both).
+TOOL_TOKENS = {"meta-llama-Llama-3.2": ("<|begin_of_text|>", "<|eot_id|>"),
+               "microsoft-Phi-4-mini-instruct": ("<|endoftext|>", "<|endoftext|>")}
 
 # Variables a template reads that Hugging Face fills from the clock (Llama 3.2's
 # strftime_now default): fixed here so the rendering is the same every day.
 TEMPLATE_KWARGS = {"meta-llama-Llama-3.2": {"date_string": "26 Jul 2024"}}
 
 TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
-             "Qwen-Qwen3", "meta-llama-Llama-3.2"]
+             "Qwen-Qwen3", "meta-llama-Llama-3.2", "microsoft-Phi-4-mini-instruct"]
+
+# Templates that read the tool definitions from the system message's own "tools" field (a
+# JSON string) and render neither tool calls nor the tool role (Phi-4-mini's, as its model
+# card describes: <|system|>...<|tool|>[...]<|/tool|><|end|>). Hugging Face leaves that
+# field to the caller; the server fills it (docs/server.md, "Tools"), and this is the rule
+# it follows: the function objects as tojson writes them, on the first system message (an
+# empty one added first if there is none); calls written as <|tool_call|>[...]<|/tool_call|>
+# in the assistant's content; results as user messages holding {"tool_response": ...}.
+TOOLS_ON_SYSTEM = {"microsoft-Phi-4-mini-instruct"}
+
+
+def tools_on_system(messages, tools):
+    out = copy.deepcopy(messages)
+    fns = tojson([t.get("function", t) for t in tools])
+    if not out or out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": ""})
+    out[0]["tools"] = fns
+    for m in out:
+        if m.get("tool_calls"):
+            calls = tojson([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                            for c in m.pop("tool_calls")])
+            text = "<|tool_call|>" + calls + "<|/tool_call|>"
+            m["content"] = text if not m.get("content") else m["content"] + "\n" + text
+        if m["role"] == "tool":
+            r = {"tool_call_id": m.pop("tool_call_id")} if "tool_call_id" in m else {}
+            if "name" in m:
+                r["name"] = m.pop("name")
+            r["content"] = m["content"]
+            m["role"], m["content"] = "user", tojson({"tool_response": r})
+    return out
 
 
 def for_template(messages):
@@ -124,6 +156,8 @@ def main():
         for key, req in REQUESTS.items():
             kwargs = dict(TEMPLATE_KWARGS.get(name, {}), **req.get("chat_template_kwargs", {}))
             messages = for_template(req["messages"])
+            if name in TOOLS_ON_SYSTEM:
+                messages = tools_on_system(messages, req["tools"])
             for m in messages if as_empty else []:
                 if m.get("content") is None:
                     m["content"] = ""

@@ -187,10 +187,10 @@ int Serve(const ServeOpts& opts) {
   const SchedulerOptions& eo = (*engine)->options();
   std::fprintf(stderr,
                "trellis serve: listening on http://%s:%d | model %s (%s) | ctx %d | kv %lld blocks of %d | "
-               "template %s (%s) | auth %s | %s\n",
+               "template %s (%s), tool calls %s | auth %s | %s\n",
                o.host.c_str(), srv.port(), sopt.model_id.c_str(), (*model)->TypeSummary().c_str(), eo.n_ctx,
                static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
-               template_source.c_str(),
+               template_source.c_str(), server::ToolCallFormatName(srv.tool_format()),
                o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str(),
                ThreadsText(o.threads, threads_how).c_str());
   if (grid_head) {

@@ -299,7 +299,7 @@ const jinja::Value* Extra(const ChatMessage& m, std::string_view key) {
 }
 
 bool NeedsPolyfill(const ChatTemplate& t, std::span<const ChatMessage> messages, const jinja::Value& tools) {
-  if (HasTools(tools) && !t.renders_tools()) return true;
+  if (HasTools(tools) && (!t.renders_tools() || t.tools_on_system())) return true;
   for (const ChatMessage& m : messages) {
     if (m.role == "tool" && !t.renders_tool_role()) return true;
     if (HasToolCalls(m) && !t.renders_tool_calls()) return true;
@@ -323,9 +323,29 @@ std::vector<ChatMessage> PolyfillTools(const ChatTemplate& tmpl, std::span<const
       system += "\n" + jinja::ToJson(f ? *f : t);
     }
   }
+  // A template that reads the definitions from the system message's `tools` field: a JSON
+  // string of the function objects, as its model card writes them.
+  std::string on_system;
+  if (HasTools(tools) && tmpl.tools_on_system()) {
+    jinja::ValueList fns;
+    for (const jinja::Value& t : tools.list()) {
+      const jinja::Value* f = t.Find("function");
+      fns.push_back(f ? *f : t);
+    }
+    on_system = jinja::ToJson(jinja::Value::List(std::move(fns)));
+    if (messages.empty() || messages.front().role != "system") {
+      out.push_back({"system", "", false, {{"tools", jinja::Value::Str(on_system, /*input=*/true)}}});
+      on_system.clear();
+    }
+  }
   bool placed = system.empty();
   for (const ChatMessage& m : messages) {
     ChatMessage c = m;
+    if (!on_system.empty() && m.role == "system") {
+      std::erase_if(c.extra, [](const auto& kv) { return kv.first == "tools"; });
+      c.extra.emplace_back("tools", jinja::Value::Str(on_system, /*input=*/true));
+      on_system.clear();
+    }
     if (!placed && m.role == "system") {
       c.content = c.content.empty() ? system : c.content + "\n\n" + system;
       c.content_null = false;
@@ -347,7 +367,10 @@ std::vector<ChatMessage> PolyfillTools(const ChatTemplate& tmpl, std::span<const
         calls.push_back(jinja::Value::Dict({{"name", name ? *name : jinja::Value::None()},
                                             {"arguments", args ? *args : jinja::Value::Dict()}}));
       }
-      const std::string json = jinja::ToJson(jinja::Value::Dict({{"tool_calls", jinja::Value::List(std::move(calls))}}));
+      const std::string json =
+          tmpl.tools_on_system()
+              ? "<|tool_call|>" + jinja::ToJson(jinja::Value::List(std::move(calls))) + "<|/tool_call|>"
+              : jinja::ToJson(jinja::Value::Dict({{"tool_calls", jinja::Value::List(std::move(calls))}}));
       c.content = c.content.empty() ? json : c.content + "\n" + json;
       c.content_null = false;
       std::erase_if(c.extra, [](const auto& kv) { return kv.first == "tool_calls"; });
@@ -425,6 +448,7 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view source, TemplateTo
   t.thinks_ = source.find("</think>") != std::string_view::npos;
   t.source_ = std::string(source);
   t.renders_tools_ = HasWord(source, "tools");
+  t.tools_on_system_ = Has(source, "message['tools']") || Has(source, "message[\"tools\"]") || Has(source, "message.tools");
   t.renders_tool_calls_ = HasWord(source, "tool_calls");
   t.renders_tool_role_ = Has(source, "\"tool\"") || Has(source, "'tool'");
   if (r.ok()) {

@@ -119,6 +119,12 @@ class ChatTemplate {
   bool renders_tools() const { return renders_tools_; }
   bool renders_tool_calls() const { return renders_tool_calls_; }
   bool renders_tool_role() const { return renders_tool_role_; }
+  // Whether the template reads the tool definitions from the system message's own `tools`
+  // field (a JSON string), not from the `tools` variable (Phi-4-mini's: <|system|>...
+  // <|tool|>[...]<|/tool|>). Render puts them there: on the first system message, or on
+  // an empty one added first; assistant tool calls it does not render are written in its
+  // family's <|tool_call|>[...]<|/tool_call|> syntax.
+  bool tools_on_system() const { return tools_on_system_; }
   // Whether the template takes a system message (Gemma's raises on one).
   bool takes_system() const { return takes_system_; }
   // Whether a null content (an assistant turn of only tool calls) is rendered as "":
@@ -146,15 +152,18 @@ class ChatTemplate {
   std::string default_system_;  // chatml: rendered when messages[0] is not a system message
   bool thinks_ = false;
   bool renders_tools_ = false, renders_tool_calls_ = false, renders_tool_role_ = false, takes_system_ = true;
+  bool tools_on_system_ = false;
   bool null_content_as_empty_ = false;  // null contents are rendered as "" (the template fails on null)
   std::string source_;
 };
 
 // For a template that cannot render tools: `messages` with the tool definitions written
 // into the system message (one is added first if there is none), assistant tool calls
-// written as the generic syntax's JSON in their content, and tool results as user
-// messages holding {"tool_response": {...}} JSON. Each step only where the template lacks
-// it (renders_tools / renders_tool_calls / renders_tool_role).
+// written as the generic syntax's JSON in their content (Phi-4-mini's syntax for a
+// tools_on_system template), and tool results as user messages holding
+// {"tool_response": {...}} JSON. Each step only where the template lacks it
+// (renders_tools / renders_tool_calls / renders_tool_role); for a tools_on_system
+// template, the definitions go into the system message's `tools` field instead.
 std::vector<ChatMessage> PolyfillTools(const ChatTemplate& tmpl, std::span<const ChatMessage> messages,
                                        const jinja::Value& tools);
 

@@ -84,6 +84,8 @@ class Server : public HttpHandler {
   // Binds host:port (port 0: any free port). Error if the address is taken.
   Status Bind();
   int port() const { return http_->port(); }
+  // The tool-call syntax answers are held to and parsed in (from the template).
+  ToolCallFormat tool_format() const { return tool_format_; }
   // Serves until Stop() and until every connection has ended. REQUIRES: Bind() succeeded.
   void Run();
   // Stops accepting, cancels in-flight generations, answers queued requests 503.

@@ -86,7 +86,9 @@ ParsedAnswer Blocks(std::string_view text, std::string_view open, std::string_vi
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (Contains(src, "<tool_call>")) return ToolCallFormat::kHermes;
   if (Contains(src, "[TOOL_CALLS]")) return ToolCallFormat::kMistral;
-  if (Contains(src, "<|tool_call|>")) return ToolCallFormat::kPhi4;
+  // Phi-4-mini's template names only <|tool|> (the definitions); its model answers with
+  // <|tool_call|>[...]<|/tool_call|>.
+  if (Contains(src, "<|tool_call|>") || Contains(src, "<|tool|>")) return ToolCallFormat::kPhi4;
   if (Contains(src, "<|python_tag|>") || (Contains(src, "ipython") && Contains(src, "parameters"))) return ToolCallFormat::kLlama3;
   return ToolCallFormat::kGeneric;
 }

@@ -16,13 +16,14 @@ stop_server
 # (the generic syntax, written into the prompt), then real templates with their own.
 say "tool calls are valid for their tools' schemas, in every family's syntax"
 for spec in generic: hermes:Qwen-Qwen2.5-7B-Instruct llama3:meta-llama-Llama-3.1-8B-Instruct \
-            mistral:mistralai-Mistral-Nemo-Instruct-2407; do
+            mistral:mistralai-Mistral-Nemo-Instruct-2407 phi4:microsoft-Phi-4-mini-instruct; do
   fmt=${spec%%:*} file=${spec#*:}
   start_server "tools-$fmt" --ctx-size 2048 ${file:+--chat-template "$DATA/templates/$file.jinja"}
+  grep -q "tool calls $fmt " "$tmp/tools-$fmt.log" || die "the server took another syntax than $fmt: $(head -3 "$tmp/tools-$fmt.log")"
   python3 "$(dirname "$0")/tools.py" "$base" "$fmt" || die "tools.py $fmt failed (server log: $tmp/tools-$fmt.log)"
   stop_server
 done
-ok "tool calls in four syntaxes"
+ok "tool calls in five syntaxes"
 
 say "chat_template_kwargs reach a real template (SmolLM3's); <think> blocks go to reasoning_content"
 start_server reasoning --ctx-size 2048 --chat-template "$DATA/templates/HuggingFaceTB-SmolLM3-3B.jinja"

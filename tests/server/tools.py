@@ -112,7 +112,10 @@ sampling = lambda seed, temp: {"seed": seed, "temperature": temp, "top_k": 0, "t
 n = 0
 for seed in range(6):
     temp = [0.0, 0.6, 1.0, 1.3, 0.9, 1.5][seed]
-    msg, finish, _ = ask({"tool_choice": "required", **sampling(seed, temp)}, stream=seed % 2 == 1)
+    # Greedy on random weights may repeat ", {call}" until max_tokens (a forced answer may
+    # hold any number of calls): parallel calls are asked for where the draw is random.
+    msg, finish, _ = ask({"tool_choice": "required", "parallel_tool_calls": temp > 0, **sampling(seed, temp)},
+                         stream=seed % 2 == 1)
     check_calls(msg, finish, SCHEMAS.keys(), f"required seed {seed} temp {temp}")
     n += 1
     msg, finish, _ = ask({"tool_choice": {"type": "function", "function": {"name": "search_docs"}},
@@ -122,6 +125,17 @@ for seed in range(6):
 print(f"ok: {n} forced answers ({FORMAT}), every call valid for its tool's schema")
 
 # auto: text or calls; whatever calls come, they are valid.
+# The definitions reach the prompt, however the template takes them (the tools variable,
+# the system message's own field, or written in by the server): a prompt with the tools
+# holds at least their names' and descriptions' tokens more than one without.
+code, raw = post({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+bare = json.loads(raw)["usage"]["prompt_tokens"]
+code, raw = post({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "tools": TOOLS, "tool_choice": "none"})
+with_tools = json.loads(raw)["usage"]["prompt_tokens"]
+if with_tools < bare + 40:
+    raise SystemExit(f"FAIL: the tools did not reach the prompt: {bare} tokens without, {with_tools} with")
+print(f"ok: the tool definitions reach the prompt ({bare} -> {with_tools} tokens)")
+
 calls = 0
 for seed in range(4):
     msg, finish, _ = ask({"tool_choice": "auto", **sampling(seed, 1.0)}, stream=seed == 2)
