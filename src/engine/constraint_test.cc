@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
 #include <random>
 
 #include "engine/scheduler.h"
@@ -11,6 +12,7 @@
 #include "engine/test_scheduler.h"
 #include "util/slowdown.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 #include "model/gguf.h"
 #include "util/thread_pool.h"
 
@@ -63,35 +65,73 @@ constexpr const char* kPersonSchema = R"~({
   "additionalProperties": false
 })~";
 
+// Walks `walks` random documents of `g` `steps` tokens deep on `vocab`; at every step the
+// mask must equal the tokens that, tried alone, keep the document completable.
+void CheckMasksExact(const grammar::Grammar& g, const std::shared_ptr<const grammar::TokenVocabulary>& vocab,
+                     int walks, int steps, uint64_t seed) {
+  auto compiled = std::make_shared<grammar::CompiledGrammar>(g, vocab);
+  std::mt19937_64 rng(seed);
+  grammar::TokenMask mask(vocab->n_vocab());
+  for (int walk = 0; walk < walks; ++walk) {
+    auto m = *grammar::GrammarMatcher::Make(compiled);
+    for (int step = 0; step < steps && !m->ended(); ++step) {
+      ASSERT_TRUE(m->FillMask(mask).ok());
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
+        bool want = vocab->is_eog(id) ? m->complete() : !vocab->piece(id).empty() && *m->Allows(vocab->piece(id));
+        ASSERT_EQ(mask.Test(id), want) << "token " << id << " '" << vocab->piece(id) << "' at walk " << walk
+                                       << " step " << step;
+        if (want) allowed.push_back(id);
+      }
+      ASSERT_FALSE(allowed.empty());
+      // Half the steps take the longest allowed piece (deep into a rule in one token,
+      // across rule boundaries), half a random one.
+      int32_t pick = allowed[rng() % allowed.size()];
+      if (rng() % 2) {
+        for (int32_t id : allowed) {
+          if (vocab->piece(id).size() > vocab->piece(pick).size()) pick = id;
+        }
+      }
+      ASSERT_TRUE(m->Accept(pick).ok());
+    }
+  }
+}
+
+std::string ReadData(const std::string& rel) {
+  std::ifstream f(std::string(TRELLIS_TEST_DATA) + "/" + rel);
+  EXPECT_TRUE(f.good()) << rel;
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
 // For random positions of random valid documents, the mask equals the tokens that, tried
 // alone, keep the document completable: on the Llama SentencePiece (32k), GPT-2 BPE (50k)
 // and Qwen3 (151k, byte-level BPE with CJK and code pieces) vocabularies, whose pieces
-// split characters, carry leading spaces and merge punctuation with letters.
+// split characters, carry leading spaces and merge punctuation with letters; for a JSON
+// Schema, llama.cpp-style GBNF grammars (JSON, C, arithmetic) and a regular expression.
 TEST(ConstraintTest, MaskIsExactOnRealVocabularies) {
-  auto g = grammar::CompileJsonSchema(kPersonSchema);
-  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto schema = grammar::CompileJsonSchema(kPersonSchema);
+  ASSERT_TRUE(schema.ok()) << schema.status().message();
+  std::vector<std::pair<std::string, grammar::Grammar>> grammars = {{"person schema", *schema}};
+  for (const char* file : {"json.gbnf", "c.gbnf", "arithmetic.gbnf"}) {
+    auto g = grammar::ParseGbnf(ReadData(std::string("grammars/") + file));
+    ASSERT_TRUE(g.ok()) << file << ": " << g.status().message();
+    grammars.emplace_back(file, *g);
+  }
+  auto re = grammar::CompileRegex(R"([a-z]{2,6}(\.[a-z]+)?@(x|yz)\.com( #[0-9]{1,3})?)");
+  ASSERT_TRUE(re.ok()) << re.status().message();
+  grammars.emplace_back("regex", *re);
   for (const char* file : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "qwen3-vocab.gguf"}) {
     SCOPED_TRACE(file);
-    if (TestEmulated() && std::string_view(file) == "qwen3-vocab.gguf") continue;  // slowdown.h
+    const bool large = std::string_view(file) == "qwen3-vocab.gguf";
+    if (TestEmulated() && large) continue;  // slowdown.h
     auto tok = LoadTokenizer(std::string(TRELLIS_TEST_DATA) + "/vocab/" + file);
     auto vocab = MakeTokenVocabulary(*tok);
-    auto compiled = std::make_shared<grammar::CompiledGrammar>(*g, vocab);
-    std::mt19937_64 rng(5);
-    grammar::TokenMask mask(vocab->n_vocab());
-    const bool large = vocab->n_vocab() > 100000;  // one shorter walk: 151k reference checks a step
-    for (int walk = 0; walk < (large ? 1 : 3); ++walk) {
-      auto m = *grammar::GrammarMatcher::Make(compiled);
-      for (int step = 0; step < (large ? 8 : 12) && !m->ended(); ++step) {
-        ASSERT_TRUE(m->FillMask(mask).ok());
-        std::vector<int32_t> allowed;
-        for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
-          bool want = vocab->is_eog(id) ? m->complete() : !vocab->piece(id).empty() && *m->Allows(vocab->piece(id));
-          ASSERT_EQ(mask.Test(id), want) << "token " << id << " '" << vocab->piece(id) << "' at step " << step;
-          if (want) allowed.push_back(id);
-        }
-        ASSERT_FALSE(allowed.empty());
-        ASSERT_TRUE(m->Accept(allowed[rng() % allowed.size()]).ok());
-      }
+    for (const auto& [name, g] : grammars) {
+      SCOPED_TRACE(name);
+      // 151k reference checks a step: the schema only, one shorter walk.
+      if (large && name != "person schema") continue;
+      CheckMasksExact(g, vocab, large ? 1 : 3, large ? 8 : 12, 5);
+      if (HasFatalFailure()) return;
     }
   }
 }
