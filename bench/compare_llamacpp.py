@@ -8,6 +8,9 @@ and pass --llama-bench PATH.
 
   bench/compare_llamacpp.py --llama-bench ~/llama.cpp/build/bin/llama-bench \\
       --models tinyllama-q4_0.gguf tinyllama-q4_k_m.gguf --rounds 3 --csv results/compare.csv
+
+With -d N both run their tests after N cached tokens (long contexts: attention over the
+cache dominates there).
 """
 import argparse, csv, json, os, statistics, subprocess, sys
 
@@ -16,18 +19,18 @@ import argparse, csv, json, os, statistics, subprocess, sys
 TRELLIS_INFO = {}
 
 
-def run_trellis(trellis, model, threads, pp, tg, reps):
+def run_trellis(trellis, model, threads, pp, tg, reps, depth, extra):
     out = subprocess.run([trellis, "bench", "speed", "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg),
-                          "-r", str(reps), "--json"], check=True, capture_output=True, text=True).stdout
+                          "-r", str(reps), "-d", str(depth), "--json"], check=True, capture_output=True, text=True).stdout
     j = json.loads(out.strip().splitlines()[-1])
     TRELLIS_INFO.update({"cpu": j.get("cpu", "?"), "isa": j.get("isa", "?")})
     return j["pp_runs"], j["tg_runs"]
 
 
-def run_llamacpp(llama_bench, model, threads, pp, tg, reps):
+def run_llamacpp(llama_bench, model, threads, pp, tg, reps, depth, extra):
     pp_runs, tg_runs = [], []
     out = subprocess.run([llama_bench, "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
-                          "-o", "json"], check=True, capture_output=True, text=True).stdout
+                          "-d", str(depth), "-o", "json", *extra], check=True, capture_output=True, text=True).stdout
     for rec in json.loads(out):
         samples = rec.get("samples_ts") or [rec["avg_ts"]]
         if rec.get("n_prompt", 0) > 0 and rec.get("n_gen", 0) == 0:
@@ -45,25 +48,30 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("-d", "--depth", type=int, nargs="+", default=[0],
+                    help="tokens already in the KV cache before each test (llama-bench -d; trellis bench speed -d); "
+                         "several give one row per depth")
+    ap.add_argument("--llama-args", default="", help="extra llama-bench arguments, space-separated (e.g. '-fa 1')")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per tool per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--csv")
     a = ap.parse_args()
     rows = []
-    for model in a.models:
+    for model, depth in [(m, d) for m in a.models for d in a.depth]:
         runs = {"trellis": ([], []), "llama.cpp": ([], [])}
         for r in range(a.rounds):
             order = [("trellis", run_trellis, a.trellis), ("llama.cpp", run_llamacpp, a.llama_bench)]
             if r % 2:
                 order.reverse()
             for name, fn, exe in order:
-                pp, tg = fn(exe, model, a.threads, a.p, a.n, a.reps)
+                pp, tg = fn(exe, model, a.threads, a.p, a.n, a.reps, depth, a.llama_args.split())
                 runs[name][0].extend(pp)
                 runs[name][1].extend(tg)
-                print(f"# {os.path.basename(model)} round {r + 1} {name}: pp {statistics.median(pp):.1f} "
+                print(f"# {os.path.basename(model)} d{depth} round {r + 1} {name}: pp {statistics.median(pp):.1f} "
                       f"tg {statistics.median(tg):.1f}", file=sys.stderr)
         med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in runs.items()}
-        rows.append({"model": os.path.basename(model), "threads": a.threads,
+        rows.append({"model": os.path.basename(model), "threads": a.threads, "depth": depth,
+                     "llama_args": a.llama_args or "-",
                      "cpu": TRELLIS_INFO.get("cpu", "?"), "trellis_isa": TRELLIS_INFO.get("isa", "?"),
                      "trellis_isa_env": " ".join(f"{k}={os.environ[k]}" for k in ("TRELLIS_ISA", "TRELLIS_AVXVNNI")
                                                  if k in os.environ) or "-",

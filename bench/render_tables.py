@@ -94,6 +94,23 @@ def render_speed_llamacpp(meta, rows, targets=SPEED_TARGETS):
          "target"], out)
 
 
+def render_speed_depth(meta, rows):
+    """compare_llamacpp.py -d D1 D2 ...: the same tests after D cached tokens, one row per
+    model and depth."""
+    if not rows:
+        raise RenderError("no rows")
+    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
+    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    out = [[re.sub(r"\.gguf$", "", r["model"]), r["depth"], f(r[f"trellis_{pp}"], 1), f(r[f"llamacpp_{pp}"], 1),
+            f"**{f(r['pp_ratio'], 2)}**", f(r[f"trellis_{tg}"], 1), f(r[f"llamacpp_{tg}"], 1),
+            f"**{f(r['tg_ratio'], 2)}**"] for r in rows]
+    args = rows[0].get("llama_args", "-")
+    return provenance(meta) + (f"Medians of {rows[0]['runs_each']} runs per tool, test and depth (tokens/s); "
+                               f"llama-bench arguments beyond the test's: `{args}`.\n\n") + table(
+        ["model", "cached tokens", f"trellis {pp}", f"llama.cpp {pp}", "ratio", f"trellis {tg}", f"llama.cpp {tg}",
+         "ratio"], out)
+
+
 def render_speed_sessions(meta, rows, target8=">= 5"):
     """`trellis bench speed -s N --json` rows: one session's tg against N decoding together."""
     out = []
@@ -490,6 +507,7 @@ RENDERERS = {
     "store_micro": render_store_micro,
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
+    "speed_depth": render_speed_depth,
     "speed_sessions": render_speed_sessions,
     "speed_sessions_avx2": render_speed_sessions_avx2,
     "prefix_throughput": render_prefix_throughput,
