@@ -248,6 +248,15 @@ def render_grammar_mask(meta, rows):
         "all computed; positions: the keys cached at the end.\n\n" + table(header, out)
 
 
+def render_grammar_compile(meta, rows):
+    """`trellis bench grammar --vocab V --compile-schemas S`: schema text to the first mask."""
+    out = [[r["vocab"], r["n_vocab"], r["schemas"], r["refused"], f(r["ms_p50"], 3), f(r["ms_p99"], 3),
+            f(r["ms_max"], 3)] for r in rows]
+    return provenance(meta) + "ms from the schema's text to the first token mask (convert, bind to the vocabulary, " \
+        "fill one mask), one thread; refused: schemas using a keyword the converter lacks (a 400).\n\n" + table(
+            ["vocabulary", "tokens", "schemas", "refused", "p50 ms", "p99 ms", "max ms"], out)
+
+
 def render_store_micro(meta, rows):
     """`trellis bench store --micro`: the bulk get against ucx_perftest, and lookups."""
     v = {(r["test"], r["metric"]): float(r["value"]) for r in rows}
@@ -516,6 +525,7 @@ RENDERERS = {
     "serve": render_serve,
     "grammar_decode": render_grammar_decode,
     "grammar_mask": render_grammar_mask,
+    "grammar_compile": render_grammar_compile,
     "agent": render_chat,
 }
 

@@ -23,6 +23,9 @@ struct GrammarBenchOptions {
   int steps = 200;                  // mask computations per walk
   int walks = 4;
   std::string csv;                  // append one row per (vocab, schema)
+  // Schema files (JSON Schema Test Suite layout: arrays of {"schema": ...} groups, or one
+  // schema per file) whose compile time to the first mask is measured on each vocabulary.
+  std::vector<std::string> compile_schemas;
   // Decode through the servers (--model).
   std::string model;                // GGUF model; empty = the mask part only
   std::string llama_server;         // llama-server binary; empty = trellis only

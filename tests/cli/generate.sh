@@ -89,4 +89,15 @@ python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["depth"] =
   "$tmp/depth.json" || die "bench speed -d: $(cat "$tmp/depth.json")"
 ok "depth 40"
 
+say "bench grammar --compile-schemas: schema text to the first mask, refused keywords counted"
+mkdir -p "$tmp/schemas"
+echo '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}' >"$tmp/schemas/one.json"
+echo '[{"description":"suite layout","schema":{"enum":["x","y"]},"tests":[]},{"schema":{"type":"array","uniqueItems":true}}]' \
+  >"$tmp/schemas/suite.json"
+timeout 60 "$TRELLIS" bench grammar --vocab "$DATA/vocab/ggml-vocab-llama-spm.gguf" --compile-schemas "$tmp/schemas" \
+  >"$tmp/compile.txt" 2>&1 || die "bench grammar --compile-schemas: $(cat "$tmp/compile.txt")"
+awk '$1 == "ggml-vocab-llama-spm.gguf" && $2 == 32000 && $3 == 2 && $4 == 1 && $7 > 0 {found = 1} END {exit !found}' \
+  "$tmp/compile.txt" || die "want 2 schemas compiled, 1 refused: $(cat "$tmp/compile.txt")"
+ok "$(grep '^ggml-vocab' "$tmp/compile.txt" | tr -s ' ')"
+
 echo "PASS cli_generate: $n_checks checks"
