@@ -347,6 +347,57 @@ TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {
   EXPECT_EQ(g->head->stats().rejoins, 1u);
 }
 
+// A partial-match copy made while a node is down (its request then fails at Launch) is
+// queued for the next step; when the node rejoins, that step belongs to a new epoch whose
+// blocks the scheduler gives to other sessions. The queued copy must be dropped, never
+// sent: carried to the nodes with the first step after the rejoin it overwrote slots of a
+// block that a new session's store fetch, or its own compute, had filled (the wrong grid
+// answers the chaos run saw after node faults).
+TEST(GridHeadTest, SlotCopiesQueuedBeforeANodeFailedAreNeverSentAfterItRejoins) {
+  ThreadPool threads(1);
+  TestNode n1 = StartNode(ModelPath(), 0, 1);
+  TestNode n2 = StartNode(ModelPath(), 1, 2);
+  ASSERT_TRUE(n1.node && n2.node);
+  const uint16_t port2 = n2.node->port();
+  auto g = StartHead(0, {Addr(n1, 0, 1), Addr(n2, 1, 2)}, threads, 2);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::vector<int32_t> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24};
+  auto warm = RunAll(*g->sched, {Greedy(prompt, 12)});  // 26 tokens: 3 whole blocks of 8 cached
+  ASSERT_EQ(warm[0].result.reason, FinishReason::kLength);
+
+  n2.node.reset();
+  // The head notices at its next step (or from the closed connection).
+  RunAll(*g->sched, {Greedy({5, 6, 7}, 2, false)});
+  const auto down_by = std::chrono::steady_clock::now() + TestScaled(std::chrono::seconds(5));
+  while (g->head->health().ok && std::chrono::steady_clock::now() < down_by) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_FALSE(g->head->health().ok);
+  // A prompt that shares the first block whole and 4 slots of the second: admitted with a
+  // copy of those slots, which cannot be sent (the node is down).
+  const int64_t copies_before = g->sched->metrics().partial_copies;
+  std::vector<int32_t> partial(prompt.begin(), prompt.begin() + 12);
+  partial.insert(partial.end(), {901, 902, 903});
+  auto failed = RunAll(*g->sched, {Greedy(partial, 4, false)});
+  EXPECT_EQ(failed[0].result.reason, FinishReason::kError);
+  ASSERT_EQ(g->sched->metrics().partial_copies, copies_before + 1) << "no partial-match copy was made";
+  const uint64_t sent_before = g->head->stats().copies_sent;
+
+  n2 = StartNode(ModelPath(), 1, 2, port2);
+  ASSERT_TRUE(n2.node);
+  const auto rejoin_by = std::chrono::steady_clock::now() + TestScaled(std::chrono::seconds(5));
+  while (!g->head->health().ok && std::chrono::steady_clock::now() < rejoin_by) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(g->head->health().ok) << g->head->health().message;
+  // Prompts that share nothing (not even a first token), so none of them copies slots.
+  const std::vector<Request> reqs = {Greedy({31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41}, 10),
+                                     Greedy({51, 52, 53, 54, 55, 56, 57, 58, 59}, 10), Greedy(prompt, 10)};
+  auto after = RunAll(*g->sched, reqs);
+  ExpectSameAsWhole(reqs, after, "after the rejoin");
+  const HeadStats st = g->head->stats();
+  EXPECT_EQ(st.copies_dropped, 1u);
+  // The cache was cleared with the epoch: nothing the new requests did needed a copy, so
+  // any copy sent now is the stale one.
+  EXPECT_EQ(st.copies_sent, sent_before) << "a copy queued on the old epoch was sent on the new one";
+}
+
 // Against llama.cpp: the reference models (tests/data/reference) split over 2 and 3 nodes,
 // teacher-forced on llama.cpp's greedy tokens: every decode step's logits within the
 // model's rms/std bound of llama.cpp's (tests/data/README.md), the same bound the whole

@@ -71,6 +71,7 @@ struct Flight {
   std::vector<uint64_t> seq;   // per node
   std::vector<uint64_t> gen;   // per node: the connection (Hello) seq was numbered for
   uint64_t epoch = 0;
+  size_t copies = 0;           // slot copies the step carries
   std::vector<int32_t> n_tokens, n_logits;
   std::string hidden;          // the next node's input; at the end, the last node's output
   bool done = false;           // GUARDED_BY(Impl::mu)
@@ -402,6 +403,8 @@ uint64_t GridHead::epoch() const {
     // Launch failed) name blocks the scheduler is about to give to other sessions: sent
     // with the first step of the new epoch they overwrote those sessions' K/V on the
     // nodes. The scheduler fails every session of the old epoch when it sees this one.
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stats.copies_dropped += impl_->copies.size();
     impl_->copies.clear();
   }
   impl_->seen_epoch = e;
@@ -434,6 +437,7 @@ Status GridHead::Launch(std::span<const SeqBatch> seqs) {
     I.step_seqs.push_back(std::move(q));
   }
   f->prefix = EncodeStepPrefix(I.copies, I.step_seqs);
+  f->copies = I.copies.size();
   I.copies.clear();
   const size_t bytes = static_cast<size_t>(I.fwd.hidden_rows()) * static_cast<size_t>(I.model.config().n_embd) * sizeof(float);
   f->hidden.assign(reinterpret_cast<const char*>(I.fwd.hidden()), bytes);
@@ -453,6 +457,7 @@ Status GridHead::Launch(std::span<const SeqBatch> seqs) {
       f->gen[i] = I.nodes[i].gen;
     }
     ++I.stats.steps;
+    I.stats.copies_sent += f->copies;
     I.stats.tokens += static_cast<uint64_t>(I.fwd.hidden_rows());
     I.stats.layers_seconds += layers_s;
   }

@@ -79,6 +79,9 @@ struct HeadStats {
   // The store: fetches the nodes ran for the head (each node counted once per fetch),
   // and bytes gathered from the nodes for publishing.
   uint64_t node_fetches = 0, node_fetch_failures = 0, gathered_bytes = 0;
+  // Copy-on-write slot copies sent with steps, and those dropped because they were queued
+  // on an epoch that ended (a node failed before they could be sent).
+  uint64_t copies_sent = 0, copies_dropped = 0;
 };
 
 class GridHead final : public StepExecutor {
