@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "net/wire.h"
+#include "util/slowdown.h"
 
 namespace trellis::net {
 namespace {
@@ -298,7 +299,7 @@ TEST(Transport, DeadlinesBoundSilentPeersAndAbsentOnes) {
   const auto t0 = Clock::now();
   auto r = c.Call(conn, kSilent, "", 200ms);
   EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_LT(Clock::now() - t0, TestScaled(2s));
   EXPECT_TRUE(c.Call(conn, kEcho, "still up").ok());  // a late reply does not break the connection
   // Nobody listens on this port: the call fails (connection refused) or times out, never hangs.
   const uint16_t dead_port = [&] {
@@ -309,7 +310,7 @@ TEST(Transport, DeadlinesBoundSilentPeersAndAbsentOnes) {
   const auto t1 = Clock::now();
   auto d = c.Call(dead, kEcho, "x", 2000ms);
   EXPECT_FALSE(d.ok());
-  EXPECT_LT(Clock::now() - t1, 5s);
+  EXPECT_LT(Clock::now() - t1, TestScaled(5s));
 }
 
 // --- a peer in another process, killed mid-conversation ---------------------------------
@@ -393,10 +394,10 @@ TEST(Transport, AKilledPeerFailsItsCallsAndGetsWithinTheirDeadline) {
   child.Kill();
   const auto t0 = Clock::now();
   const Status got = f.get();  // either finished before the kill, or failed: never hangs
-  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_LT(Clock::now() - t0, TestScaled(5s));
   auto after = c.Call(conn, kEcho, "x", 3000ms);
   EXPECT_FALSE(after.ok());
-  EXPECT_LT(Clock::now() - t0, 9s);
+  EXPECT_LT(Clock::now() - t0, TestScaled(9s));
   std::printf("get after kill: %s; call after kill: %s\n", got.ToString().c_str(), after.status().ToString().c_str());
 }
 

@@ -1111,7 +1111,7 @@ TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
       Blocks dst(f->blocks);
       st = c->Get(*f, f->blocks, dst.ptr, kBlockBytes, net::After(1500ms));
     }
-    EXPECT_LT(net::Clock::now() - t0, 4s);
+    EXPECT_LT(net::Clock::now() - t0, TestScaled(4s));
     (st.ok() && f.ok() && f->blocks == 4) ? ++served : ++missed;
   }
   EXPECT_GT(served, 0);  // what lives only on s1 still serves
@@ -1687,7 +1687,7 @@ TEST(StoreEtcd, AKilledServerLeavesTheMembershipWhenItsLeaseExpires) {
   std::fclose(err);
   const auto t0 = net::Clock::now();
   EXPECT_TRUE(WaitFor([&] { return (*c)->Members().empty(); }, 6000ms));
-  EXPECT_LT(net::Clock::now() - t0, 5s);  // TTL 2 s, plus the client's poll
+  EXPECT_LT(net::Clock::now() - t0, TestScaled(5s));  // TTL 2 s, plus the client's poll
   // With no member left, calls fail at once with a clear error.
   auto f = (*c)->Lookup(Ns(), Tokens(8, 8), net::After(1000ms));
   EXPECT_EQ(f.status().code(), StatusCode::kUnavailable);

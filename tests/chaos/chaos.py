@@ -63,7 +63,9 @@ pid = os.getpid()
 procs = {}          # name -> Popen
 cleanup = []        # callables, run last-in first-out
 log_lock = threading.Lock()
-REQUEST_BOUND = 30.0  # seconds: a request still open after this is a hang
+# seconds: a request still open after this is a hang (scaled like the C++ tests' bounds
+# when the run is slowed down on purpose: TRELLIS_TEST_SLOWDOWN, util/slowdown.h)
+REQUEST_BOUND = 30.0 * max(1.0, float(os.environ.get("TRELLIS_TEST_SLOWDOWN", "1") or 1))
 STORE_TIMEOUT_MS = 1500
 GRID_TIMEOUT_S = 3
 
