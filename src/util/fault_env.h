@@ -4,14 +4,20 @@
 //   - space: writes succeed until `space_left` bytes have been written, then a write is
 //     cut short where the space ends and fails with ENOSPC's message (as a full disk
 //     does: the bytes that fit are on disk);
-//   - EIO on reads, on syncs, on renames;
+//   - EIO on reads, on writes (nothing written), on syncs, on renames;
 //   - a power cut: LoseUnsyncedData() truncates every file written through this Env to
 //     the size it had at its last Sync (0 if never synced), as a crash of the machine
 //     loses what the page cache held. Renames carry a file's synced size with it.
+//     LoseUnsyncedData(seed) with a nonzero seed tears instead: each file's unsynced tail
+//     is lost, kept whole, or torn: cut somewhere or kept at its length, and some of the
+//     4 KiB pages that remain read back as zeros or garbage (pages reach the disk in any order; an extent may be allocated before
+//     its data is written).
 // Counts of the faults it injected are kept, so a test can tell its faults happened.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -29,14 +35,42 @@ class FaultEnv final : public Env {
   explicit FaultEnv(Env* base = Env::Default()) : base_(base) {}
 
   std::atomic<uint64_t> space_left{std::numeric_limits<uint64_t>::max()};
-  std::atomic<bool> fail_reads{false}, fail_syncs{false}, fail_renames{false};
+  std::atomic<bool> fail_reads{false}, fail_writes{false}, fail_syncs{false}, fail_renames{false};
   std::atomic<uint64_t> injected{0};  // faults returned
 
-  void LoseUnsyncedData() {
+  void LoseUnsyncedData(uint64_t seed = 0) {
     std::lock_guard<std::mutex> lock(mu_);
+    uint64_t x = seed;
+    auto next = [&x] {  // splitmix64: enough randomness for where a tear falls
+      uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
     for (const auto& [path, synced] : synced_) {
       auto f = base_->Open(path, OpenMode::kReadWrite);
-      if (f.ok()) (void)(*f)->Truncate(synced);
+      if (!f.ok()) continue;
+      auto size = (*f)->Size();
+      if (!size.ok() || *size <= synced) continue;
+      const uint64_t unsynced = *size - synced;
+      // A quarter of the files lose their whole tail, a quarter keep it whole (written
+      // back before the cut), a quarter are cut somewhere in it, and a quarter keep their
+      // length with pages that never got their data (the size reached the journal, the
+      // data did not).
+      const uint64_t fate = seed == 0 ? 0 : next() % 4;
+      if (fate == 1) continue;
+      const uint64_t keep = fate == 0 ? 0 : fate == 2 ? next() % (unsynced + 1) : unsynced;
+      (void)(*f)->Truncate(synced + keep);
+      for (uint64_t page = synced / 4096 * 4096; page < synced + keep; page += 4096) {
+        const uint64_t from = std::max(page, synced), to = std::min(page + 4096, synced + keep);
+        const uint64_t roll = next() % 4;  // 0: zeros, 1: garbage, else: the data made it
+        if (roll >= 2) continue;
+        std::vector<uint8_t> junk(to - from, 0);
+        if (roll == 1) {
+          for (auto& b : junk) b = static_cast<uint8_t>(next());
+        }
+        (void)(*f)->WriteAt(from, junk.data(), junk.size());
+      }
     }
   }
 
@@ -81,6 +115,7 @@ class FaultEnv final : public Env {
       return f_->ReadAt(off, buf, n);
     }
     Status WriteAt(uint64_t off, const void* buf, size_t n) override {
+      if (env_->fail_writes) return env_->Inject("writing " + path_ + ": Input/output error");
       uint64_t left = env_->space_left.load();
       while (true) {
         const uint64_t take = std::min<uint64_t>(left, n);
