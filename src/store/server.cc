@@ -1060,7 +1060,18 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     if (raw->advertised.rfind("0.0.0.0:", 0) == 0) {
       return InvalidArgument("listening on 0.0.0.0: give the address others reach this server at (--advertise)");
     }
-    TRELLIS_ASSIGN_OR_RETURN(raw->lease, e.Register(raw->advertised, options.etcd_ttl_s));
+    // etcd down at start is not fatal: this server serves (peers from --peers or none),
+    // and the membership thread registers it as soon as etcd answers. A store restarted
+    // after a crash must come back even if etcd is down at that moment.
+    auto lease = e.Register(raw->advertised, options.etcd_ttl_s);
+    if (lease.ok()) {
+      raw->lease = *lease;
+    } else if (lease.status().code() == StatusCode::kUnavailable || lease.status().code() == StatusCode::kDeadlineExceeded) {
+      TRELLIS_LOG_WARN("store: etcd: {}; serving unregistered, joining when it answers", lease.status().ToString());
+      raw->etcd_reachable = false;
+    } else {
+      return lease.status();
+    }
     if (auto live = e.Members(); live.ok()) raw->t->Sync([raw, &live] { raw->ApplyPeers(*live); });
     raw->etcd_thread = std::thread([raw] { raw->EtcdLoop(); });
   }

@@ -1551,7 +1551,9 @@ struct EtcdProcess {
   TempDir dir;
   uint16_t client = FreePort(), peer = FreePort();
   std::string url = "http://127.0.0.1:" + std::to_string(client);
-  EtcdProcess() { Start(); }
+  explicit EtcdProcess(bool start = true) {
+    if (start) Start();
+  }
   void Start(bool wipe = false) {
     const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
     const std::string data = dir.path + "/etcd";
@@ -1723,6 +1725,38 @@ TEST(StoreEtcd, EtcdDownOrRestartedKeepsTheMembershipAndTheData) {
   for (size_t r = 0; r < 4; ++r) reads_back(seqs[r], "etcd wiped");
   put(seqs[4]);
   reads_back(seqs[4], "put after etcd was wiped");
+}
+
+// Everything started before etcd: a store server and a client that were given an etcd
+// nobody answers yet both start (the server serves, unregistered; the client misses at
+// once), and when etcd comes up the server registers, the client finds it, and puts and
+// reads go through.
+TEST(StoreEtcd, ServersAndClientsStartedWithEtcdDownJoinWhenItComesUp) {
+  EtcdProcess etcd(/*start=*/false);
+  ServerOptions so;
+  so.transport = Lo();
+  so.etcd = etcd.url;
+  so.etcd_ttl_s = 1;
+  auto s = StoreServer::Start(so);
+  ASSERT_TRUE(s.ok()) << "a store server must start with etcd down: " << s.status().ToString();
+  ClientOptions co;
+  co.etcd = etcd.url;
+  co.etcd_poll_ms = 100;
+  co.transport = Lo();
+  co.require_reachable = false;
+  auto c = StoreClient::Connect(co, net::After(2000ms));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto tok = Tokens(16, 16, 4500);
+  EXPECT_EQ((*c)->Lookup(Ns(), tok, net::After(2000ms)).status().code(), StatusCode::kUnavailable);
+  etcd.Start();
+  ASSERT_TRUE(WaitFor([&] { return (*c)->Members().size() == 1; }, TestScaled(5000ms)))
+      << "the client never found the server through etcd";
+  Blocks src(tok), dst(4);
+  ASSERT_EQ(*(*c)->Put(Ns(), tok, src.cptr, kBlockBytes, 1.0, net::After(5000ms)), 4u);
+  auto f = (*c)->Lookup(Ns(), tok, net::After(5000ms));
+  ASSERT_TRUE(f.ok() && f->blocks == 4u);
+  ASSERT_TRUE((*c)->Get(*f, 4, dst.ptr, kBlockBytes, net::After(5000ms)).ok());
+  EXPECT_EQ(dst.data, src.data);
 }
 
 TEST(StoreEtcd, AKilledServerLeavesTheMembershipWhenItsLeaseExpires) {

@@ -64,7 +64,7 @@ metric() { curl -s -m 5 "$base/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
 # start_store NAME [store options...]: sets $store_addr and $store_pid.
 start_store() {
   local name=$1; shift
-  "$TRELLIS" store --listen 127.0.0.1:0 --mem 64M --net-devices lo "$@" >"$tmp/$name.log" 2>&1 &
+  "$TRELLIS" store --listen "127.0.0.1:${store_port:-0}" --mem 64M --net-devices lo "$@" >"$tmp/$name.log" 2>&1 &
   store_pid=$!
   srv_pids+=("$store_pid")
   local port

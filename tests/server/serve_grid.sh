@@ -16,7 +16,9 @@
 #   - with a prefix store (`trellis store`, nodes and head started with --store): a grid
 #     publishes a long prompt, a restarted head reads it back with every node reading its
 #     own layers (usage.cache.store), and the answers equal one process's; a
-#     single-process engine reads the grid's blocks, and the grid a single process's.
+#     single-process engine reads the grid's blocks, and the grid a single process's;
+#   - nodes started with --store while the store is down serve, and once it comes up on
+#     that address they read their layers from it like the others.
 # usage: serve_grid.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
@@ -223,6 +225,37 @@ for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 grep -q "store: [1-9][0-9]* fetches (0 failed)" "$tmp/s2.log" || die "node 2's stop line: $(tail -2 "$tmp/s2.log")"
 ok "$(grep -o 'store: .*' "$tmp/s2.log")"
+srv_pids=()
+
+say "nodes started while their store is down serve, and join it when it comes up"
+down_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+node_extra=(--store "127.0.0.1:$down_port" --store-net-devices lo)
+start_node d1 1-2; d1=$node_port
+start_node d2 3-3; d2=$node_port
+node_extra=()
+grep -q "store" "$tmp/d1.log" || die "node 1 said nothing of its store: $(cat "$tmp/d1.log")"
+dspec=127.0.0.1:$d1=1-2,127.0.0.1:$d2=3-3
+start_server dhead0 --grid "$dspec" --grid-net-devices lo
+ask dg0 "$long_prompt"
+same refL dg0
+stop_server
+ok "the grid serves with its nodes' store down: $(grep -m1 -o 'store.*' "$tmp/d1.log")"
+store_port=$down_port start_store dstore
+start_server dhead1 --grid "$dspec" --grid-net-devices lo --store "127.0.0.1:$down_port" --store-net-devices lo
+ask dg1 "$long_prompt"
+same refL dg1
+wait_published "the grid on the late store"
+stop_server
+start_server dhead2 --grid "$dspec" --grid-net-devices lo --store "127.0.0.1:$down_port" --store-net-devices lo
+ask dg2 "$long_prompt"
+same refL dg2
+stored=$(jget "$tmp/dg2.json" "j['usage']['cache']['store']")
+fetches=$(metric trellis_grid_store_node_fetches_total)
+[[ $stored -gt 0 && ${fetches%.*} -ge 2 ]] || die "the nodes did not join the late store: $stored tokens from it, $fetches node fetches: $(cat "$tmp/dg2.json")"
+ok "the store came up: $stored prompt tokens read back by $fetches node fetches"
+stop_server
+for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
 srv_pids=()
 
 say "a node with other layers, or another model file, is refused at start-up"
