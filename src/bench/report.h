@@ -18,6 +18,11 @@ std::string Capture(const std::string& cmd);
 
 double Mean(const std::vector<double>& v);    // 0 for none
 double Median(std::vector<double> v);         // 0 for none
+// The q-quantile (0 <= q <= 1) by nearest rank: the sorted v[floor(q * n)], clamped to the
+// last (a p99 of latencies is one of the values measured); 0 for none.
+double Quantile(std::vector<double> v, double q);
+// The q-quantile interpolated linearly between closest ranks (numpy's default); 0 for none.
+double QuantileLinear(std::vector<double> v, double q);
 
 // A line plot by gnuplot: OUT/NAME.png from the data file `data` (one gnuplot data
 // block per series, "x y" lines), its script kept as OUT/NAME.gp. `who` names the

@@ -331,12 +331,7 @@ std::vector<std::string> LlamaArgs(const ChatBenchOptions& o) {
 
 // --- statistics and output ------------------------------------------------------------
 
-double MedianOrNan(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double MedianOrNan(const std::vector<double>& v) { return v.empty() ? NAN : bench::Median(v); }
 
 // Per-turn medians over the conversations whose turn succeeded (NaN: none did, or the
 // server did not report the figure).

@@ -29,12 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
-
 struct Schema {
   const char* name;
   const char* json;  // "" : json_object
@@ -383,12 +377,12 @@ int RunCompileBench(const GrammarBenchOptions& o) {
     }
     const std::string vname = path.substr(path.find_last_of('/') + 1);
     fmt::print("{:<28} {:>7} {:>9} {:>8} {:>10.3f} {:>10.3f} {:>10.3f}\n", vname, vocab->n_vocab(), ms.size(), refused,
-               Quantile(ms, 0.5), Quantile(ms, 0.99), ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end()));
+               bench::Quantile(ms, 0.5), bench::Quantile(ms, 0.99), ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end()));
     if (!o.csv.empty()) {
       std::ofstream csv(o.csv, std::ios::app);
       if (csv.tellp() == 0) csv << "bench,kernels,vocab,n_vocab,schemas,refused,ms_p50,ms_p99,ms_max\n";
       csv << fmt::format("compile,\"{}\",{},{},{},{},{:.4f},{:.4f},{:.4f}\n", KernelPathName(), vname, vocab->n_vocab(),
-                         ms.size(), refused, Quantile(ms, 0.5), Quantile(ms, 0.99),
+                         ms.size(), refused, bench::Quantile(ms, 0.5), bench::Quantile(ms, 0.99),
                          ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end()));
     }
   }
@@ -454,14 +448,14 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
           }
         }
       }
-      const double c50 = Quantile(compile, 0.5);
+      const double c50 = bench::Quantile(compile, 0.5);
       fmt::print("{:<28} {:>7} {:<12} {:>11.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>9}\n", vname, vocab->n_vocab(),
-                 s.name, c50, Quantile(cold, 0.5), Quantile(cold, 0.99), Quantile(warm, 0.5), Quantile(warm, 0.99),
+                 s.name, c50, bench::Quantile(cold, 0.5), bench::Quantile(cold, 0.99), bench::Quantile(warm, 0.5), bench::Quantile(warm, 0.99),
                  compiled->cached_positions());
       if (csv) {
         csv << fmt::format("grammar,\"{}\",{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}\n", KernelPathName(), vname,
-                           vocab->n_vocab(), s.name, c50, Quantile(cold, 0.5), Quantile(cold, 0.99), Quantile(warm, 0.5),
-                           Quantile(warm, 0.99), compiled->cached_positions());
+                           vocab->n_vocab(), s.name, c50, bench::Quantile(cold, 0.5), bench::Quantile(cold, 0.99), bench::Quantile(warm, 0.5),
+                           bench::Quantile(warm, 0.99), compiled->cached_positions());
       }
     }
   }

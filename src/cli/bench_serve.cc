@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/http.h"
+#include "bench/report.h"
 #include "cli/commands.h"
 #include "util/clock.h"
 #include "util/status.h"
@@ -145,15 +146,8 @@ Result<std::string> StartTrellis(ChildProcess& server, const ServeBenchOptions& 
 
 // --- statistics and output ------------------------------------------------------------
 
-// Linear interpolation between closest ranks (numpy's default); 0 for no data.
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
+// Percentiles (0-100) interpolated between closest ranks, as numpy's default.
+double Percentile(const std::vector<double>& v, double p) { return bench::QuantileLinear(v, p / 100.0); }
 
 json Summarize(const ServeBenchOptions& o, const std::string& url, int system_tokens,
                const std::vector<RequestResult>& rs, double wall) {

@@ -101,11 +101,6 @@ struct Child {
 };
 
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 // ucx_perftest ucp_get between two processes: `iters` gets of `bytes` with up to
 // `outstanding` in flight (0: UCX's default); MB/s (UCX's MB: 2^20) or -1.
@@ -290,9 +285,9 @@ int RunStoreBench(const StoreBenchOptions& o) {
     rows.push_back({"lookup", "prompt_tokens", static_cast<double>(o.prompt_tokens), "tokens"});
     rows.push_back({"lookup", "servers", static_cast<double>(o.servers), ""});
     rows.push_back({"lookup", "messages_per_lookup", msgs_per_lookup, ""});
-    rows.push_back({"lookup", "latency_p50", Percentile(lat, 0.5), "ms"});
-    rows.push_back({"lookup", "latency_p99", Percentile(lat, 0.99), "ms"});
-    rows.push_back({"lookup", "latency_max", Percentile(lat, 1.0), "ms"});
+    rows.push_back({"lookup", "latency_p50", bench::Quantile(lat, 0.5), "ms"});
+    rows.push_back({"lookup", "latency_p99", bench::Quantile(lat, 0.99), "ms"});
+    rows.push_back({"lookup", "latency_max", bench::Quantile(lat, 1.0), "ms"});
   }
 
   const std::string meta = Meta();
@@ -311,8 +306,8 @@ int RunStoreBench(const StoreBenchOptions& o) {
               ratio_blocks > 0 ? std::to_string(ratio_blocks).substr(0, 4).c_str() : "n/a");
   std::printf("| lookup of %d tokens over %d servers: messages per lookup | %.2f | | | 1 |\n", o.prompt_tokens, o.servers,
               msgs_per_lookup);
-  std::printf("| lookup latency p50 / p99 / max, ms | %.3f / %.3f / %.3f | | | p99 < 1 |\n", Percentile(lat, 0.5),
-              Percentile(lat, 0.99), Percentile(lat, 1.0));
+  std::printf("| lookup latency p50 / p99 / max, ms | %.3f / %.3f / %.3f | | | p99 < 1 |\n", bench::Quantile(lat, 0.5),
+              bench::Quantile(lat, 0.99), bench::Quantile(lat, 1.0));
   if (!perf_cmd.empty()) {
     std::printf("\nucx_perftest: %s\nucx_perftest: %s\n(each against a server `ucx_perftest -p PORT`; same UCX_* environment)\n",
                 perf_cmd.c_str(), perf_blocks_cmd.c_str());
