@@ -35,13 +35,8 @@
 namespace trellis::cli {
 namespace {
 
+using bench::Mean;
 using bench::Median;
-
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
 
 double Stddev(const std::vector<double>& v) {
   if (v.size() < 2) return 0;
