@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "server/http_server.h"
+#include "http/server.h"
 #include "store/server.h"
 
 namespace trellis::cli {
@@ -35,11 +35,11 @@ struct StoreOptions {
 
 // GET /metrics (Prometheus text) and GET /health, answered from the head on the HTTP
 // server's I/O thread; everything else is 404 / 405.
-class MetricsHandler : public server::HttpHandler {
+class MetricsHandler : public http::HttpHandler {
  public:
   explicit MetricsHandler(const store::StoreServer& s) : store_(s) {}
-  std::optional<server::HttpResponse> OnHead(const server::HttpRequest& head) override {
-    server::HttpResponse r;
+  std::optional<http::HttpResponse> OnHead(const http::HttpRequest& head) override {
+    http::HttpResponse r;
     if (head.path != "/metrics" && head.path != "/health") {
       r.status = 404;
       r.body = ErrorBody(404, "not found: the store serves GET /metrics and GET /health");
@@ -59,13 +59,13 @@ class MetricsHandler : public server::HttpHandler {
     r.body = store_.MetricsText();
     return r;
   }
-  void Handle(const server::HttpRequest&, server::HttpExchange& ex) override {
-    server::HttpResponse r;
+  void Handle(const http::HttpRequest&, http::HttpExchange& ex) override {
+    http::HttpResponse r;
     r.status = 404;
     r.body = ErrorBody(404, "not found");
     ex.Respond(r);
   }
-  void OnAnswered(const server::HttpRequest&, int, const server::AccessInfo&, double) override {}
+  void OnAnswered(const http::HttpRequest&, int, const http::AccessInfo&, double) override {}
   std::string ErrorBody(int status, const std::string& message) const override {
     std::string m;
     for (char c : message) m += (c == '"' || c == '\\') ? ' ' : c;
@@ -137,18 +137,18 @@ int Run(const StoreOptions& o) {
                  static_cast<unsigned long long>(st.ssd_restored), static_cast<unsigned long long>(st.ssd_rejected));
   }
   std::unique_ptr<MetricsHandler> handler;
-  std::unique_ptr<server::HttpServer> http;
+  std::unique_ptr<http::HttpServer> http;
   std::thread http_thread;
   if (!o.metrics_listen.empty()) {
     const size_t mc = o.metrics_listen.rfind(':');
     if (mc == std::string::npos) return Fail("--metrics-listen takes HOST:PORT, got '" + o.metrics_listen + "'");
-    server::HttpServerOptions ho;
+    http::HttpServerOptions ho;
     ho.host = o.metrics_listen.substr(0, mc);
     ho.port = std::atoi(o.metrics_listen.c_str() + mc + 1);
     ho.workers = 1;
     ho.max_queued = 4;
     handler = std::make_unique<MetricsHandler>(**server);
-    http = std::make_unique<server::HttpServer>(*handler, ho);
+    http = std::make_unique<http::HttpServer>(*handler, ho);
     if (Status b = http->Bind(); !b.ok()) return Fail("--metrics-listen: " + b.ToString());
     std::fprintf(stderr, "trellis store: metrics on http://%s:%d/metrics\n", ho.host.c_str(), http->port());
     http_thread = std::thread([&] { http->Run(); });

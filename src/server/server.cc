@@ -14,6 +14,8 @@
 #include "server/generation.h"
 
 namespace trellis::server {
+
+using http::IEquals;
 namespace {
 
 using namespace std::chrono_literals;

@@ -1,6 +1,6 @@
 // Server: the OpenAI-compatible HTTP front end of `trellis serve`.
 //
-// The socket side is HttpServer (http_server.h: Boost.Beast on one I/O thread, a bounded
+// The socket side is HttpServer (http/server.h: Boost.Beast on one I/O thread, a bounded
 // pool of workers). This class is its handler: cheap routes (/health, /metrics,
 // /v1/models) and every refusal that needs no body (401, 404, 405) are answered on the
 // I/O thread from the request head alone, so they stay fast under any generation load and
@@ -39,11 +39,21 @@
 #include "server/api.h"
 #include "server/chat_template.h"
 #include "server/tool_calls.h"
-#include "server/http_server.h"
+#include "http/server.h"
 #include "server/metrics.h"
 #include "server/reasoning.h"
 
 namespace trellis::server {
+
+// The HTTP types this server speaks (src/http).
+using http::AccessInfo;
+using http::HttpExchange;
+using http::HttpHandler;
+using http::HttpLimits;
+using http::HttpRequest;
+using http::HttpResponse;
+using http::HttpServer;
+using http::HttpServerOptions;
 
 enum class LogFormat { kText, kJson };
 

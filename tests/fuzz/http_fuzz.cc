@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "server/http.h"
+#include "http/http.h"
 
-namespace trellis::server {
+namespace trellis::http {
 namespace {
 
 #define FUZZ_CHECK(cond)                                                             \
@@ -51,9 +51,9 @@ void Check(std::string_view raw) {
 }
 
 }  // namespace
-}  // namespace trellis::server
+}  // namespace trellis::http
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  trellis::server::Check(std::string_view(reinterpret_cast<const char*>(data), size));
+  trellis::http::Check(std::string_view(reinterpret_cast<const char*>(data), size));
   return 0;
 }

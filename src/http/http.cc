@@ -1,4 +1,4 @@
-#include "server/http.h"
+#include "http/http.h"
 
 #include <brotli/decode.h>
 #include <zlib.h>
@@ -12,9 +12,9 @@
 
 #include <boost/asio/buffer.hpp>
 
-#include "server/http_beast.h"
+#include "http/beast.h"
 
-namespace trellis::server {
+namespace trellis::http {
 namespace {
 
 std::string_view Trim(std::string_view s) {
@@ -245,8 +245,8 @@ HttpRequest HeadFromParser(const RequestParser& p) {
 }
 
 HttpError ParseErrorToHttp(const boost::beast::error_code& ec) {
-  if (ec == http::error::header_limit) return {431, "the request head is too large (limit 16 KiB)"};
-  if (ec == http::error::body_limit) return {413, "the request body is too large (--max-body)"};
+  if (ec == bhttp::error::header_limit) return {431, "the request head is too large (limit 16 KiB)"};
+  if (ec == bhttp::error::body_limit) return {413, "the request body is too large (--max-body)"};
   return {400, "malformed HTTP request: " + ec.message()};
 }
 
@@ -262,7 +262,7 @@ std::variant<HttpRequest, HttpError> ParseRequestBytes(std::string_view raw, con
     while (off < raw.size()) {
       const size_t n = p.put(boost::asio::const_buffer(raw.data() + off, raw.size() - off), ec);
       off += n;
-      if (ec == detail::http::error::need_more) {
+      if (ec == detail::bhttp::error::need_more) {
         ec = {};
         if (n == 0) return;  // wants bytes we do not have
         continue;
@@ -294,4 +294,4 @@ std::variant<HttpRequest, HttpError> ParseRequestBytes(std::string_view raw, con
   return req;
 }
 
-}  // namespace trellis::server
+}  // namespace trellis::http

@@ -12,7 +12,7 @@
 //      body_timeout; then gzip/deflate/br are decoded with an output bound of
 //      max_decoded_body (a 65 KB gzip bomb stops at the bound, not at 64 MB).
 // The HTTP parser is Boost.Beast's (Debian's libboost-dev); the socket handling is in
-// http_server.h. docs/server.md says why Beast and lists the limits with their flags.
+// server.h. docs/server.md says why Beast and lists the limits with their flags.
 //
 // Thread safety: free functions over values.
 #pragma once
@@ -26,7 +26,7 @@
 #include <variant>
 #include <vector>
 
-namespace trellis::server {
+namespace trellis::http {
 
 struct HttpLimits {
   size_t max_header = 16 << 10;        // request line + headers; over it: 431
@@ -99,4 +99,4 @@ std::string NewRequestId();
 // as the server (for tests and the fuzzer). Bytes after the first request are ignored.
 std::variant<HttpRequest, HttpError> ParseRequestBytes(std::string_view raw, const HttpLimits& limits);
 
-}  // namespace trellis::server
+}  // namespace trellis::http

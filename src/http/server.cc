@@ -1,4 +1,4 @@
-#include "server/http_server.h"
+#include "http/server.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -25,9 +25,9 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/read.hpp>
 
-#include "server/http_beast.h"
+#include "http/beast.h"
 
-namespace trellis::server {
+namespace trellis::http {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -540,4 +540,4 @@ void HttpServer::BeginShutdown() {
 int HttpServer::open_connections() const { return impl_->open.load(); }
 int HttpServer::queued_requests() const { return impl_->queued.load(); }
 
-}  // namespace trellis::server
+}  // namespace trellis::http

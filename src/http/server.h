@@ -1,4 +1,4 @@
-// HttpServer: the socket side of `trellis serve`, on Boost.Asio + Beast.
+// HttpServer: the socket side of `trellis serve` (and of `trellis store`'s /metrics), on Boost.Asio + Beast.
 //
 // One I/O thread runs every connection asynchronously: accept (at most
 // HttpLimits::max_connections open; past that a 503 and close), read the head under a
@@ -32,10 +32,10 @@
 #include <optional>
 #include <string>
 
-#include "server/http.h"
+#include "http/http.h"
 #include "util/status.h"
 
-namespace trellis::server {
+namespace trellis::http {
 
 // Token counts a handler reports for the access log.
 struct AccessInfo {
@@ -109,4 +109,4 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace trellis::server
+}  // namespace trellis::http

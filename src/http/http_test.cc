@@ -1,4 +1,4 @@
-#include "server/http.h"
+#include "http/http.h"
 
 #include <zlib.h>
 
@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace trellis::server {
+namespace trellis::http {
 namespace {
 
 HttpLimits Small() {
@@ -135,4 +135,4 @@ TEST(Http, SerializesResponses) {
 }
 
 }  // namespace
-}  // namespace trellis::server
+}  // namespace trellis::http
