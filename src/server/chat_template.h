@@ -1,6 +1,6 @@
 // ChatTemplate: turns a list of chat messages into the prompt text a model was trained on.
 //
-// A model's own `tokenizer.chat_template` is run by the Jinja interpreter (jinja.h):
+// A model's own `tokenizer.chat_template` is run by the Jinja interpreter (jinja/jinja.h):
 // FromJinja parses it and renders a probe conversation at start-up, so a template it
 // cannot handle fails there, with the template's line and the construct, before any
 // request. Rendering is what Hugging Face's apply_chat_template gives (golden strings:
@@ -40,8 +40,8 @@
 #include <string_view>
 #include <vector>
 
+#include "jinja/jinja.h"
 #include "model/tokenizer.h"
-#include "server/jinja.h"
 #include "util/status.h"
 
 namespace trellis::server {
@@ -92,9 +92,10 @@ class ChatTemplate {
   static Result<ChatTemplate> FromName(std::string_view name, TemplateTokens tokens);
   // Recognizes the family of a Jinja template's text. InvalidArgument for an unknown one.
   static Result<ChatTemplate> Detect(std::string_view jinja, TemplateTokens tokens);
-  // Runs the template itself (jinja.h). InvalidArgument naming the line and the construct
-  // when it does not parse, or when it fails on the probe conversation (user, assistant,
-  // user; and with a system message first unless the template refuses system messages).
+  // Runs the template itself (jinja/jinja.h). InvalidArgument naming the line and the
+  // construct when it does not parse, or when it fails on the probe conversation (user,
+  // assistant, user; and with a system message first unless the template refuses system
+  // messages).
   static Result<ChatTemplate> FromJinja(std::string_view source, TemplateTokens tokens);
   // The names FromName accepts, comma separated.
   static std::string KnownNames();

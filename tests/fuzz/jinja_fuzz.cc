@@ -1,4 +1,4 @@
-// libFuzzer target for the chat-template interpreter (src/server/jinja.cc), built only with
+// libFuzzer target for the chat-template interpreter (src/jinja/), built only with
 // -DTRELLIS_FUZZ=ON and clang. A template comes from a model file: hostile.
 //
 // The input is a template's source. Parsing may fail (then the message must name a line);
@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "server/jinja.h"
+#include "jinja/jinja.h"
 
 namespace trellis::jinja {
 namespace {

@@ -1,6 +1,6 @@
 // The Jinja interpreter: language pieces one by one against what jinja2 (trim_blocks,
 // lstrip_blocks) renders, provenance of input text, and hostile templates.
-#include "server/jinja.h"
+#include "jinja/jinja.h"
 
 #include <gtest/gtest.h>
 
