@@ -12,7 +12,7 @@ come from this script's RNG, not the ones trellis draws (only lengths and shared
 fractions match), and times here are HTTP round trips, trellis's are in process.
 
 Random-weight models need byte/control tokens banned (logit_bias on ids 0..258) or the
-server fails on un-decodable output (ANCHORS.md).
+server fails on un-decodable output (it answers 500 on broken UTF-8).
 
   bench/llamacpp_server_prefix.py --server ~/llama.cpp/build/bin/llama-server \\
       -m tinyllama-q4_0.gguf --mode ttft --csv results/llamacpp_ttft.csv

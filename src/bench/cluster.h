@@ -7,8 +7,8 @@
 // does; traffic between two processes of one node stays inside its namespace (lo) and is
 // not shaped, as on a real machine. The veths and the bridge use a 65000-byte MTU: at
 // 1500 the kernel's per-packet cost here caps a veth near 0.5 GB/s, below the link being
-// emulated (shared/INFRA.md; measured 0.53 GB/s at 1500, 1.1 GB/s at 65000 under a
-// 10gbit tbf).
+// emulated (measured on the 2-core VM of docs/BENCHMARKS.md: 0.53 GB/s at 1500, 1.1 GB/s
+// at 65000 under a 10gbit tbf).
 //
 // Needs root and `ip`/`tc` (iproute2). Without them, Loopback() gives nodes at
 // 127.0.X.i on the host's lo: no namespaces, no shaping, and Describe() says so.

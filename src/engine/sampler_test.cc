@@ -136,6 +136,26 @@ TEST(SamplerTest, RepetitionPenaltyAppliesToGreedyToo) {
   EXPECT_EQ(s.Sample(l, history, 1), 5);  // a prompt token: the repetition penalty sees it
 }
 
+// repeat_last_n is the window the repetition penalty looks at (llama.cpp's): the last n
+// tokens of the history, -1 the whole history, 0 none. Token 1 (logit 3.0, the argmax)
+// sits four tokens back.
+TEST(SamplerTest, RepetitionWindowIsTheLastNTokens) {
+  auto pick = [](int last_n) {
+    SamplerParams p;
+    p.temperature = 0;
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = last_n;
+    Sampler s(p, 6);
+    auto l = Logits();
+    const std::vector<int32_t> history = {1, 4, 4, 4};
+    return s.Sample(l, history, 0);
+  };
+  EXPECT_EQ(pick(3), 1);   // outside the window: 3.0 stays the best
+  EXPECT_EQ(pick(4), 5);   // inside: 3.0 / 2 < 2.9
+  EXPECT_EQ(pick(-1), 5);  // the whole history
+  EXPECT_EQ(pick(0), 1);   // off
+}
+
 // Greedy picks from the penalized logits: with a big frequency penalty the argmax moves
 // away from a token once it has been generated, and again as the next one repeats.
 TEST(SamplerTest, FrequencyPenaltyChangesTheGreedyArgmax) {

@@ -60,9 +60,11 @@ using ConnId = uint64_t;  // 0 is never a connection
 struct TransportOptions {
   // UCX_TLS for this transport's context. tcp is always needed (it is the connection
   // manager for listeners); "tcp" alone is what peer error handling keeps anyway in
-  // UCX 1.13 (shared/INFRA.md, pitfall 1).
+  // UCX 1.13 (with UCP_ERR_HANDLING_MODE_PEER it drops the shared-memory and loopback
+  // transports, which cannot report a dead peer).
   std::string tls = "tcp";
-  // UCX_NET_DEVICES; empty: UCX's choice. Loopback tests set "lo" (pitfall 3).
+  // UCX_NET_DEVICES; empty: UCX's choice. Loopback tests set "lo" (UCX's default picks every
+  // device, and a test on one machine must not wander onto the host's NICs).
   std::string net_devices;
   // UCP_ERR_HANDLING_MODE_PEER: dead peers are detected and their connections failed,
   // and a connection can be force-closed. Without it a dead peer can hang a flush.
