@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate the tables of docs/BENCHMARKS.md from the raw results in bench/results/.
+"""Regenerate the tables of docs/BENCHMARKS.md (and of docs/BENCHMARKS-HISTORY.md, if it has any) from
+the raw results in bench/results/.
 
 Every generated table sits between two markers, each alone on its line, that name its
 renderer and its file:
@@ -13,8 +14,12 @@ cpu, isa, cores, threads, command, ...) then the benchmark's own CSV. The region
 line saying where and how the figures were measured, then the table. To publish a new
 run, record it, point the marker at the new file and run --write.
 
-  bench/render_tables.py --check   # exit 1 and print a diff if the doc differs from the results
+  bench/render_tables.py --check   # exit 1 and print a diff if a doc differs from the results
   bench/render_tables.py --write   # rewrite the generated regions in place
+  bench/render_tables.py --check --doc docs/BENCHMARKS.md   # one document (default: both)
+
+The "At a glance" tables that open docs/BENCHMARKS.md are regions like any other: their
+renderers (glance_*) pick a few rows of the file the full table below is made of.
 
 Python 3 standard library only; registered as the CTest test docs_benchmark_tables.
 """
@@ -174,8 +179,9 @@ def render_serve(meta, rows):
          "inter-token ms", "cached share", "errors"], out)
 
 
-def render_chat(meta, rows):
-    """Per turn, medians over conversations, as `trellis bench chat` prints them."""
+def chat_turns(rows):
+    """A `bench chat` / `bench agent` file's per-turn medians over conversations: (trellis's label,
+    llama-server's label, med(server, turn, column), the turns, the number of conversations)."""
     by = {}
     for r in rows:
         if r["error"]:
@@ -186,17 +192,34 @@ def render_chat(meta, rows):
         raise ValueError(f"expected trellis and llama-server rows, got {servers}")
     t, l = servers
     med = lambda s, turn, k: statistics.median(float(r[k]) for r in by[(s, turn)])
-    num = lambda x: f"{x:.0f}" if x == int(x) else f"{x:.1f}"
     turns = sorted({turn for (_, turn) in by})
+    return t, l, med, turns, len({r["conversation"] for r in rows})
+
+
+def chat_num(x):
+    return f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+
+
+def chat_prompt(med, t, l, turn):
+    """The turn's prompt tokens; "a / b" when the two servers' prompts differ (their replies did)."""
+    pt, pl = med(t, turn, "prompt_tokens"), med(l, turn, "prompt_tokens")
+    return chat_num(pt) if pt == pl else f"{chat_num(pt)} / {chat_num(pl)}"
+
+
+def chat_later_mean(med, server, turns):
+    """Mean over turns 2..T of the per-turn median TTFT (turn 1 is the cold one)."""
+    return statistics.mean(med(server, x, "ttft_ms") for x in turns if x >= 2)
+
+
+def render_chat(meta, rows):
+    """Per turn, medians over conversations, as `trellis bench chat` prints them."""
+    t, l, med, turns, n_conv = chat_turns(rows)
+    num = chat_num
     out = []
     for turn in turns:
-        pt, pl = med(t, turn, "prompt_tokens"), med(l, turn, "prompt_tokens")
-        out.append([str(turn), num(pt) if pt == pl else f"{num(pt)} / {num(pl)}", num(med(t, turn, "cached_tokens")),
+        out.append([str(turn), chat_prompt(med, t, l, turn), num(med(t, turn, "cached_tokens")),
                     num(med(l, turn, "cached_tokens")), f"{med(t, turn, 'ttft_ms'):.0f}", f"{med(l, turn, 'ttft_ms'):.0f}"])
-    later = [x for x in turns if x >= 2]
-    mt = statistics.mean(med(t, x, "ttft_ms") for x in later)
-    ml = statistics.mean(med(l, x, "ttft_ms") for x in later)
-    n_conv = len({r["conversation"] for r in rows})
+    mt, ml = chat_later_mean(med, t, turns), chat_later_mean(med, l, turns)
     llama = f"llama-server: {meta['llama_server']}.\n\n" if "llama_server" in meta else ""
     return provenance(meta) + llama + (f"{n_conv} conversation(s) x {len(turns)} turns, system prompt "
                                f"{meta.get('system_tokens', '?')} tokens; medians over conversations; \"a / b\": the "
@@ -328,8 +351,10 @@ def render_store_eval_nodes(meta, rows):
         ["nodes"] + STORE_CONFIGS, body)
 
 
-def render_store_eval_checks(meta, rows):
-    """`trellis bench store`: single-flight and phi 0.9, from the summary's trailing `# ...` lines."""
+def store_eval_checks(rows):
+    """The single-flight and phi 0.9 figures of a `bench store` summary, from its trailing `# ...` lines:
+    (nodes, context, one node's cold TTFT, slowest TTFTs with single-flight, contexts computed with it,
+    the same without, (TTFT without --store, with) per phi 0.9 round)."""
     lines = [",".join(v for v in r.values() if v) for r in rows if r["trace"].startswith("#")]
     cold = flight_on = flight_off = None
     on, off, on_c, off_c, phi = [], [], [], [], []
@@ -348,6 +373,12 @@ def render_store_eval_checks(meta, rows):
             phi.append((float(m.group(1)), float(m.group(2))))
     if cold is None or not on or not phi:
         raise ValueError("no single-flight or phi lines")
+    return nodes, ctx, cold, on, on_c, off, off_c, phi
+
+
+def render_store_eval_checks(meta, rows):
+    """`trellis bench store`: single-flight and phi 0.9, from the summary's trailing `# ...` lines."""
+    nodes, ctx, cold, on, on_c, off, off_c, phi = store_eval_checks(rows)
     question = int(meta.get("question_tokens", 24))
     per = (ctx - question) * len(on)
     flight = table(["", "slowest TTFT, median (ms)", f"/ one node's cold TTFT ({cold:.0f} ms)",
@@ -502,7 +533,210 @@ def render_chaos(meta, rows):
     return provenance(meta) + table(["what", "kind", "count"], body) + f"\nStore misses, in prompt tokens: {misses}.\n"
 
 
+# ---- "At a glance": short summaries of the tables above, each from one results file -----------
+# The first section of docs/BENCHMARKS.md answers a user's questions (how fast against llama.cpp,
+# what the prefix cache, the store and the grid give, what a grammar costs, which faults are
+# survived) with a few rows each, picked from the same files the full tables are made of.
+
+
+def glance_where(meta):
+    """The line a glance table opens with: the CPU and kernel path the figures hold for, and the run."""
+    threads = f", {meta['threads']} threads" if "threads" in meta else ""
+    return f"{meta['cpu']}, {meta['isa']} kernels{threads}; measured {meta['date'][:10]} at commit {meta['commit'].split()[0]}"
+
+
+def llamacpp_version(meta):
+    if "llamacpp_commit" in meta:
+        return meta["llamacpp_commit"].split()[0]
+    m = re.search(r"commit (\w+)\)", meta.get("llama_server", "")) or re.search(r"(\w+)", meta.get("llama.cpp", ""))
+    return m.group(1)[:7] if m else "?"
+
+
+# The weight types a user asks about first, in this order (those the file has).
+GLANCE_SPEED_TYPES = ("q4_0", "q4_k_m", "q8_0", "f16")
+
+
+def speed_tests(rows):
+    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
+    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    return pp, tg
+
+
+def speed_cells(r, pp, tg):
+    return [f"{f(r[f'trellis_{pp}'], 1)} vs {f(r[f'llamacpp_{pp}'], 1)}", f"**{f(r['pp_ratio'], 2)}**",
+            f"{f(r[f'trellis_{tg}'], 1)} vs {f(r[f'llamacpp_{tg}'], 1)}", f"**{f(r['tg_ratio'], 2)}**"]
+
+
+def render_glance_speed(meta, rows):
+    """compare_llamacpp.py: prefill and decode against llama.cpp for the common weight types."""
+    pp, tg = speed_tests(rows)
+    by = {re.sub(r"\.gguf$", "", r["model"]).split("-")[-1]: r for r in rows}
+    out = [[SPEED_LABELS.get(k, k)] + speed_cells(by[k], pp, tg) for k in GLANCE_SPEED_TYPES if k in by]
+    if not out:
+        raise ValueError("none of the weight types " + ", ".join(GLANCE_SPEED_TYPES))
+    env = f", environment `{meta['env']}`" if "env" in meta else ""
+    return (f"{glance_where(meta)}; llama.cpp {meta.get('llamacpp_commit', '?')}{env}; medians of "
+            f"{rows[0]['runs_each']} runs:\n\n") + table(
+        ["weights", f"prefill {pp} tok/s: trellis vs llama.cpp", "trellis / llama.cpp",
+         f"decode {tg} tok/s: trellis vs llama.cpp", "trellis / llama.cpp"], out)
+
+
+def render_glance_depth(meta, rows):
+    """compare_llamacpp.py -d: the same ratios after D tokens already in the KV cache."""
+    pp, tg = speed_tests(rows)
+    out = [[r["depth"]] + speed_cells(r, pp, tg) for r in rows]
+    models = ", ".join(dict.fromkeys(re.sub(r"\.gguf$", "", r["model"]) for r in rows))
+    return (f"{glance_where(meta)}; {models}; llama.cpp {llamacpp_version(meta)} with `{rows[0].get('llama_args', '-')}`; "
+            f"medians of {rows[0]['runs_each']} runs:\n\n") + table(
+        ["tokens already cached", f"prefill {pp} tok/s: trellis vs llama.cpp", "trellis / llama.cpp",
+         f"decode {tg} tok/s: trellis vs llama.cpp", "trellis / llama.cpp"], out)
+
+
+def render_glance_prefix_ttft(meta, rows):
+    """`trellis bench prefix --only ttft`: TTFT of a prompt sharing phi of a cached one, against none shared."""
+    cold = float(next(r for r in rows if float(r["phi"]) == 0)["ttft_ms"])
+    out = []
+    for r in rows:
+        phi = float(r["phi"])
+        if phi not in (0, 0.5, 0.9, 1):
+            continue
+        label = f(phi, 2) + (" (all but the last token)" if phi == 1 else "")
+        out.append([label, f"{r['cached_tokens']} ({100 * float(r['hit']):.0f}%)", f(r["ttft_ms"], 0),
+                    f"**{float(r['ttft_ms']) / cold:.2f}**"])
+    return f"{glance_where(meta)}; medians:\n\n" + table(
+        ["shared fraction phi", "prompt tokens cached", "TTFT ms", "/ TTFT with nothing cached"], out)
+
+
+def render_glance_prefix_throughput(meta, rows):
+    """`trellis bench prefix --only throughput`: sessions forking from a shared prompt, against phi 0."""
+    base = float(next(r for r in rows if float(r["phi"]) == 0)["tok_s"])
+    out = [[f(r["phi"], 2), f(r["tok_s"], 1), f"**{float(r['tok_s']) / base:.2f}**", r["prompt_tokens_computed"]]
+           for r in rows if float(r["phi"]) in (0, 0.5, 0.9)]
+    return f"{glance_where(meta)}; medians:\n\n" + table(
+        ["shared fraction phi", "generated tok/s", "/ phi 0", "prompt tokens computed"], out)
+
+
+def render_glance_chat(meta, rows):
+    """`trellis bench chat` / `bench agent`: the cold turn, the first and last warm ones, and the warm turns' mean."""
+    t, l, med, turns, n_conv = chat_turns(rows)
+    out = []
+    for turn in dict.fromkeys([turns[0], 2, turns[-1]]):
+        tt, tl = med(t, turn, "ttft_ms"), med(l, turn, "ttft_ms")
+        out.append([str(turn), chat_prompt(med, t, l, turn),
+                    f"{chat_num(med(t, turn, 'cached_tokens'))} / {chat_num(med(l, turn, 'cached_tokens'))}",
+                    f"{tt:.0f} / {tl:.0f}", f"{tt / tl:.2f}"])
+    mt, ml = chat_later_mean(med, t, turns), chat_later_mean(med, l, turns)
+    out.append([f"2..{turns[-1]}, mean", "", "", f"{mt:.0f} / {ml:.0f}", f"**{mt / ml:.2f}**"])
+    return (f"{glance_where(meta)}; {n_conv} conversation(s) x {len(turns)} turns, {meta.get('system_tokens', '?')}-token "
+            f"system prompt; {l} of llama.cpp {llamacpp_version(meta)}; medians over conversations:\n\n") + table(
+        ["turn", "prompt tokens", f"cached: {t} / {l}", f"TTFT ms: {t} / {l}", f"{t} / {l}"], out)
+
+
+# The store issue's targets (docs/store.md), for the trace they were set on.
+STORE_TARGETS = {"squad": "store >= 2x faster than local, >= 5x than no cache"}
+
+
+def render_glance_store(meta, rows):
+    """`trellis bench store`: the largest cluster at the longest context per trace, single-flight, phi 0.9."""
+    nodes_, ctx_, cold, on, _, off, _, phi = store_eval_checks(rows)
+    rows = store_eval_rows(rows)
+    nodes, ctx = max(int(r["nodes"]) for r in rows), max(int(r["context"]) for r in rows)
+    out = []
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        v = {r["config"]: r for r in rows if r["trace"] == trace and int(r["nodes"]) == nodes and int(r["context"]) == ctx}
+        ms = lambda k: float(v[k]["ttft_mean_ms"])
+        out.append([f"{trace}: mean TTFT, {ctx}-token contexts, {nodes} nodes",
+                    f"store {ms('store'):.0f} ms ({100 * float(v['store']['reuse']):.0f}% of prompt tokens reused); "
+                    f"local cache {ms('local'):.0f} ms = **{ms('local') / ms('store'):.2f}x**; "
+                    f"no cache {ms('no-cache'):.0f} ms = **{ms('no-cache') / ms('store'):.2f}x**",
+                    STORE_TARGETS.get(trace, "-")])
+    out.append([f"single-flight: {nodes_} nodes get one new {ctx_}-token context at once; slowest TTFT / one node's cold",
+                f"**{statistics.median(on) / cold:.2f}** ({statistics.median(off) / cold:.2f} without single-flight)",
+                "<= 1.2"])
+    out.append(["one node, a shared 90% prefix: TTFT with `--store` / without",
+                f"**{statistics.median(b / a for a, b in phi):.3f}**", "<= 1.05"])
+    return f"{glance_where(meta)}; nodes share the machine's cores, links shaped to 10 Gbit/s:\n\n" + table(
+        ["what", "measured", "target"], out)
+
+
+def render_glance_grid(meta, rows):
+    """`trellis bench grid`: each configuration against one process with 2 threads, on the shaped link."""
+    rows = grid_rows(rows)
+    links = list(dict.fromkeys(r["link"] for r in rows))
+    link = next((x for x in links if x != "loopback"), links[0])
+    sessions = next(k for k in rows[0] if k.startswith("decode") and k != "decode1_tok_s")[6:-6]
+    cols = ("decode1_tok_s", f"decode{sessions}_tok_s", "ttft_cold_ms")
+    per = {}
+    for r in rows:
+        if r["link"] == link:
+            per.setdefault(r["config"], {})[r["rep"]] = r
+    base_name = next(c for c in per if c.startswith("baseline"))
+    base = per[base_name]
+    out = []
+    for config, reps in per.items():
+        cells = []
+        for k in cols:
+            value = statistics.median(float(r[k]) for r in reps.values())
+            shown = f"{value:.0f} ms" if k.endswith("_ms") else f"{value:.1f}"
+            if config != base_name:  # the ratio within each repetition, then the median
+                shown += f" ({statistics.median(float(r[k]) / float(base[rep][k]) for rep, r in reps.items()):.2f})"
+            cells.append(shown)
+        out.append([config, reps[next(iter(reps))]["nodes"]] + cells)
+    return (f"{glance_where(meta)}; link {link}; {meta.get('grid', '?')}; medians of {len(base)} repetitions, in "
+            f"parentheses / {base_name} (one process, 2 threads) within each repetition:\n\n") + table(
+        ["config", "processes", "decode tok/s, 1 session", f"decode tok/s, {sessions} sessions", "TTFT, new prompt"], out)
+
+
+def render_glance_grammar(meta, rows):
+    """`trellis bench grammar -m`: constrained decode against free, and against llama-server's constrained decode."""
+    by = {(r["server"], int(r["sessions"]), r["mode"]): r for r in rows}
+    servers = sorted({r["server"] for r in rows}, key=lambda x: x != "trellis")
+    if len(servers) != 2:
+        raise ValueError(f"expected trellis and llama-server rows, got {servers}")
+    t, l = servers
+    out = []
+    for (srv, n, mode), r in by.items():
+        if srv != t or mode == "free":
+            continue
+        o = by[(l, n, mode)]
+        out.append([str(n), mode, f"{f(r['decode_tok_s'], 1)} ({f(r['ratio_to_free'], 3)})",
+                    f"{f(o['decode_tok_s'], 1)} ({f(o['ratio_to_free'], 3)})",
+                    f"**{float(r['decode_tok_s']) / float(o['decode_tok_s']):.2f}**"])
+    worst = min(float(r["ratio_to_free"]) for r in rows if r["server"] == t and r["mode"] != "free")
+    return (f"{glance_where(meta)}; {os.path.basename(meta.get('model', '?'))}, llama.cpp {llamacpp_version(meta)}; "
+            f"medians of {meta.get('rounds', '?')} rounds; decode tok/s, in parentheses / the same server's free decode:\n\n") + table(
+        ["sessions", "schema", t, l, f"{t} / {l}"], out) + (
+        f"\nConstrained / free for {t}, worst case: **{worst:.3f}** (target >= 0.95).\n")
+
+
+def render_glance_chaos(meta, rows):
+    """tests/chaos/chaos.py --csv: how many faults, and what became of the requests."""
+    n = {(r["what"], r["kind"]): r["count"] for r in rows}
+    faults = [int(r["count"]) for r in rows if r["what"] == "fault"]
+    duration = re.search(r"--duration (\d+)", meta["command"])
+    out = [[f"faults injected, {len(faults)} kinds", str(sum(faults))],
+           ["requests completed (with tokens from the store)",
+            f"{n[('requests', 'completed')]} ({n[('requests', 'completed with store tokens')]})"],
+           ["requests failed cleanly (an error the client sees) / cancelled by the client",
+            f"{n[('requests', 'failed cleanly')]} / {n[('requests', 'cancelled by the client')]}"],
+           ["requests failed uncleanly / hangs / wrong answers (must be 0)",
+            " / ".join(n[("requests", k)] for k in ("failed uncleanly", "hangs", "wrong answers"))],
+           ["leaked KV blocks, leases, claims (must be 0)", n[("leaks", "KV blocks, leases, claims")]]]
+    return (f"{glance_where(meta)}; {duration.group(1) if duration else '?'} s of faults, every completed answer "
+            "compared with a cold single process:\n\n") + table(["what", "count"], out)
+
+
 RENDERERS = {
+    "glance_speed": render_glance_speed,
+    "glance_depth": render_glance_depth,
+    "glance_prefix_ttft": render_glance_prefix_ttft,
+    "glance_prefix_throughput": render_glance_prefix_throughput,
+    "glance_chat": render_glance_chat,
+    "glance_agent": render_glance_chat,
+    "glance_store": render_glance_store,
+    "glance_grid": render_glance_grid,
+    "glance_grammar": render_glance_grammar,
+    "glance_chaos": render_glance_chaos,
     "chaos": render_chaos,
     "speed_llamacpp_avx2": lambda meta, rows: render_speed_llamacpp(meta, rows, SPEED_TARGETS_AVX2),
     "speed_threads": render_speed_threads,
@@ -553,35 +787,42 @@ def render(doc, results_dir):
     return MARKER.sub(one, doc)
 
 
+DOCS = [os.path.join(ROOT, "docs", "BENCHMARKS.md"), os.path.join(ROOT, "docs", "BENCHMARKS-HISTORY.md")]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="exit 1 with a diff if a generated region is stale")
     mode.add_argument("--write", action="store_true", help="rewrite the generated regions in place")
-    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
+    ap.add_argument("--doc", nargs="+", default=DOCS, help="the documents to check or rewrite (default: %(default)s)")
     ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
     a = ap.parse_args()
-    with open(a.doc) as fh:
-        doc = fh.read()
-    try:
-        new = render(doc, a.results)
-    except RenderError as e:
-        print(f"render_tables: {e}", file=sys.stderr)
-        return 1
-    if a.write:
-        if new != doc:
-            with open(a.doc, "w") as fh:
-                fh.write(new)
+    stale = False
+    for path in a.doc:
+        with open(path) as fh:
+            doc = fh.read()
+        try:
+            new = render(doc, a.results)
+        except RenderError as e:
+            print(f"render_tables: {path}: {e}", file=sys.stderr)
+            return 1
         n = len(MARKER.findall(new))
-        print(f"render_tables: {a.doc}: {n} tables {'rewritten' if new != doc else 'already current'}")
-        return 0
-    if new != doc:
-        sys.stdout.writelines(difflib.unified_diff(doc.splitlines(True), new.splitlines(True), a.doc + " (as committed)",
-                                                   a.doc + " (from bench/results)"))
+        if a.write:
+            if new != doc:
+                with open(path, "w") as fh:
+                    fh.write(new)
+            print(f"render_tables: {path}: {n} tables {'rewritten' if new != doc else 'already current'}")
+        elif new != doc:
+            sys.stdout.writelines(difflib.unified_diff(doc.splitlines(True), new.splitlines(True),
+                                                       path + " (as committed)", path + " (from bench/results)"))
+            stale = True
+        else:
+            print(f"render_tables: {path}: {n} tables match bench/results")
+    if stale:
         print("render_tables: generated tables differ from bench/results; run bench/render_tables.py --write",
               file=sys.stderr)
         return 1
-    print(f"render_tables: {len(MARKER.findall(doc))} tables match bench/results")
     return 0
 
 
