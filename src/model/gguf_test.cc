@@ -6,14 +6,16 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "model/gguf_writer.h"
+#include "util/fault_env.h"
 
 namespace trellis {
 namespace {
 
-std::vector<uint8_t> SmallFile() {
+GgufWriter SmallWriter() {
   GgufWriter w;
   w.SetString("general.architecture", "llama");
   w.SetUint32("llama.block_count", 2);
@@ -30,7 +32,11 @@ std::vector<uint8_t> SmallFile() {
   EXPECT_TRUE(w.AddTensorData("b", {32}, GgmlType::kF32,
                               {reinterpret_cast<const uint8_t*>(data.data()), 32 * 4})
                   .ok());
-  auto buf = w.WriteToBuffer();
+  return w;
+}
+
+std::vector<uint8_t> SmallFile() {
+  auto buf = SmallWriter().WriteToBuffer();
   EXPECT_TRUE(buf.ok());
   return *buf;
 }
@@ -200,6 +206,45 @@ TEST(GgufTest, HugeCountInLargeFileDoesNotReserveUpFront) {
   std::remove(path.c_str());
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("appears twice"), std::string::npos) << g.status().ToString();
+}
+
+// WriteFile through a failing file system (util/fault_env.h): a full disk, a failed sync
+// and a failed rename are each a clear IoError naming the file, and leave neither the
+// file nor its temp behind; with the faults gone the same call writes exactly the bytes
+// WriteToBuffer gives.
+TEST(GgufWriterTest, AFullDiskOrAFailedSyncOrRenameLeavesNothingBehind) {
+  const std::string dir = testing::TempDir() + "/gguf_env_" + std::to_string(::getpid());
+  ASSERT_TRUE(Env::Default()->CreateDir(dir).ok());
+  const std::string path = dir + "/m.gguf";
+  const GgufWriter w = SmallWriter();
+  FaultEnv env;
+  auto nothing_left = [&] { return ::access(path.c_str(), F_OK) != 0 && ::access((path + ".tmp").c_str(), F_OK) != 0; };
+  env.space_left = 100;
+  Status s = w.WriteFile(path, &env);
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("No space left"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.ToString().find(path), std::string::npos) << s.ToString();
+  EXPECT_TRUE(nothing_left());
+  env.space_left = std::numeric_limits<uint64_t>::max();
+  env.fail_syncs = true;
+  EXPECT_EQ(w.WriteFile(path, &env).code(), StatusCode::kIoError);
+  EXPECT_TRUE(nothing_left());
+  env.fail_syncs = false;
+  env.fail_renames = true;
+  EXPECT_EQ(w.WriteFile(path, &env).code(), StatusCode::kIoError);
+  EXPECT_TRUE(nothing_left());
+  env.fail_renames = false;
+  EXPECT_EQ(env.injected.load(), 3u);
+  ASSERT_TRUE(w.WriteFile(path, &env).ok());
+  std::vector<uint8_t> got;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    int c;
+    while ((c = std::fgetc(f)) != EOF) got.push_back(static_cast<uint8_t>(c));
+    std::fclose(f);
+  }
+  EXPECT_EQ(got, SmallFile());
+  std::remove(path.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(GgufWriterTest, NestedArraysRoundTrip) {

@@ -1,8 +1,8 @@
 #include "model/gguf_writer.h"
 
-#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -22,16 +22,35 @@ class BufferSink {
   std::vector<uint8_t> out_;
 };
 
+// Appends to a File (util/env.h) through a buffer, so the many small metadata writes
+// are few WriteAt calls.
 class FileSink {
  public:
-  explicit FileSink(FILE* f) : f_(f) {}
+  explicit FileSink(File* f) : f_(f) {}
   Status Write(const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f_) != n) return IoError(std::string("write failed: ") + std::strerror(errno));
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (buf_.size() + n > kBuffer) TRELLIS_RETURN_IF_ERROR(Flush());
+    if (n >= kBuffer) {
+      TRELLIS_RETURN_IF_ERROR(f_->WriteAt(offset_, b, n));
+      offset_ += n;
+      return Status::Ok();
+    }
+    buf_.insert(buf_.end(), b, b + n);
+    return Status::Ok();
+  }
+  Status Flush() {
+    if (buf_.empty()) return Status::Ok();
+    TRELLIS_RETURN_IF_ERROR(f_->WriteAt(offset_, buf_.data(), buf_.size()));
+    offset_ += buf_.size();
+    buf_.clear();
     return Status::Ok();
   }
 
  private:
-  FILE* f_;
+  static constexpr size_t kBuffer = 1 << 20;
+  File* f_;
+  uint64_t offset_ = 0;
+  std::vector<uint8_t> buf_;
 };
 
 template <typename Sink, typename T>
@@ -284,20 +303,22 @@ Status GgufWriter::WriteTo(Sink& s) const {
   return Status::Ok();
 }
 
-Status GgufWriter::WriteFile(const std::string& path) const {
+Status GgufWriter::WriteFile(const std::string& path, Env* env) const {
+  if (env == nullptr) env = Env::Default();
   const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return IoError(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
-  FileSink sink(f);
-  Status s = WriteTo(sink);
-  if (std::fclose(f) != 0 && s.ok()) s = IoError(fmt::format("cannot close '{}': {}", tmp, std::strerror(errno)));
-  if (!s.ok()) {
-    std::remove(tmp.c_str());
-    return s.WithContext(path);
+  Status s;
+  {
+    auto f = env->Open(tmp, OpenMode::kTruncate);
+    if (!f.ok()) return f.status().WithContext(path);
+    FileSink sink(f->get());
+    s = WriteTo(sink);
+    if (s.ok()) s = sink.Flush();
+    if (s.ok()) s = (*f)->Sync();  // whole on disk before it takes the name
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+  if (s.ok()) s = env->Rename(tmp, path);
+  if (!s.ok()) {
+    (void)env->Remove(tmp);
+    return s.WithContext(path);
   }
   return Status::Ok();
 }

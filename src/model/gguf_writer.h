@@ -1,8 +1,9 @@
 // GgufWriter: builds a GGUF v3 file (metadata + tensors) for gen-model and tests.
 //
 // Tensor data is produced by a callback at write time, one tensor at a time, so a
-// multi-gigabyte model is never held in memory. The file is written to "<path>.tmp"
-// and renamed into place, so a reader never sees a half-written model.
+// multi-gigabyte model is never held in memory. The file is written to "<path>.tmp",
+// synced and renamed into place, so a reader never sees a half-written model, not even
+// after a crash.
 //
 // Thread safety: not thread-safe; build and write from one thread.
 #pragma once
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "util/env.h"
 #include "util/status.h"
 
 namespace trellis {
@@ -42,7 +44,10 @@ class GgufWriter {
   Status AddTensorData(const std::string& name, std::vector<int64_t> dims, GgmlType type,
                        std::span<const uint8_t> data);
 
-  Status WriteFile(const std::string& path) const;
+  // Writes "<path>.tmp" through `env` (util/env.h; nullptr: the POSIX one), syncs it and
+  // renames it into place. On any failure (a full disk, EIO) the temp file is removed and
+  // nothing is at `path` that was not there before.
+  Status WriteFile(const std::string& path, Env* env = nullptr) const;
   // Serializes to memory (small files, tests).
   Result<std::vector<uint8_t>> WriteToBuffer() const;
 
