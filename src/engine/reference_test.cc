@@ -1,8 +1,8 @@
 // Compares the whole model against llama.cpp: for each reference model and prompt in
 // tests/data/reference, the logits of every prompt position, the logits of every one of
 // the 32 single-token decode steps (teacher-forced on llama.cpp's own greedy tokens, so
-// a near-tie cannot switch the check off), once through Engine and once batched with
-// other sessions through the Scheduler (first computed, then from the prefix cache), and
+// a near-tie cannot switch the check off), once for a session alone and once batched with
+// other sessions, both through the Scheduler (the production driver) (first computed, then from the prefix cache), and
 // the greedy continuation. Tolerances: tests/data/README.md.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/engine.h"
+#include "engine/run_one.h"
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
 #include "kernels/cpu_features.h"
@@ -145,24 +145,58 @@ void LoadReference(const Case& tc, Reference* r) {
   ASSERT_EQ(r->prompt_logits.size(), r->prompt.size() * static_cast<size_t>(r->n_vocab));
 }
 
-// Engine, one session: `prompt` in chunks of 128, then `forced` fed one token at a time
-// through the paged KV (blocks of 16, so decode crosses block boundaries), every logit row
-// kept. ASSERTs (call it through ASSERT_NO_FATAL_FAILURE).
-void GenerateForced(const Model& model, int threads, const std::vector<int32_t>& prompt,
-                    const std::vector<int32_t>& forced, GenerateResult* out) {
-  EngineOptions eo;
-  eo.n_threads = threads;
-  eo.all_logits = true;
-  eo.max_batch_tokens = 128;
-  eo.block_size = 16;
-  auto engine = Engine::Create(model, eo);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  GenerateRequest req;
+// What one session produced: generated tokens, every prompt position's logits, and the
+// logits after each decode step.
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<float> prompt_logits;  // [prompt][n_vocab]
+  std::vector<float> decode_logits;  // row i: the logits after feeding tokens[i]
+};
+
+// A session alone on a Scheduler with `threads` threads: `prompt` in chunks of 128 with
+// every position's logits, then either `forced` fed one token at a time through the paged
+// KV (blocks of 16, so decode crosses block boundaries; decode_logits gets a row after
+// each) or, with `forced` empty, `n_greedy` greedy tokens (blocks of 32). ASSERTs (call it through
+// ASSERT_NO_FATAL_FAILURE).
+void RunAlone(const Model& model, int threads, const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced,
+              int n_greedy, Generated* out) {
+  ThreadPool pool(threads);
+  SchedulerOptions so;
+  so.block_size = forced.empty() ? 32 : 16;
+  so.max_batch_tokens = 128;
+  so.prefill_chunk = 128;
+  so.prompt_logits = true;
+  auto sched = Scheduler::Create(model, so, pool);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  Request req;
   req.prompt = prompt;
-  req.force_tokens = forced;
-  auto res = (*engine)->Generate(req);
-  ASSERT_TRUE(res.ok()) << res.status().ToString();
-  *out = std::move(*res);
+  req.prompt_logits = true;
+  req.sampling.temperature = 0;
+  if (!forced.empty()) {
+    // One step more than forced: the logits a step reports are those its token is drawn
+    // from, so the row after the last forced token comes with one more step.
+    req.force_tokens = forced;
+    req.force_tokens.push_back(forced.back());
+    req.max_tokens = static_cast<int>(req.force_tokens.size());
+    req.logits = true;
+  } else {
+    req.max_tokens = n_greedy;
+  }
+  auto run = RunOne(**sched, req);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  out->tokens = run->result.tokens;
+  out->prompt_logits = std::move(run->result.prompt_logits);
+  const size_t n_vocab = static_cast<size_t>(model.config().n_vocab);
+  if (!forced.empty()) {
+    ASSERT_EQ(run->step_logits.size(), (forced.size() + 1) * n_vocab);
+    out->tokens.resize(forced.size());
+    out->decode_logits.assign(run->step_logits.begin() + static_cast<ptrdiff_t>(n_vocab), run->step_logits.end());
+  }
+}
+
+void GenerateForced(const Model& model, int threads, const std::vector<int32_t>& prompt,
+                    const std::vector<int32_t>& forced, Generated* out) {
+  RunAlone(model, threads, prompt, forced, 0, out);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
@@ -180,18 +214,10 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
   auto& model = r.model;
 
   for (int threads : {1, 2}) {
-    EngineOptions eo;
-    eo.n_threads = threads;
-    eo.all_logits = true;
-    eo.max_batch_tokens = 128;  // the 300-token prompt runs as 3 chunks over the paged cache
-    auto engine = Engine::Create(*model, eo);
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    GenerateRequest req;
-    req.prompt = prompt;
-    req.n_predict = static_cast<int>(greedy.size());
-    req.sampling.temperature = 0;
-    auto res = (*engine)->Generate(req);
-    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    // The 300-token prompt runs as 3 chunks over the paged cache.
+    Generated alone;
+    ASSERT_NO_FATAL_FAILURE(RunAlone(*model, threads, prompt, {}, static_cast<int>(greedy.size()), &alone));
+    const Generated* res = &alone;
 
     // Per-position logit agreement.
     const double worst = CompareRows(res->prompt_logits.data(), ref_logits.data(), prompt.size(), n_vocab, rms_bound,
@@ -239,15 +265,15 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   auto& model = r.model;
   ASSERT_EQ(ref_decode.size(), greedy.size() * static_cast<size_t>(n_vocab)) << r.stem << ".decode_logits.f32";
 
-  // 1. Engine, one session: single-token decode through the paged KV.
+  // 1. One session alone: single-token decode through the paged KV.
   for (int threads : {1, 2}) {
-    GenerateResult forced;
+    Generated forced;
     ASSERT_NO_FATAL_FAILURE(GenerateForced(*model, threads, prompt, greedy, &forced));
-    const GenerateResult* res = &forced;
+    const Generated* res = &forced;
     ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
     const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
-                                     margin_bound, "engine decode, threads " + std::to_string(threads));
-    std::printf("[ref-decode] %s p%d engine threads %d: worst rms/std %.5f over %zu steps (bound %.3f)\n",
+                                     margin_bound, "alone decode, threads " + std::to_string(threads));
+    std::printf("[ref-decode] %s p%d alone threads %d: worst rms/std %.5f over %zu steps (bound %.3f)\n",
                 tc.model.c_str(), tc.prompt_len, threads, worst, greedy.size(), rms_bound);
   }
 
@@ -336,9 +362,9 @@ TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
   const nlohmann::json tol = nlohmann::json::parse(std::ifstream(kDir + "tolerances.json"));
   const double rms_bound = tol["ref-qwen3-151k-q8_0"][0], margin_bound = tol["ref-qwen3-151k-q8_0"][1];
   for (int threads : {1, 2}) {
-    GenerateResult forced;
+    Generated forced;
     ASSERT_NO_FATAL_FAILURE(GenerateForced(**model, threads, prompt, greedy, &forced));
-    const GenerateResult* res = &forced;
+    const Generated* res = &forced;
     ASSERT_EQ(res->prompt_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
     const std::string t = " threads " + std::to_string(threads);
     const double wp = CompareRows(res->prompt_logits.data() + (prompt.size() - prompt_rows) * n_vocab,

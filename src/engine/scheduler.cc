@@ -104,6 +104,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (blocks > (int64_t{1} << 30)) return InvalidArgument("KV pool too large");
   o.kv_blocks = blocks;
 
+  if (o.prompt_logits && o.executor) return Unsupported("prompt logits need the local executor, not a grid's");
   std::unique_ptr<Scheduler> s(new Scheduler(model, o));
   if (!model.whole() && !o.executor) return InvalidArgument("a part of a model needs an executor for the rest (a grid)");
   if (o.executor && model.RopeFactors(o.n_ctx) != model.RopeFactors(c.DefaultContext())) {
@@ -121,7 +122,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
     TRELLIS_ASSIGN_OR_RETURN(s->executor_, o.executor(s->pool_->view(), static_cast<int32_t>(blocks), o.max_batch_tokens,
                                                       o.max_running, pool));
   } else {
-    s->executor_ = std::make_unique<LocalExecutor>(model, s->pool_->view(), o.max_batch_tokens, o.max_running, pool, o.n_ctx);
+    const int logit_rows = o.max_running + (o.prompt_logits ? o.max_batch_tokens : 0);
+    s->executor_ = std::make_unique<LocalExecutor>(model, s->pool_->view(), o.max_batch_tokens, logit_rows, pool, o.n_ctx);
   }
   s->epoch_ = s->executor_->epoch();
   s->flights_.resize(static_cast<size_t>(std::max(1, s->executor_->depth())));
@@ -129,6 +131,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
     f.sessions.reserve(static_cast<size_t>(o.max_running));
     f.run_len.reserve(static_cast<size_t>(o.max_running));
     f.sample.reserve(static_cast<size_t>(o.max_running));
+    f.rows.reserve(static_cast<size_t>(o.max_running));
   }
   s->batch_.reserve(static_cast<size_t>(o.max_running));
   s->scheduled_.reserve(static_cast<size_t>(o.max_running));
@@ -158,6 +161,9 @@ Status Scheduler::Validate(const Request& req) const {
     if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
   }
   if (req.max_tokens < 0) return InvalidArgument(fmt::format("max_tokens {} is negative", req.max_tokens));
+  if (req.prompt_logits && !opts_.prompt_logits) {
+    return InvalidArgument("prompt logits were asked for, but the scheduler was not made for them (SchedulerOptions::prompt_logits)");
+  }
   for (int32_t t : req.force_tokens) {
     if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
   }
@@ -234,7 +240,8 @@ bool Scheduler::Admit(Session& s) {
   const int B = opts_.block_size;
   const int64_t n = static_cast<int64_t>(s.tokens.size());
   int32_t k = 0;
-  if (opts_.prefix_cache) {
+  const bool reuse = opts_.prefix_cache && !s.req.prompt_logits;  // reused positions have no logits
+  if (reuse) {
     match_.clear();
     const NodeId node = cache_->MatchPrefix(Namespace(s), s.tokens, &match_);
     // At least one token must be computed to get logits for the next one, and a shared
@@ -252,7 +259,7 @@ bool Scheduler::Admit(Session& s) {
   // finished session's last, partly filled block, or a full one). Its first `j` slots
   // are copied into this session's own first new block: shared blocks are never written.
   int32_t cow_src = BlockPool::kNoBlock, j = 0;
-  if (opts_.prefix_cache) {
+  if (reuse) {
     const int64_t room = (n - 1) - static_cast<int64_t>(k) * B;  // the last position is always computed
     if (static_cast<int64_t>(match_.size()) > k) {
       cow_src = match_[static_cast<size_t>(k)];
@@ -298,7 +305,7 @@ bool Scheduler::Admit(Session& s) {
   }
   // The store may hold more of the prompt's whole blocks (before its last position).
   const int32_t limit = static_cast<int32_t>((n - 1) / B);
-  if (opts_.store && limit > k) StartFetch(s, k, limit - k);
+  if (opts_.store && reuse && limit > k) StartFetch(s, k, limit - k);
   s.admitted_once = true;
   return true;
 }
@@ -629,7 +636,7 @@ bool Scheduler::Step() {
   // holds yet waits for those blocks instead of computing them a second time.
   deferred_.clear();
   while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.max_running) {
-    if (opts_.prefix_cache && ShouldDefer(*waiting_.front())) {
+    if (opts_.prefix_cache && !waiting_.front()->req.prompt_logits && ShouldDefer(*waiting_.front())) {
       deferred_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       continue;
@@ -732,6 +739,7 @@ Scheduler::InFlight& Scheduler::PushFlight() {
   f.sessions.clear();
   f.run_len.clear();
   f.sample.clear();
+  f.rows.clear();
   f.tokens = 0;
   f.t_launch = NowSeconds();
   return f;
@@ -747,11 +755,16 @@ bool Scheduler::LaunchPlanned() {
     sb.tokens = std::span<const int32_t>(s.tokens.data() + s.n_launched, static_cast<size_t>(n));
     sb.pos0 = s.n_launched;
     sb.block_table = s.table;
-    sb.n_logits = (s.n_launched + n == static_cast<int32_t>(s.tokens.size())) ? 1 : 0;
+    const bool reaches_end = s.n_launched + n == static_cast<int32_t>(s.tokens.size());
+    // A prompt-logits session's prompt chunk: a row for each position (the last is the
+    // one sampled from when the chunk reaches the end).
+    const bool all_rows = s.req.prompt_logits && s.n_launched < s.result.n_prompt;
+    sb.n_logits = all_rows ? n : reaches_end ? 1 : 0;
     batch_.push_back(sb);
     f.sessions.push_back(&s);
     f.run_len.push_back(n);
-    f.sample.push_back(static_cast<uint8_t>(sb.n_logits));
+    f.sample.push_back(static_cast<uint8_t>(reaches_end));
+    f.rows.push_back(sb.n_logits);
     f.tokens += n;
   }
   Status st = executor_->Launch(batch_);
@@ -819,6 +832,17 @@ void Scheduler::CollectOldest() {
   for (size_t i = 0; i < f.sessions.size(); ++i) {
     Session& s = *f.sessions[i];
     const bool sample = f.sample[i] != 0;
+    const int32_t rows = f.rows[i];
+    const int first_row = logit_row;
+    logit_row += rows;
+    if (rows > 1 || (rows == 1 && s.req.prompt_logits && s.n_computed < s.result.n_prompt)) {
+      // Prompt rows: positions [n_computed, n_computed + rows) of the prompt.
+      s.result.prompt_logits.resize(static_cast<size_t>(s.result.n_prompt) * n_vocab);
+      for (int32_t r = 0; r < rows && s.n_computed + r < s.result.n_prompt; ++r) {
+        std::copy_n(executor_->logits_row(first_row + r), n_vocab,
+                    s.result.prompt_logits.data() + static_cast<size_t>(s.n_computed + r) * n_vocab);
+      }
+    }
     s.n_computed += f.run_len[i];
     m_.computed_tokens += f.run_len[i];
     if (s.done) continue;
@@ -830,7 +854,7 @@ void Scheduler::CollectOldest() {
       if (s.cancel_pending && s.in_flight == 0) Finish(s, FinishReason::kCancelled);
       continue;
     }
-    const float* row = executor_->logits_row(logit_row++);
+    const float* row = executor_->logits_row(first_row + rows - 1);
     if (s.cancel_pending) {
       Finish(s, FinishReason::kCancelled);
       continue;

@@ -58,6 +58,9 @@ struct SchedulerOptions {
   int prefill_chunk = 512;      // max prefill tokens of one session per step
   int max_running = 64;         // sessions admitted at once
   bool prefix_cache = true;
+  // Requests may ask for the logits of every prompt position (Request::prompt_logits):
+  // the executor keeps max_batch_tokens more logit rows. Local executor only.
+  bool prompt_logits = false;
   std::string eviction = "lru";  // "lru" or "lfu"
   // A shared prefix store (borrowed; outlives the scheduler), or null. On admission,
   // after the local match, the rest of the prompt's whole blocks are looked up there and
@@ -82,6 +85,11 @@ struct Request {
   uint64_t cache_salt = 0;                 // tenants with different salts share no blocks
   std::function<bool(int32_t)> is_stop;    // end of generation (e.g. tokenizer EOG)
   bool logits = false;                     // pass each sampled step's logits to on_token
+  // The logits of every prompt position into RequestResult::prompt_logits (checking a
+  // model against a reference, --dump-logits). Such a prompt is computed whole: nothing
+  // is taken from the prefix cache or the store (reused positions have no logits).
+  // REQUIRES: SchedulerOptions::prompt_logits.
+  bool prompt_logits = false;
   // Teacher forcing (checking decode against a reference): generated token i is
   // force_tokens[i] instead of a sampled one while i < size(); on_token still gets the
   // logits it would have been drawn from.
@@ -116,6 +124,7 @@ struct RequestResult {
   int n_preempted = 0;
   double ttft_seconds = 0;       // submit to first token
   double total_seconds = 0;
+  std::vector<float> prompt_logits;  // [n_prompt][n_vocab] with Request::prompt_logits
 };
 
 // Called for every sampled token; `logits` is non-empty only if Request::logits.
@@ -188,6 +197,7 @@ class Scheduler {
     std::vector<Session*> sessions;
     std::vector<int32_t> run_len;
     std::vector<uint8_t> sample;  // 1: the run reaches the end of the sequence
+    std::vector<int32_t> rows;    // logit rows the run has (its last is the sampled one)
     int64_t tokens = 0;
     double t_launch = 0;
   };

@@ -15,6 +15,7 @@
 #include <new>
 #include <random>
 
+#include "engine/run_one.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
 #include "util/slowdown.h"
@@ -375,6 +376,53 @@ TEST(SchedulerTest, PreemptsInsteadOfFailingAndStaysCorrect) {
     auto solo = RunAll(*solo_s, {reqs[i]});
     EXPECT_EQ(out[i].tokens, solo[0].tokens) << "request " << i;
   }
+}
+
+// Request::prompt_logits: every prompt position's logits, computed whole even when the
+// prefix is cached (n_cached 0), the last row the one the first token is drawn from;
+// refused unless the scheduler was made for it. RunOne (run_one.h) drives it.
+TEST(SchedulerTest, PromptLogitsComputeThePromptWholeAndEndWithTheFirstDraw) {
+  const Model& m = SmallModel("f32");
+  const int n_vocab = m.config().n_vocab;
+  ThreadPool pool(2);
+  SchedulerOptions so;
+  so.block_size = 16;
+  so.max_batch_tokens = 32;  // the 70-token prompt in three chunks
+  so.prefill_chunk = 32;
+  so.prompt_logits = true;
+  auto s = Scheduler::Create(m, so, pool);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(1 + (i * 7) % (n_vocab - 1));
+  Request warm;
+  warm.prompt = prompt;
+  warm.max_tokens = 1;
+  warm.logits = true;
+  warm.sampling.temperature = 0;
+  auto first = RunOne(**s, warm);  // caches the prefix; its step 0 row is the last prompt row
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Request r = warm;
+  r.prompt_logits = true;
+  auto got = RunOne(**s, r);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->result.n_cached, 0);
+  ASSERT_EQ(got->result.prompt_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
+  const std::vector<float> last(got->result.prompt_logits.end() - n_vocab, got->result.prompt_logits.end());
+  EXPECT_LT(testing::MaxRelDiff(last, first->step_logits), 1e-4);
+  // Each row is that position's own: the row of position 40 equals the last row of the
+  // same request cut after 41 tokens.
+  Request cut = r;
+  cut.prompt.resize(41);
+  auto c = RunOne(**s, cut);
+  ASSERT_TRUE(c.ok());
+  const std::vector<float> row40(got->result.prompt_logits.begin() + 40 * n_vocab,
+                                 got->result.prompt_logits.begin() + 41 * n_vocab);
+  const std::vector<float> c_last(c->result.prompt_logits.end() - n_vocab, c->result.prompt_logits.end());
+  EXPECT_LT(testing::MaxRelDiff(row40, c_last), 1e-4);
+  so.prompt_logits = false;
+  auto plain = Scheduler::Create(m, so, pool);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(RunOne(**plain, r).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SchedulerTest, CancelFreesBlocks) {
