@@ -70,7 +70,12 @@ class PosixEnv final : public Env {
       case OpenMode::kTruncate: flags |= O_WRONLY | O_CREAT | O_TRUNC; break;
     }
     const int fd = open(path.c_str(), flags, 0644);
-    if (fd < 0) return errno == ENOENT ? NotFound(path + " does not exist") : OsError("opening", path);
+    if (fd < 0) {
+      // Reading a file that is not there is NotFound; creating one where its directory is
+      // missing is the OS's error like any other.
+      if (mode == OpenMode::kRead) return errno == ENOENT ? NotFound(path + " does not exist") : OsError("opening", path);
+      return OsError("cannot create", path);
+    }
     return std::unique_ptr<File>(new PosixFile(fd, path));
   }
   Status CreateDir(const std::string& path) override {
