@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/engine.h"
+#include <algorithm>
+
+#include "engine/run_one.h"
 #include "engine/test_models.h"
 #include "model/tokenizer.h"
 
@@ -23,16 +25,32 @@ void ExpectLoadError(const std::string& path, StatusCode code, const std::string
   EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().ToString();
 }
 
-std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, int n) {
-  auto e = Engine::Create(m, EngineOptions{});
-  EXPECT_TRUE(e.ok());
-  GenerateRequest r;
+// One session alone on a Scheduler (the production driver): `n` greedy tokens, or with
+// n == 0 the logits of every prompt position (a context of n_ctx; 0: the model's).
+Result<OneRun> RunAlone(const Model& m, const std::vector<int32_t>& prompt, int n, int n_ctx = 0) {
+  ThreadPool pool(2);
+  SchedulerOptions so;
+  so.n_ctx = n_ctx;
+  so.prompt_logits = n == 0;
+  TRELLIS_ASSIGN_OR_RETURN(auto s, Scheduler::Create(m, so, pool));
+  Request r;
   r.prompt = prompt;
-  r.n_predict = n;
+  r.max_tokens = std::max(n, 1);
+  r.prompt_logits = n == 0;
   r.sampling.temperature = 0;
-  auto res = (*e)->Generate(r);
+  return RunOne(*s, r);
+}
+
+std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, int n) {
+  auto res = RunAlone(m, prompt, n);
   EXPECT_TRUE(res.ok()) << res.status().ToString();
-  return res.ok() ? res->tokens : std::vector<int32_t>{};
+  return res.ok() ? res->result.tokens : std::vector<int32_t>{};
+}
+
+std::vector<float> PromptLogits(const Model& m, const std::vector<int32_t>& prompt, int n_ctx = 0) {
+  auto res = RunAlone(m, prompt, 0, n_ctx);
+  EXPECT_TRUE(res.ok()) << res.status().ToString();
+  return res.ok() ? res->result.prompt_logits : std::vector<float>{};
 }
 
 TEST(ModelTest, EveryWeightTypeLoadsAndRuns) {
@@ -85,18 +103,10 @@ TEST(ModelTest, LongRopeFactorsFollowTheContextSize) {
   EXPECT_EQ((*m)->KvFingerprint(100), (*m)->fingerprint());
   EXPECT_NE((*m)->KvFingerprint(4096), (*m)->fingerprint());
   // The factor set changes the computation.
-  auto run = [&](int n_ctx) {
-    auto e = Engine::Create(**m, EngineOptions{.n_ctx = n_ctx, .all_logits = true});
-    EXPECT_TRUE(e.ok());
-    GenerateRequest r;
-    r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-    r.n_predict = 1;
-    r.sampling.temperature = 0;
-    auto res = (*e)->Generate(r);
-    EXPECT_TRUE(res.ok());
-    return res.ok() ? res->prompt_logits : std::vector<float>{};
-  };
-  EXPECT_NE(run(200), run(400));
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> at200 = PromptLogits(**m, prompt, 200), at400 = PromptLogits(**m, prompt, 400);
+  ASSERT_FALSE(at200.empty());
+  EXPECT_NE(at200, at400);
 }
 
 // The same tensors under two architectures compute different K/V (here: NeoX against
@@ -246,23 +256,16 @@ TEST(ModelTest, Llama3StyleModelLoadsTokenizesAndRuns) {
   EXPECT_EQ(with_ff.size(), 4u);
 
   // The frequency factors change the computation (they are not silently ignored).
-  auto e = Engine::Create(**m, EngineOptions{.all_logits = true});
-  ASSERT_TRUE(e.ok());
   const std::string plain = TempPath("l3_plain.gguf");
   RewriteGguf(dst, plain, {.tensor = [](GgufTensorInfo& t) { return t.name != "rope_freqs.weight"; }});
   auto m2 = Model::Load(plain);
   ASSERT_TRUE(m2.ok());
-  auto e2 = Engine::Create(**m2, EngineOptions{.all_logits = true});
-  ASSERT_TRUE(e2.ok());
-  GenerateRequest r;
-  r.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  r.n_predict = 1;
-  r.sampling.temperature = 0;
-  auto a = (*e)->Generate(r);
-  auto b = (*e2)->Generate(r);
-  ASSERT_TRUE(a.ok() && b.ok());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> a = PromptLogits(**m, prompt), b = PromptLogits(**m2, prompt);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
   double diff = 0;
-  for (size_t i = 0; i < a->prompt_logits.size(); ++i) diff += std::abs(a->prompt_logits[i] - b->prompt_logits[i]);
+  for (size_t i = 0; i < a.size(); ++i) diff += std::abs(a[i] - b[i]);
   EXPECT_GT(diff, 1e-3);
 }
 
