@@ -1,6 +1,10 @@
 // Engine invariants: results do not depend on how the KV cache is paged, how the
-// prompt is chunked, or which other sequences share a batch.
+// prompt is chunked, or which other sequences share a batch; bad requests and a full pool
+// are clear errors that leak nothing. Sessions run on the Scheduler (RunOne), batches
+// straight through Forward.
 #include "engine/engine.h"
+#include "engine/forward.h"
+#include "engine/run_one.h"
 
 #include <gtest/gtest.h>
 
@@ -85,9 +89,10 @@ TEST_P(EngineInvariance, PagingAndChunkingDoNotChangeResults) {
   std::vector<int32_t> prompt(150);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000) + 3;
 
-  GenerateRequest req;
+  Request req;
   req.prompt = prompt;
-  req.n_predict = 12;
+  req.max_tokens = 12;
+  req.prompt_logits = true;
   req.sampling.temperature = 0;
   std::vector<float> base_logits;
   std::vector<int32_t> base_tokens;
@@ -103,26 +108,30 @@ TEST_P(EngineInvariance, PagingAndChunkingDoNotChangeResults) {
   }();
   for (const auto& [bs, chunk] : grid) {
     {
-      EngineOptions eo;
-      eo.block_size = bs;
-      eo.max_batch_tokens = chunk;
-      eo.all_logits = true;
-      auto e = Engine::Create(**m, eo);
-      ASSERT_TRUE(e.ok()) << e.status().ToString();
-      auto r = (*e)->Generate(req);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_EQ((*e)->pool().n_used(), 0) << "blocks leaked";
+      ThreadPool pool(2);
+      SchedulerOptions so;
+      so.block_size = bs;
+      so.max_batch_tokens = chunk;
+      so.prefill_chunk = chunk;
+      so.prefix_cache = false;  // every block goes back to the pool at the end
+      so.prompt_logits = true;
+      auto s = Scheduler::Create(**m, so, pool);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      auto run = RunOne(**s, req);
+      ASSERT_TRUE(run.ok()) << run.status().ToString();
+      const RequestResult& r = run->result;
+      EXPECT_EQ((*s)->pool().n_used(), 0) << "blocks leaked";
       if (base_logits.empty()) {
-        base_logits = r->prompt_logits;
-        base_tokens = r->tokens;
+        base_logits = r.prompt_logits;
+        base_tokens = r.tokens;
         continue;
       }
-      ASSERT_EQ(r->prompt_logits.size(), base_logits.size());
-      const double d = RelDiff(r->prompt_logits, base_logits);
+      ASSERT_EQ(r.prompt_logits.size(), base_logits.size());
+      const double d = RelDiff(r.prompt_logits, base_logits);
       EXPECT_LT(d, InvarianceBound(GetParam())) << "block " << bs << " chunk " << chunk;
       worst = testing::Worse(worst, d);
       if (GetParam() == "f32") {
-        EXPECT_EQ(r->tokens, base_tokens) << "block " << bs << " chunk " << chunk;
+        EXPECT_EQ(r.tokens, base_tokens) << "block " << bs << " chunk " << chunk;
       }
     }
   }
@@ -133,13 +142,17 @@ TEST_P(EngineInvariance, PagingAndChunkingDoNotChangeResults) {
 TEST_P(EngineInvariance, BatchMixDoesNotChangeResults) {
   auto m = Model::Load(testing::WriteSmallModel("mix_" + GetParam() + ".gguf", GetParam()));
   ASSERT_TRUE(m.ok());
-  EngineOptions eo;
-  eo.kv_blocks = 64;
-  eo.max_batch_tokens = 256;
-  eo.all_logits = true;  // logit rows for up to max_batch_tokens rows per step
-  auto e = Engine::Create(**m, eo);
-  ASSERT_TRUE(e.ok());
-  Engine& en = **e;
+  ThreadPool threads(2);
+  auto pool = BlockPool::Create(KvLayoutFor((*m)->config(), 32), 64);
+  ASSERT_TRUE(pool.ok());
+  // Logit rows for up to max_batch_tokens rows per step.
+  Forward fwd(**m, (*pool)->view(), 256, 256, threads, (*m)->config().DefaultContext());
+  struct {
+    BlockPool& p;
+    Forward& f;
+    BlockPool& pool() { return p; }
+    Forward& forward() { return f; }
+  } en{**pool, fwd};
   std::mt19937 rng(5);
   struct Seq {
     std::vector<int32_t> tokens;
@@ -192,55 +205,53 @@ INSTANTIATE_TEST_SUITE_P(Types, EngineInvariance, ::testing::Values("f32", "q4_0
 TEST(EngineTest, BadRequestsAreRefusedAndLeakNothing) {
   auto m = Model::Load(testing::WriteSmallModel("bad.gguf"));
   ASSERT_TRUE(m.ok());
-  EngineOptions eo;
-  eo.n_ctx = 64;
-  auto e = Engine::Create(**m, eo);
+  ThreadPool pool(2);
+  auto e = Scheduler::Create(**m, SchedulerOptions{.n_ctx = 64, .prefix_cache = false}, pool);
   ASSERT_TRUE(e.ok());
-  GenerateRequest r;
+  Request r;
   r.sampling.temperature = 0;
-  EXPECT_EQ((*e)->Generate(r).status().code(), StatusCode::kInvalidArgument);  // empty
+  EXPECT_EQ(RunOne(**e, r).status().code(), StatusCode::kInvalidArgument);  // empty
   r.prompt = {1, 2, 5000};
-  EXPECT_EQ((*e)->Generate(r).status().code(), StatusCode::kInvalidArgument);  // out of vocab
+  EXPECT_EQ(RunOne(**e, r).status().code(), StatusCode::kInvalidArgument);  // out of vocab
   r.prompt.assign(80, 7);
-  auto long_prompt = (*e)->Generate(r);
+  auto long_prompt = RunOne(**e, r);
   EXPECT_EQ(long_prompt.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(long_prompt.status().message().find("context"), std::string::npos);
   r.prompt = {1, 2, 3};
-  r.n_predict = 200;
-  auto full = (*e)->Generate(r);
+  r.max_tokens = 200;
+  auto full = RunOne(**e, r);
   ASSERT_TRUE(full.ok());
-  EXPECT_TRUE(full->context_full);
-  EXPECT_LE(full->n_prompt + static_cast<int>(full->tokens.size()), 65);
+  EXPECT_EQ(full->result.reason, FinishReason::kContextFull);
+  EXPECT_LE(full->result.n_prompt + static_cast<int>(full->result.tokens.size()), 65);
   EXPECT_EQ((*e)->pool().n_used(), 0);
 }
 
 TEST(EngineTest, FullPoolIsResourceExhaustedNotACrash) {
   auto m = Model::Load(testing::WriteSmallModel("pool.gguf"));
   ASSERT_TRUE(m.ok());
-  EngineOptions eo;
-  eo.kv_blocks = 2;  // 64 positions
-  eo.n_ctx = 512;
-  auto e = Engine::Create(**m, eo);
+  ThreadPool pool(2);
+  auto e = Scheduler::Create(**m, SchedulerOptions{.kv_blocks = 2, .n_ctx = 512, .prefix_cache = false}, pool);  // 64 positions
   ASSERT_TRUE(e.ok());
-  GenerateRequest r;
+  Request r;
   r.prompt.assign(100, 9);
   r.sampling.temperature = 0;
-  auto res = (*e)->Generate(r);
+  auto res = RunOne(**e, r);
   EXPECT_EQ(res.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ((*e)->pool().n_used(), 0);
   r.prompt.assign(10, 9);
-  r.n_predict = 4;
-  EXPECT_TRUE((*e)->Generate(r).ok());  // the pool is usable afterwards
+  r.max_tokens = 4;
+  EXPECT_TRUE(RunOne(**e, r).ok());  // the pool is usable afterwards
 }
 
 TEST(EngineTest, BadOptionsAreRefused) {
   auto m = Model::Load(testing::WriteSmallModel("opts.gguf"));
   ASSERT_TRUE(m.ok());
-  EXPECT_FALSE(Engine::Create(**m, EngineOptions{.n_threads = 0}).ok());
-  EXPECT_FALSE(Engine::Create(**m, EngineOptions{.block_size = 0}).ok());
-  EXPECT_FALSE(Engine::Create(**m, EngineOptions{.block_size = 5000}).ok());
-  EXPECT_TRUE(Engine::Create(**m, EngineOptions{.block_size = 7}).ok());  // 7 x 64 dims: aligned
-  EXPECT_FALSE(Engine::Create(**m, EngineOptions{.kv_memory_bytes = 1000}).ok());
+  ThreadPool pool(2);
+  EXPECT_FALSE(Scheduler::Create(**m, SchedulerOptions{.block_size = 0}, pool).ok());
+  EXPECT_FALSE(Scheduler::Create(**m, SchedulerOptions{.block_size = 5000}, pool).ok());
+  EXPECT_TRUE(Scheduler::Create(**m, SchedulerOptions{.block_size = 7}, pool).ok());  // 7 x 64 dims: aligned
+  EXPECT_FALSE(Scheduler::Create(**m, SchedulerOptions{.kv_memory_bytes = 1000}, pool).ok());
+  EXPECT_FALSE(Scheduler::Create(**m, SchedulerOptions{.max_batch_tokens = 0}, pool).ok());
 }
 
 }  // namespace
