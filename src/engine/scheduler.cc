@@ -97,7 +97,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (blocks <= 0 && o.kv_memory_bytes > 0) {
     blocks = BlockPool::BlocksForBytes(layout, o.kv_memory_bytes);
     if (blocks <= 0) {
-      return InvalidArgument(fmt::format("KV memory {} bytes holds no block ({} bytes each)", o.kv_memory_bytes, layout.BlockBytes()));
+      return InvalidArgument(fmt::format("--kv-memory {} bytes holds no KV block ({} bytes each)", o.kv_memory_bytes, layout.BlockBytes()));
     }
   }
   if (blocks <= 0) blocks = 4 * per_ctx;
@@ -191,7 +191,7 @@ Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishC
     s->mask = grammar::TokenMask(c.n_vocab);
   }
   s->id = id_in != 0 ? id_in : next_id_++;
-  const int64_t cap = std::min<int64_t>(opts_.n_ctx, n + std::max(req.max_tokens, 0)) + 1;
+  const int64_t cap = std::min<int64_t>(opts_.n_ctx + 1, n + std::max(req.max_tokens, 0)) + 1;
   s->tokens.reserve(static_cast<size_t>(cap));
   s->tokens = req.prompt;
   s->table.reserve(static_cast<size_t>(cap / opts_.block_size + 2));
@@ -898,7 +898,9 @@ void Scheduler::CollectOldest() {
       Finish(s, FinishReason::kStop);
     } else if (static_cast<int>(s.result.tokens.size()) >= s.req.max_tokens) {
       Finish(s, FinishReason::kLength);
-    } else if (static_cast<int>(s.tokens.size()) >= opts_.n_ctx) {
+    } else if (static_cast<int>(s.tokens.size()) > opts_.n_ctx) {
+      // Positions 0 .. n_ctx - 1 were all fed; the token drawn from the last of them has
+      // no position to be fed at (llama.cpp's rule: n_ctx positions, one more token).
       Finish(s, FinishReason::kContextFull);
     }
   }
