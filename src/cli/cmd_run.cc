@@ -4,9 +4,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "cli/store_flags.h"
-#include "engine/engine.h"
+#include "engine/run_one.h"
 #include "engine/scheduler.h"
 #include "util/clock.h"
 #include "model/tokenizer.h"
@@ -176,32 +178,51 @@ int Run(const RunOpts& o) {
     prompt = tok->Encode(o.prompt, !o.no_bos && tok->add_bos(), true);
   }
 
-  EngineOptions eo;
-  eo.n_threads = o.threads;
-  eo.n_ctx = o.ctx;
-  eo.block_size = o.block_size;
-  eo.kv_memory_bytes = o.kv_memory;
-  eo.kv_blocks = o.kv_blocks;
-  eo.max_batch_tokens = o.batch;
-  eo.all_logits = !o.dump_logits.empty();
-  auto engine = Engine::Create(**model, eo);
-  if (!engine.ok()) return Fail(engine.status().ToString());
+  // One session on the Scheduler, the driver `serve` uses. The pool holds one full
+  // context unless --kv-memory / --kv-blocks say otherwise.
+  SchedulerOptions so;
+  so.block_size = o.block_size;
+  so.n_ctx = o.ctx;
+  so.kv_memory_bytes = o.kv_memory;
+  so.kv_blocks = o.kv_blocks;
+  if (so.kv_blocks == 0 && so.kv_memory_bytes == 0 && o.block_size > 0) {
+    const int n_ctx = o.ctx > 0 ? o.ctx : c.DefaultContext();
+    so.kv_blocks = (n_ctx + o.block_size - 1) / o.block_size;
+  }
+  so.max_batch_tokens = o.batch;
+  so.prefill_chunk = o.batch;
+  so.max_running = 1;
+  so.prefix_cache = false;
+  so.prompt_logits = !o.dump_logits.empty();
+  ThreadPool threads(o.threads);
+  auto sched = Scheduler::Create(**model, so, threads);
+  if (!sched.ok()) return Fail(sched.status().ToString());
 
   if (!o.quiet) {
     std::fprintf(stderr, "model: %s | %s | %d layers, %d embd, %d heads (%d kv) | vocab %d | %s\n",
                  o.model.c_str(), (*model)->TypeSummary().c_str(), c.n_layer, c.n_embd, c.n_head, c.n_head_kv,
                  c.n_vocab, ThreadsText(o.threads, o.threads_how).c_str());
   }
-  GenerateRequest req;
+  Request req;
   req.prompt = prompt;
-  req.n_predict = o.n_predict;
+  req.max_tokens = o.n_predict;
+  req.prompt_logits = !o.dump_logits.empty();
+  std::vector<int32_t> forced;
   if (!o.force_tokens.empty()) {
-    auto forced = ParseIds(o.force_tokens, "--force-tokens");
-    if (!forced.ok()) return Fail(forced.status().message());
-    req.force_tokens = std::move(*forced);
+    auto ids = ParseIds(o.force_tokens, "--force-tokens");
+    if (!ids.ok()) return Fail(ids.status().message());
+    forced = std::move(*ids);
+    // Every forced token is fed; with --dump-logits one step more gives the row after the
+    // last of them (a step reports the logits its token is drawn from).
+    req.force_tokens = forced;
+    if (!o.dump_logits.empty()) {
+      req.force_tokens.push_back(forced.back());
+      req.logits = true;
+    }
+    req.max_tokens = static_cast<int>(req.force_tokens.size());
   }
   req.sampling = o.Sampling();
-  if (tok && !o.ignore_eos) req.is_eog = [&](int32_t id) { return tok->IsEog(id); };
+  if (tok && !o.ignore_eos && forced.empty()) req.is_stop = [&](int32_t id) { return tok->IsEog(id); };
 
   std::unique_ptr<StreamDecoder> dec;
   if (tok && !o.print_ids) {
@@ -211,6 +232,7 @@ int Run(const RunOpts& o) {
   }
   std::vector<int32_t> generated;  // what was streamed, kept if generation fails midway
   auto on_token = [&](int32_t id) {
+    if (!forced.empty() && generated.size() >= forced.size()) return true;  // the extra step for the last row
     generated.push_back(id);
     if (dec && !(tok->IsEog(id) && !o.ignore_eos)) {
       std::string s = dec->Push(id);
@@ -219,8 +241,15 @@ int Run(const RunOpts& o) {
     }
     return true;
   };
-  auto res = (*engine)->Generate(req, on_token);
-  if (!res.ok()) {
+  auto run = RunOne(**sched, req, on_token);
+  // The scheduler ends a session the whole pool cannot hold as context-full; for `run`,
+  // whose pool is its own, that is the pool running out before the context: an error.
+  if (run.ok() && run->result.reason == FinishReason::kContextFull &&
+      run->result.n_prompt + static_cast<int>(run->result.tokens.size()) <= (*sched)->options().n_ctx) {
+    run = ResourceExhausted(fmt::format("KV pool exhausted: {} blocks of {} tokens hold no more of this sequence (raise --kv-memory)",
+                                        (*sched)->options().kv_blocks, (*sched)->options().block_size));
+  }
+  if (!run.ok()) {
     // Keep what was generated before the failure (e.g. the KV pool ran out midway).
     if (o.print_ids) {
       for (size_t i = 0; i < generated.size(); ++i) std::printf("%s%d", i ? " " : "", generated[i]);
@@ -231,37 +260,42 @@ int Run(const RunOpts& o) {
       std::fputc('\n', stdout);
     }
     std::fflush(stdout);
-    return Fail(res.status().ToString() + (generated.empty() ? "" : " (after " + std::to_string(generated.size()) + " generated tokens, printed above)"));
+    return Fail(run.status().ToString() + (generated.empty() ? "" : " (after " + std::to_string(generated.size()) + " generated tokens, printed above)"));
   }
+  const RequestResult* res = &run->result;
   if (dec) {
     std::string s = dec->Flush();
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fputc('\n', stdout);
   }
   if (o.print_ids) {
-    for (size_t i = 0; i < res->tokens.size(); ++i) std::printf("%s%d", i ? " " : "", res->tokens[i]);
+    for (size_t i = 0; i < generated.size(); ++i) std::printf("%s%d", i ? " " : "", generated[i]);
     std::printf("\n");
   }
   if (!o.dump_logits.empty()) {
     std::ofstream f(o.dump_logits, std::ios::binary);
     f.write(reinterpret_cast<const char*>(res->prompt_logits.data()),
             static_cast<std::streamsize>(res->prompt_logits.size() * sizeof(float)));
-    // With --force-tokens, then one row per decode step (after each forced token was fed).
-    if (!req.force_tokens.empty()) f.write(reinterpret_cast<const char*>(res->decode_logits.data()),
-            static_cast<std::streamsize>(res->decode_logits.size() * sizeof(float)));
+    // With --force-tokens, then one row per decode step (after each forced token was fed):
+    // the step logits without the first (the last prompt position's, already written).
+    if (!forced.empty() && run->step_logits.size() > static_cast<size_t>(c.n_vocab)) {
+      f.write(reinterpret_cast<const char*>(run->step_logits.data() + c.n_vocab),
+              static_cast<std::streamsize>((run->step_logits.size() - c.n_vocab) * sizeof(float)));
+    }
     if (!f) return Fail("cannot write " + o.dump_logits);
   }
-  if (res->context_full && o.quiet) {
+  const bool context_full = res->reason == FinishReason::kContextFull;
+  if (context_full && o.quiet) {
     std::fprintf(stderr, "trellis: stopped at the context limit (%d positions) after %zu tokens; raise --ctx-size\n",
-                 (*engine)->options().n_ctx, res->tokens.size());
+                 (*sched)->options().n_ctx, generated.size());
   }
   if (!o.quiet) {
-    const int n_gen = static_cast<int>(res->tokens.size());
+    const int n_gen = static_cast<int>(generated.size());
+    // Prefill is submit to the first token; generation the rest.
+    const double prompt_s = res->ttft_seconds, gen_s = res->total_seconds - res->ttft_seconds;
     std::fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s) | TTFT %.1f ms | generation: %d tokens, %.1f tok/s%s\n",
-                 res->n_prompt, res->prompt_seconds, res->n_prompt / std::max(res->prompt_seconds, 1e-9),
-                 res->ttft_seconds * 1e3, n_gen,
-                 n_gen > 1 ? (n_gen - 1) / std::max(res->gen_seconds, 1e-9) : 0.0,
-                 res->context_full ? " (stopped: context full)" : "");
+                 res->n_prompt, prompt_s, res->n_prompt / std::max(prompt_s, 1e-9), res->ttft_seconds * 1e3, n_gen,
+                 n_gen > 1 ? (n_gen - 1) / std::max(gen_s, 1e-9) : 0.0, context_full ? " (stopped: context full)" : "");
   }
   return 0;
 }
