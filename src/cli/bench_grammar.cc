@@ -82,13 +82,16 @@ struct Batch {
   std::string error;
 };
 
+// The token vocabulary (the grammar's view of it) of a GGUF file's tokenizer.
+Result<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(const std::string& path) {
+  TRELLIS_ASSIGN_OR_RETURN(auto f, GgufFile::Open(path));
+  TRELLIS_ASSIGN_OR_RETURN(auto tok, Tokenizer::FromGguf(f));
+  return MakeTokenVocabulary(*tok);
+}
+
 // The logit_bias above, from the model's vocabulary.
 Result<nlohmann::json> BanList(const std::string& model) {
-  auto f = GgufFile::Open(model);
-  if (!f.ok()) return f.status();
-  auto tok = Tokenizer::FromGguf(*f);
-  if (!tok.ok()) return tok.status();
-  auto vocab = MakeTokenVocabulary(**tok);
+  TRELLIS_ASSIGN_OR_RETURN(auto vocab, LoadVocabulary(model));
   nlohmann::json ban = nlohmann::json::array();
   for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
     if (vocab->is_eog(id)) continue;
@@ -354,11 +357,9 @@ int RunCompileBench(const GrammarBenchOptions& o) {
   fmt::print("{:<28} {:>7} {:>9} {:>8} {:>10} {:>10} {:>10}\n", "vocabulary", "tokens", "schemas", "refused",
              "p50 ms", "p99 ms", "max ms");
   for (const std::string& path : o.vocabs) {
-    auto f = GgufFile::Open(path);
-    if (!f.ok()) return Fail(f.status().ToString());
-    auto tok = Tokenizer::FromGguf(*f);
-    if (!tok.ok()) return Fail(tok.status().ToString());
-    auto vocab = MakeTokenVocabulary(**tok);
+    auto loaded = LoadVocabulary(path);
+    if (!loaded.ok()) return Fail(loaded.status().ToString());
+    const auto& vocab = *loaded;
     grammar::TokenMask mask(vocab->n_vocab());
     std::vector<double> ms;
     int refused = 0;
@@ -407,11 +408,9 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
     if (!csv) return Fail("cannot write " + o.csv);
   }
   for (const std::string& path : o.vocabs) {
-    auto f = GgufFile::Open(path);
-    if (!f.ok()) return Fail(f.status().ToString());
-    auto tok = Tokenizer::FromGguf(*f);
-    if (!tok.ok()) return Fail(tok.status().ToString());
-    auto vocab = MakeTokenVocabulary(**tok);
+    auto loaded = LoadVocabulary(path);
+    if (!loaded.ok()) return Fail(loaded.status().ToString());
+    const auto& vocab = *loaded;
     const std::string vname = path.substr(path.find_last_of('/') + 1);
     for (const Schema& s : kSchemas) {
       std::vector<double> compile;
