@@ -835,7 +835,7 @@ void Scheduler::CollectOldest() {
     const int32_t rows = f.rows[i];
     const int first_row = logit_row;
     logit_row += rows;
-    if (rows > 1 || (rows == 1 && s.req.prompt_logits && s.n_computed < s.result.n_prompt)) {
+    if (s.req.prompt_logits && s.n_computed < s.result.n_prompt) {
       // Prompt rows: positions [n_computed, n_computed + rows) of the prompt.
       s.result.prompt_logits.resize(static_cast<size_t>(s.result.n_prompt) * n_vocab);
       for (int32_t r = 0; r < rows && s.n_computed + r < s.result.n_prompt; ++r) {
