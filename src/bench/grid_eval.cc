@@ -61,7 +61,7 @@
 #include "bench/cluster.h"
 #include "bench/http.h"
 #include "bench/report.h"
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "kv/block_pool.h"

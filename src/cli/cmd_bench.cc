@@ -1,12 +1,10 @@
-// trellis bench speed: prompt processing (pp) and generation (tg) throughput, as
-// llama-bench measures them: pp = one forward pass over n_prompt tokens from an empty
-// context; tg = n_gen single-token steps from an empty context. Medians over reps.
+// trellis bench: the benchmark commands' flags and reports. The measurements live in
+// src/bench (speed.h: pp and tg as llama-bench measures them) and the bench_*.cc drivers.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -21,7 +19,7 @@
 #include "cli/bench_store.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
-#include "engine/engine.h"
+#include "bench/speed.h"
 #include "kernels/cpu_features.h"
 #include "util/clock.h"
 #include "util/cpus.h"
@@ -48,121 +46,18 @@ int64_t PeakRssBytes() {
 int RunSpeed(const SpeedOpts& o) {
   auto model = Model::Load(o.model);
   if (!model.ok()) return Fail(model.status().ToString());
-  const ModelConfig& c = (*model)->config();
-  EngineOptions eo;
-  eo.n_threads = o.threads;
-  eo.block_size = o.block_size;
-  const int d = std::max(o.depth, 0);
-  eo.n_ctx = d + o.pp + o.tg + o.block_size;
-  // Engine::Create validates the block size; only keep this arithmetic safe for it.
-  const int bs = std::max(o.block_size, 1);
-  eo.kv_blocks = (d + o.pp + o.tg) / bs + 2 + static_cast<int64_t>(std::max(o.sessions, 1)) * (o.tg / bs + 2);
-  eo.max_batch_tokens = std::max({o.pp, o.sessions, d > 0 ? std::min(d, 512) : 1, 1});
-  eo.max_logit_rows = std::max(o.sessions, 1);
-  auto engine = Engine::Create(**model, eo);
-  if (!engine.ok()) return Fail(engine.status().ToString());
-  Engine& e = **engine;
-
-  std::mt19937 rng(42);
-  std::uniform_int_distribution<int32_t> tok(3, c.n_vocab - 1);
-  std::vector<int32_t> prompt(static_cast<size_t>(o.pp)), context(static_cast<size_t>(d));
-  for (auto& t : prompt) t = tok(rng);
-  for (auto& t : context) t = tok(rng);
-
-  std::vector<int32_t> table;
-  const int n_blocks = (d + o.pp + o.tg + o.block_size - 1) / o.block_size;
-  for (int i = 0; i < n_blocks; ++i) table.push_back(e.pool().Allocate());
-  if (table.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the benchmark");
-  // The depth: positions [0, d) computed once, untimed, in chunks; every pp and tg test
-  // then runs after them (attending to them) and overwrites only positions >= d.
-  for (int p = 0; p < d;) {
-    const int n = std::min(d - p, eo.max_batch_tokens);
-    SeqBatch sb;
-    sb.tokens = std::span<const int32_t>(context.data() + p, static_cast<size_t>(n));
-    sb.pos0 = p;
-    sb.block_table = table;
-    sb.n_logits = 1;
-    if (auto st = e.forward().Run(std::span<const SeqBatch>(&sb, 1)); !st.ok()) return Fail(st.ToString());
-    p += n;
-  }
-  // Batched decode: `sessions` sequences, each with its own blocks, one token each per step.
-  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(o.sessions > 1 ? o.sessions : 0));
-  for (auto& t : tables) {
-    for (int i = 0; i < (o.tg + o.block_size - 1) / o.block_size; ++i) t.push_back(e.pool().Allocate());
-    if (t.back() == BlockPool::kNoBlock) return Fail("KV pool too small for the batched benchmark");
-  }
-
-  auto run_pp = [&]() -> Result<double> {
-    SeqBatch sb;
-    sb.tokens = prompt;
-    sb.pos0 = d;
-    sb.block_table = table;
-    sb.n_logits = 1;
-    const double t0 = NowSeconds();
-    TRELLIS_RETURN_IF_ERROR(e.forward().Run(std::span<const SeqBatch>(&sb, 1)));
-    return o.pp / (NowSeconds() - t0);
-  };
-  auto run_tg = [&]() -> Result<double> {
-    int32_t t = 1;
-    const double t0 = NowSeconds();
-    for (int i = 0; i < o.tg; ++i) {
-      SeqBatch sb;
-      sb.tokens = std::span<const int32_t>(&t, 1);
-      sb.pos0 = d + i;
-      sb.block_table = table;
-      sb.n_logits = 1;
-      TRELLIS_RETURN_IF_ERROR(e.forward().Run(std::span<const SeqBatch>(&sb, 1)));
-      t = Sampler::Greedy({e.forward().logits_row(0), static_cast<size_t>(c.n_vocab)});
-    }
-    return o.tg / (NowSeconds() - t0);
-  };
-
-  auto run_batched = [&]() -> Result<double> {
-    std::vector<int32_t> toks(tables.size(), 1);
-    std::vector<SeqBatch> batch(tables.size());
-    const double t0 = NowSeconds();
-    for (int i = 0; i < o.tg; ++i) {
-      for (size_t s = 0; s < tables.size(); ++s) {
-        batch[s].tokens = std::span<const int32_t>(&toks[s], 1);
-        batch[s].pos0 = i;
-        batch[s].block_table = tables[s];
-        batch[s].n_logits = 1;
-      }
-      TRELLIS_RETURN_IF_ERROR(e.forward().Run(batch));
-      for (size_t s = 0; s < tables.size(); ++s) {
-        toks[s] = Sampler::Greedy({e.forward().logits_row(static_cast<int>(s)), static_cast<size_t>(c.n_vocab)});
-      }
-    }
-    return static_cast<double>(o.tg) * static_cast<double>(tables.size()) / (NowSeconds() - t0);
-  };
-
-  // Warm-up: touch every weight page once (the mmap faults in) before timing.
-  if (o.tg > 0) {
-    if (auto w = run_tg(); !w.ok()) return Fail(w.status().ToString());
-  }
-  std::vector<double> pp, tg, tgb;
-  for (int r = 0; r < o.reps; ++r) {
-    if (!tables.empty()) {
-      auto v = run_batched();
-      if (!v.ok()) return Fail(v.status().ToString());
-      tgb.push_back(*v);
-    }
-    if (o.pp > 0) {
-      auto v = run_pp();
-      if (!v.ok()) return Fail(v.status().ToString());
-      pp.push_back(*v);
-    }
-    if (o.tg > 0) {
-      auto v = run_tg();
-      if (!v.ok()) return Fail(v.status().ToString());
-      tg.push_back(*v);
-    }
-  }
-  for (int32_t b : table) e.pool().Release(b);
-  for (auto& t : tables) {
-    for (int32_t b : t) e.pool().Release(b);
-  }
-
+  bench::SpeedParams sp;
+  sp.threads = o.threads;
+  sp.pp = o.pp;
+  sp.tg = o.tg;
+  sp.depth = o.depth;
+  sp.reps = o.reps;
+  sp.block_size = o.block_size;
+  sp.sessions = o.sessions;
+  auto runs = bench::MeasureSpeed(**model, sp);
+  if (!runs.ok()) return Fail(runs.status().ToString());
+  const std::vector<double>&pp = runs->pp, &tg = runs->tg, &tgb = runs->tg_batched;
+  const int d = o.depth;
   const double pp_med = pp.empty() ? 0 : Median(pp);
   const double tg_med = tg.empty() ? 0 : Median(tg);
   const int64_t rss = PeakRssBytes();

@@ -2,7 +2,7 @@
 // prompt is chunked, or which other sequences share a batch; bad requests and a full pool
 // are clear errors that leak nothing. Sessions run on the Scheduler (RunOne), batches
 // straight through Forward.
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/forward.h"
 #include "engine/run_one.h"
 

@@ -7,7 +7,7 @@
 
 #include <fmt/core.h>
 
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -81,9 +81,7 @@ Scheduler::~Scheduler() {
 Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const SchedulerOptions& in, ThreadPool& pool) {
   SchedulerOptions o = in;
   const ModelConfig& c = model.config();
-  if (o.block_size < 1 || o.block_size > 4096 || (o.block_size * c.head_dim) % 32 != 0) {
-    return InvalidArgument(fmt::format("block size {} is not usable (1..4096, block_size x head_dim a multiple of 32)", o.block_size));
-  }
+  TRELLIS_RETURN_IF_ERROR(CheckBlockSize(c, o.block_size));
   if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
   if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");

@@ -10,7 +10,7 @@
 #include <deque>
 #include <random>
 
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"

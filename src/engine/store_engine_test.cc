@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/scheduler.h"
 #include "engine/store_bridge.h"
 #include "engine/test_models.h"

@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/scheduler.h"
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"

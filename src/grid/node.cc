@@ -10,7 +10,7 @@
 
 #include <fmt/core.h>
 
-#include "engine/engine.h"
+#include "engine/kv_layout.h"
 #include "engine/forward.h"
 #include "grid/protocol.h"
 #include "kv/block_pool.h"
