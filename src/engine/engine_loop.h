@@ -39,6 +39,8 @@ class EngineLoop {
   SchedulerMetrics metrics() const;
   size_t queue_depth() const;
   const SchedulerOptions& options() const { return sched_->options(); }
+  // Scheduler::Check: the checks Submit makes, with the reason of a refusal. Thread-safe.
+  Verdict Check(const Request& req) const { return sched_->Check(req); }
 
  private:
   EngineLoop() = default;

@@ -226,6 +226,41 @@ TEST(EngineTest, BadRequestsAreRefusedAndLeakNothing) {
   EXPECT_EQ((*e)->pool().n_used(), 0);
 }
 
+// Each refusal names its reason: the server maps them onto OpenAI's errors (a prompt or
+// max_tokens over the context is context_length_exceeded, the param says which).
+TEST(EngineTest, RefusalsSayWhy) {
+  auto m = Model::Load(testing::WriteSmallModel("why.gguf"));
+  ASSERT_TRUE(m.ok());
+  ThreadPool pool(2);
+  auto e = Scheduler::Create(**m, SchedulerOptions{.block_size = 16, .kv_blocks = 3, .n_ctx = 64, .prefix_cache = false}, pool);
+  ASSERT_TRUE(e.ok());
+  auto why = [&](const Request& r) { return (*e)->Check(r).refusal; };
+  Request r;
+  EXPECT_EQ(why(r), Refusal::kEmptyPrompt);
+  r.prompt = {1, 2, 3};
+  EXPECT_EQ(why(r), Refusal::kNone);
+  EXPECT_TRUE((*e)->Check(r).status.ok());
+  r.prompt.assign(64, 7);
+  EXPECT_EQ(why(r), Refusal::kPromptOverContext);
+  r.prompt.assign(48, 7);  // 48 positions and the first token: 4 blocks of 16, the pool has 3
+  EXPECT_EQ(why(r), Refusal::kPromptOverPool);
+  EXPECT_EQ((*e)->Check(r).status.code(), StatusCode::kResourceExhausted);
+  r.prompt = {1, 2, 3, 5000};
+  EXPECT_EQ(why(r), Refusal::kTokenOutsideVocabulary);
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 62;
+  EXPECT_EQ(why(r), Refusal::kNone);  // stops at the context's end
+  r.max_tokens_must_fit = true;
+  EXPECT_EQ(why(r), Refusal::kMaxTokensOverContext);
+  r.max_tokens = 61;
+  EXPECT_EQ(why(r), Refusal::kNone);  // 3 + 61 = 64 fits
+  r.max_tokens = -1;
+  EXPECT_EQ(why(r), Refusal::kBadParameter);
+  r.max_tokens = 4;
+  r.sampling.top_p = 2;
+  EXPECT_EQ(why(r), Refusal::kBadParameter);
+}
+
 TEST(EngineTest, FullPoolIsResourceExhaustedNotACrash) {
   auto m = Model::Load(testing::WriteSmallModel("pool.gguf"));
   ASSERT_TRUE(m.ok());

@@ -148,35 +148,52 @@ uint64_t Scheduler::Namespace(const Session& s) const {
   return RadixCache::NamespaceKey(model_.KvFingerprint(opts_.n_ctx), s.req.cache_salt);
 }
 
-Status Scheduler::Validate(const Request& req) const {
+Verdict Scheduler::Check(const Request& req) const {
   const ModelConfig& c = model_.config();
   const int64_t n = static_cast<int64_t>(req.prompt.size());
-  if (n == 0) return InvalidArgument("the prompt is empty");
+  auto refuse = [](Refusal r, Status st) { return Verdict{r, std::move(st)}; };
+  if (n == 0) return refuse(Refusal::kEmptyPrompt, InvalidArgument("the prompt is empty"));
   if (n >= opts_.n_ctx) {
-    return InvalidArgument(fmt::format("prompt of {} tokens does not fit the context of {} tokens", n, opts_.n_ctx));
+    return refuse(Refusal::kPromptOverContext,
+                  InvalidArgument(fmt::format("prompt of {} tokens does not fit the context of {} tokens", n, opts_.n_ctx)));
   }
   for (int32_t t : req.prompt) {
-    if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+    if (t < 0 || t >= c.n_vocab) {
+      return refuse(Refusal::kTokenOutsideVocabulary,
+                    InvalidArgument(fmt::format("token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1)));
+    }
   }
-  if (req.max_tokens < 0) return InvalidArgument(fmt::format("max_tokens {} is negative", req.max_tokens));
+  if (req.max_tokens < 0) return refuse(Refusal::kBadParameter, InvalidArgument(fmt::format("max_tokens {} is negative", req.max_tokens)));
+  if (req.max_tokens_must_fit && n + req.max_tokens > opts_.n_ctx) {
+    return refuse(Refusal::kMaxTokensOverContext,
+                  InvalidArgument(fmt::format("prompt of {} tokens and max_tokens {} do not fit the context of {} tokens", n,
+                                              req.max_tokens, opts_.n_ctx)));
+  }
   if (req.prompt_logits && !opts_.prompt_logits) {
-    return InvalidArgument("prompt logits were asked for, but the scheduler was not made for them (SchedulerOptions::prompt_logits)");
+    return refuse(Refusal::kBadParameter, InvalidArgument("prompt logits were asked for, but the scheduler was not made "
+                                                          "for them (SchedulerOptions::prompt_logits)"));
   }
   for (int32_t t : req.force_tokens) {
-    if (t < 0 || t >= c.n_vocab) return InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1));
+    if (t < 0 || t >= c.n_vocab) {
+      return refuse(Refusal::kTokenOutsideVocabulary,
+                    InvalidArgument(fmt::format("forced token id {} is outside the vocabulary (0..{})", t, c.n_vocab - 1)));
+    }
   }
-  TRELLIS_RETURN_IF_ERROR(ValidateSamplerParams(req.sampling));
+  if (Status st = ValidateSamplerParams(req.sampling); !st.ok()) return refuse(Refusal::kBadParameter, st);
   if (req.grammar) {
     if (req.grammar->vocab().n_vocab() != c.n_vocab) {
-      return InvalidArgument(fmt::format("the grammar's vocabulary has {} tokens, the model {}", req.grammar->vocab().n_vocab(), c.n_vocab));
+      return refuse(Refusal::kBadParameter, InvalidArgument(fmt::format("the grammar's vocabulary has {} tokens, the model {}",
+                                                                        req.grammar->vocab().n_vocab(), c.n_vocab)));
     }
-    if (!req.force_tokens.empty()) return InvalidArgument("a grammar and forced tokens together");
+    if (!req.force_tokens.empty()) return refuse(Refusal::kBadParameter, InvalidArgument("a grammar and forced tokens together"));
   }
   const int64_t need = (n + opts_.block_size) / opts_.block_size;  // prompt + the first generated token
   if (need > opts_.kv_blocks) {
-    return ResourceExhausted(fmt::format("prompt needs {} KV blocks, the pool has {} (raise --kv-memory)", need, opts_.kv_blocks));
+    return refuse(Refusal::kPromptOverPool,
+                  ResourceExhausted(fmt::format("prompt of {} tokens needs {} KV blocks of {}, the pool has {} (raise --kv-memory)",
+                                                n, need, opts_.block_size, opts_.kv_blocks)));
   }
-  return Status::Ok();
+  return {};
 }
 
 Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishCallback on_finish, RequestId id_in) {

@@ -81,6 +81,9 @@ const char* FinishReasonName(FinishReason r);
 struct Request {
   std::vector<int32_t> prompt;
   int max_tokens = 64;
+  // Refuse a request whose prompt + max_tokens exceeds the context (as OpenAI does for an
+  // explicit max_tokens) rather than stopping it with kContextFull when the context fills.
+  bool max_tokens_must_fit = false;
   SamplerParams sampling;
   uint64_t cache_salt = 0;                 // tenants with different salts share no blocks
   std::function<bool(int32_t)> is_stop;    // end of generation (e.g. tokenizer EOG)
@@ -162,6 +165,24 @@ struct SchedulerMetrics {
   double HitRate() const { return prompt_tokens ? static_cast<double>(cached_tokens) / prompt_tokens : 0.0; }
 };
 
+// Why a request is refused before it is queued: one place checks (Scheduler::Check), each
+// caller maps the reason onto its own error (the server onto OpenAI's status, code, param).
+enum class Refusal {
+  kNone,
+  kEmptyPrompt,
+  kPromptOverContext,       // prompt length >= n_ctx
+  kMaxTokensOverContext,    // prompt + max_tokens > n_ctx, with Request::max_tokens_must_fit
+  kPromptOverPool,          // the prompt and its first token need more blocks than the pool has
+  kTokenOutsideVocabulary,  // a prompt or forced token id
+  kBadParameter,            // max_tokens, sampling, grammar, prompt logits, forced tokens
+};
+
+struct Verdict {
+  Refusal refusal = Refusal::kNone;
+  Status status;  // why, in words (ok when refusal is kNone)
+  bool ok() const { return refusal == Refusal::kNone; }
+};
+
 class Scheduler {
  public:
   static Result<std::unique_ptr<Scheduler>> Create(const Model& model, const SchedulerOptions& opts, ThreadPool& pool);
@@ -173,7 +194,8 @@ class Scheduler {
   Result<RequestId> Submit(Request req, TokenCallback on_token, FinishCallback on_finish, RequestId id = 0);
   // The checks Submit makes, without queuing. Reads only immutable state: safe to call
   // from any thread.
-  Status Validate(const Request& req) const;
+  Verdict Check(const Request& req) const;
+  Status Validate(const Request& req) const { return Check(req).status; }
   // Finishes the request with kCancelled at the next Step and frees its blocks.
   void Cancel(RequestId id);
   // Finishes every queued and running request with kCancelled now.

@@ -49,11 +49,42 @@ Generation::~Generation() {
   if (started_ && !done_) Cancel();
 }
 
+namespace {
+
+// The OpenAI error of a request the scheduler refused.
+ApiError RefusalError(const Verdict& v, const std::string& prompt_param) {
+  ApiError e;
+  e.message = v.status.message();
+  switch (v.refusal) {
+    case Refusal::kPromptOverContext:
+    case Refusal::kPromptOverPool:
+      e.code = "context_length_exceeded";
+      e.param = prompt_param;
+      break;
+    case Refusal::kMaxTokensOverContext:
+      e.code = "context_length_exceeded";
+      e.param = "max_tokens";
+      break;
+    case Refusal::kEmptyPrompt:
+    case Refusal::kTokenOutsideVocabulary:
+      e.param = prompt_param;
+      break;
+    case Refusal::kNone:
+    case Refusal::kBadParameter:
+      break;
+  }
+  return e;
+}
+
+}  // namespace
+
 std::optional<ApiError> Generation::Start() {
   Request req;
   req.prompt = p_.prompt;
   const int n_ctx = engine_.options().n_ctx;
   req.max_tokens = p_.gen.max_tokens.value_or(n_ctx - static_cast<int>(p_.prompt.size()));
+  // As OpenAI: an explicit max_tokens must fit beside the prompt, rather than be cut short.
+  req.max_tokens_must_fit = p_.gen.max_tokens.has_value();
   req.sampling.temperature = p_.gen.temperature;
   req.sampling.top_p = p_.gen.top_p;
   req.sampling.top_k = p_.gen.top_k;
@@ -66,6 +97,7 @@ std::optional<ApiError> Generation::Start() {
   req.sampling.seed = p_.gen.seed.value_or(p_.seed);
   req.cache_salt = p_.cache_salt;
   req.grammar = p_.grammar;
+  if (Verdict v = engine_.Check(req); !v.ok()) return RefusalError(v, p_.prompt_param);
   const Tokenizer* tok = &tok_;
   if (!p_.gen.ignore_eos) req.is_stop = [tok](int32_t id) { return tok->IsEog(id); };
   req.logits = p_.gen.logprobs;

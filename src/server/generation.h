@@ -43,6 +43,7 @@ class Generation {
     uint64_t seed = 0;  // used when gen.seed is absent
     std::shared_ptr<const grammar::CompiledGrammar> grammar;  // gen.grammar bound to the vocabulary
     std::vector<int32_t> rendered;  // control tokens shown as their text (sorted; tool-call markers)
+    std::string prompt_param = "prompt";  // the request field the prompt came from ("messages" for chat)
   };
   // Borrows engine, tokenizer and metrics; they outlive the Generation.
   Generation(EngineLoop& engine, const Tokenizer& tok, ServerMetrics& metrics, Params p);
@@ -50,7 +51,9 @@ class Generation {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
-  // Submits to the engine. 503 (queue full) or 400 errors.
+  // Submits to the engine. 400: the scheduler refused the request (Scheduler::Check; a
+  // prompt or max_tokens over the context is context_length_exceeded, as OpenAI says it);
+  // 503: the queue is full or the engine stopping.
   std::optional<ApiError> Start();
   RequestId id() const { return id_; }
 

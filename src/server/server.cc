@@ -435,31 +435,9 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
                       const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning,
                       ToolCallStream tools) {
   if (stopping_) return SendError(ex, MakeError(503, "the server is shutting down", "server_error"));
-  const SchedulerOptions& so = engine_.options();
-  const int n = static_cast<int>(prompt.size());
-  const char* param = ep == Endpoint::kChat ? "messages" : "prompt";
-  if (n == 0) return SendError(ex, MakeError(400, "the prompt is empty"));
-  if (n >= so.n_ctx) {
-    ApiError e = MakeError(400, fmt::format("this model's context is {} tokens; the prompt has {} tokens", so.n_ctx, n),
-                           "invalid_request_error", "context_length_exceeded");
-    e.param = param;
-    return SendError(ex, e);
-  }
-  if (gen.max_tokens && static_cast<int64_t>(n) + *gen.max_tokens > so.n_ctx) {
-    // As OpenAI: the prompt and the tokens asked for must fit, rather than being cut short.
-    ApiError e = MakeError(400, fmt::format("this model's context is {} tokens; the prompt has {} tokens and {} more "
-                                            "were asked for (max_tokens)", so.n_ctx, n, *gen.max_tokens),
-                           "invalid_request_error", "context_length_exceeded");
-    e.param = "max_tokens";
-    return SendError(ex, e);
-  }
-  if ((n + so.block_size) / so.block_size > so.kv_blocks) {
-    return SendError(ex, MakeError(400, fmt::format("the prompt of {} tokens needs more KV memory than the server has "
-                                                    "({} blocks of {})", n, so.kv_blocks, so.block_size),
-                                   "invalid_request_error", "context_length_exceeded"));
-  }
   Generation::Params p;
   p.prompt = std::move(prompt);
+  p.prompt_param = ep == Endpoint::kChat ? "messages" : "prompt";
   p.gen = gen;
   if (gen.grammar) p.grammar = grammars().Get(*gen.grammar);
   if (gen.ignore_eos) {
