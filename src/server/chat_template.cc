@@ -498,7 +498,7 @@ Result<std::vector<PromptSegment>> ChatTemplate::RenderJinja(std::span<const Cha
                            {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
                            {"bos_token", tok(tokens_.bos)},
                            {"eos_token", tok(tokens_.eos)}};
-  // The API refuses kwargs that would replace these (api.cc); skip any here all the same.
+  // The API refuses kwargs that would replace these (api_chat.cc); skip any here all the same.
   for (const auto& kv : kwargs) {
     if (std::none_of(vars.begin(), vars.begin() + 5, [&](const auto& e) { return e.first == kv.first; })) vars.push_back(kv);
   }
