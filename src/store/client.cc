@@ -15,7 +15,6 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "net/wire.h"
 #include "store/etcd.h"
 #include "store/protocol.h"
 #include "store/server.h"
@@ -26,15 +25,8 @@ namespace trellis::store {
 
 using net::ConnId;
 using net::Deadline;
-using net::WireReader;
-using net::WireWriter;
 
 namespace {
-
-void WriteKey(WireWriter& w, const Key& k) {
-  w.U64(k.lo);
-  w.U64(k.hi);
-}
 
 Result<std::pair<std::string, uint16_t>> SplitAddress(const std::string& a) {
   const size_t colon = a.rfind(':');
@@ -223,7 +215,7 @@ struct StoreClient::Impl {
     t->Call(mb.conn, kHello, "", d, [this, m, then = std::move(then)](Result<std::string> r) {
       if (!r.ok()) return then(r.status().WithContext("store " + members[m].address));
       HelloReply h;
-      if (!DecodeHello(*r, h) || h.version != kProtocolVersion) {
+      if (!DecodeHelloReply(*r, h) || h.version != kProtocolVersion) {
         return then(Corrupt("store " + members[m].address + " speaks another protocol (version " + std::to_string(h.version) + ")"));
       }
       const net::RemoteRegion& region = h.region;
@@ -253,15 +245,41 @@ struct StoreClient::Impl {
 
   // The known members plus those a Members reply names; false if it is malformed.
   bool DecodeMembers(std::string_view body, std::vector<std::string>& known) {
-    WireReader rd(body);
-    const uint32_t n = rd.Count(1024, 4);
+    std::vector<std::string> named;
+    if (!DecodeMembersReply(body, named)) return false;
     for (const Member& x : members) known.push_back(x.address);
-    for (uint32_t i = 0; i < n && rd.ok(); ++i) {
-      std::string a(rd.Str(256));
-      if (rd.ok() && SplitAddress(a).ok() && std::find(known.begin(), known.end(), a) == known.end()) known.push_back(a);
+    for (const std::string& a : named) {
+      if (SplitAddress(a).ok() && std::find(known.begin(), known.end(), a) == known.end()) known.push_back(a);
     }
-    return rd.Done();
+    return true;
   }
+
+  // GetRange's steps (below).
+  struct Piece {
+    Run run;
+    size_t dst_first = 0;        // index in dst of the run's first block
+    size_t source = SIZE_MAX;    // the member it is read from, once acquired
+    uint8_t tier = 0;
+    bool unknown_owner = false;
+    uint64_t addr = 0;
+    uint32_t slices = 1;
+    std::vector<uint64_t> sums;  // count x slices
+  };
+  struct Source {
+    size_t member = SIZE_MAX;
+    std::vector<Piece*> pieces;
+    uint64_t lease = 0;
+    Status status;
+  };
+  static std::vector<Piece> Plan(const LookupResult& found, size_t first, size_t n_blocks);
+  Status TakeAcquired(Piece& p, const AcquiredRun& a, size_t member, uint64_t block_bytes, ByteRange range);
+  void Acquire(std::vector<Source>& sources, uint64_t block_bytes, ByteRange range, Deadline deadline);
+  Status AcquireAll(std::vector<Piece>& pieces, size_t local, uint64_t block_bytes, ByteRange range, Deadline deadline,
+                    std::vector<Source>& sources, std::vector<std::pair<uint64_t, uint64_t>>& gone);
+  Status ReadAll(const std::vector<Piece>& pieces, std::span<void* const> dst, uint64_t block_bytes, ByteRange range,
+                 Deadline deadline);
+  void ReleaseAll(const std::vector<Source>& sources);
+  void CountGet(const GetReceipt& g, size_t n_blocks, uint64_t block_bytes);
 
   void CountMiss(const Status& s) {
     std::lock_guard<std::mutex> lock(stats_mu);
@@ -364,17 +382,14 @@ std::string StoreClient::IndexServer(const Key& first_block) const {
 }
 
 Result<size_t> StoreClient::Unclaim(const Namespace& ns, std::span<const int32_t> tokens, Deadline deadline) {
-  std::vector<Key> keys = ChainKeys(ns, tokens);
-  if (keys.empty()) return size_t{0};
-  if (keys.size() > kMaxKeys) keys.resize(kMaxKeys);
-  WireWriter w;
-  w.U64(impl_->client_id);
-  w.U32(static_cast<uint32_t>(keys.size()));
-  for (const Key& k : keys) WriteKey(w, k);
-  TRELLIS_ASSIGN_OR_RETURN(std::string r, impl_->CallSync(impl_->OwnerOf(keys[0]), kUnclaim, w.Take(), deadline));
-  WireReader rd(r);
-  const uint32_t released = rd.U32();
-  if (!rd.Done() || released > keys.size()) return Corrupt("malformed unclaim reply");
+  UnclaimRequest m;
+  m.client = impl_->client_id;
+  m.keys = ChainKeys(ns, tokens);
+  if (m.keys.empty()) return size_t{0};
+  if (m.keys.size() > kMaxKeys) m.keys.resize(kMaxKeys);
+  TRELLIS_ASSIGN_OR_RETURN(std::string r, impl_->CallSync(impl_->OwnerOf(m.keys[0]), kUnclaim, EncodeUnclaimRequest(m), deadline));
+  uint32_t released = 0;
+  if (!DecodeU32(r, released) || released > m.keys.size()) return Corrupt("malformed unclaim reply");
   return size_t{released};
 }
 
@@ -384,74 +399,39 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
   out.keys = ChainKeys(ns, tokens);
   if (out.keys.empty()) return out;
   if (out.keys.size() > kMaxKeys) out.keys.resize(kMaxKeys);
-  WireWriter w;
-  if (claim_ms > 0) {
-    w.U32(claim_ms);
-    w.U64(impl_->client_id);
-  }
-  w.U32(static_cast<uint32_t>(out.keys.size()));
-  for (const Key& k : out.keys) WriteKey(w, k);
+  LookupRequest m;
+  m.claim = claim_ms > 0;
+  m.ttl_ms = claim_ms;
+  m.client = impl_->client_id;
+  m.keys = out.keys;
   {
     std::lock_guard<std::mutex> lock(impl_->stats_mu);
     ++impl_->st.lookups;
   }
-  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), claim_ms > 0 ? kLookupClaim : kLookup, w.Take(), deadline);
+  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), m.claim ? kLookupClaim : kLookup, EncodeLookupRequest(m), deadline);
   if (!r.ok()) {
     impl_->CountMiss(r.status());
     return r.status();
   }
-  WireReader rd(*r);
-  const uint32_t matched = rd.U32();
-  const uint32_t n = rd.Count(matched, 24);
-  uint64_t sum = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    Run x;
-    x.owner = rd.U64();
-    x.tensor = rd.U64();
-    x.first = rd.U32();
-    x.count = rd.U32();
-    if (x.count == 0) rd.Fail();
-    sum += x.count;
-    out.runs.push_back(x);
-  }
-  if (claim_ms > 0) {
-    out.pending = rd.U32();
-    out.pending_ms = rd.U32();
-    out.claimed = rd.U32();
-    if (static_cast<uint64_t>(matched) + out.pending + out.claimed > out.keys.size()) rd.Fail();
-  }
-  if (!rd.Done() || matched > out.keys.size() || sum != matched) return Corrupt("malformed lookup reply");
-  out.blocks = matched;
-  if (matched == 0) {
+  LookupReply reply;
+  if (!DecodeLookupReply(*r, m.claim, out.keys.size(), reply)) return Corrupt("malformed lookup reply");
+  out.blocks = reply.matched;
+  out.runs = std::move(reply.runs);
+  out.pending = reply.pending;
+  out.pending_ms = reply.pending_ms;
+  out.claimed = reply.claimed;
+  if (out.blocks == 0) {
     std::lock_guard<std::mutex> lock(impl_->stats_mu);
     ++impl_->st.misses_not_stored;
   }
   return out;
 }
 
-Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
-                             uint64_t block_bytes, Deadline deadline, GetReceipt* receipt, ByteRange range) {
-  if (first > found.blocks || n_blocks > found.blocks - first || dst.size() < n_blocks) {
-    return InvalidArgument("asked for more blocks than found or given");
-  }
-  if (range.bytes == 0) range = {0, block_bytes};
-  if (range.offset > block_bytes || range.bytes > block_bytes - range.offset) {
-    return InvalidArgument("byte range outside the block");
-  }
-  if (receipt) *receipt = {};
-  if (n_blocks == 0) return Status::Ok();
-  Impl& I = *impl_;
-  // The pieces: the lookup's runs cut to blocks [first, first + n_blocks).
-  struct Piece {
-    Run run;
-    size_t dst_first;            // index in dst of the run's first block
-    size_t source = SIZE_MAX;    // the member it is read from, once acquired
-    uint8_t tier = 0;
-    bool unknown_owner = false;
-    uint64_t addr = 0;
-    uint32_t slices = 1;
-    std::vector<uint64_t> sums;  // count x slices
-  };
+// ---- GetRange: plan, acquire, read and verify, release ----------------------------------
+
+// The pieces of one read: the lookup's runs cut to blocks [first, first + n_blocks), each
+// landing at dst[dst_first ...].
+std::vector<StoreClient::Impl::Piece> StoreClient::Impl::Plan(const LookupResult& found, size_t first, size_t n_blocks) {
   std::vector<Piece> pieces;
   size_t skip = first, at = 0;
   for (const Run& r : found.runs) {
@@ -471,243 +451,250 @@ Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_b
     pieces.push_back(std::move(p));
     at += x.count;
   }
-  struct Source {
-    size_t member;
-    std::vector<Piece*> pieces;
-    uint64_t lease = 0;
-    Status status;
-  };
-  // Acquires the pieces of each source at once (one message per member); each piece found
-  // gets that member as its source. Waits for all.
-  auto acquire = [&](std::vector<Source>& sources) {
-    std::promise<void> all;
-    auto fut = all.get_future();
-    size_t left = sources.size();
-    if (left == 0) return;
-    I.t->Post([&] {
-      for (Source& src : sources) {
-        WireWriter w;
-        w.U32(I.opt.lease_ms);
-        w.U32(static_cast<uint32_t>(src.pieces.size()));
-        for (const Piece* p : src.pieces) {
-          w.U64(p->run.owner);
-          w.U64(p->run.tensor);
-          w.U32(p->run.first);
-          w.U32(p->run.count);
-        }
-        // Callbacks run after this task: they hold a pointer to their Source and refer
-        // only to this function's frame, which waits for them.
-        Source* sp = &src;
-        auto done = [sp, &left, &all](Status st) {
-          sp->status = st;
-          if (--left == 0) all.set_value();
-        };
-        I.EnsureConnected(src.member, deadline, [&I, sp, done, deadline, block_bytes, range, body = w.Take()](Status s) mutable {
-          if (!s.ok()) return done(s);
-          I.t->Call(I.members[sp->member].conn, kAcquire, std::move(body), deadline,
-                    [&I, sp, done, block_bytes, range](Result<std::string> r) {
-            if (!r.ok()) return done(r.status());
-            WireReader rd(*r);
-            sp->lease = rd.U64();
-            if (rd.U32() != sp->pieces.size()) rd.Fail();
-            for (size_t i = 0; i < sp->pieces.size() && rd.ok(); ++i) {
-              Piece& p = *sp->pieces[i];
-              const bool ok = rd.U8() == 1;
-              const uint8_t tier = rd.U8();
-              const uint64_t addr = rd.U64();
-              const uint32_t count = rd.U32();
-              const uint64_t bb = rd.U64();
-              const uint32_t slices = rd.U32();
-              if (!ok) continue;
-              if (bb != block_bytes && count == p.run.count) {
-                // Stored by an engine with other blocks: not this reader's to use.
-                return done(FailedPrecondition(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes",
-                                                        p.run.tensor, bb, block_bytes)));
-              }
-              if (count != p.run.count || !ValidSlices(bb, slices) || uint64_t{count} * slices > rd.remaining() / 8) {
-                rd.Fail();
-                break;
-              }
-              // A reader of part of each block checks the slices it reads: the tensor's
-              // slices must tile the range.
-              const uint64_t each = bb / slices;
-              if (range.offset % each != 0 || range.bytes % each != 0) {
-                return done(FailedPrecondition(fmt::format("tensor {} is checksummed in {} slices per block, which do not "
-                                                        "cover bytes [{}, {}) of a block",
-                                                        p.run.tensor, slices, range.offset, range.offset + range.bytes)));
-              }
-              p.slices = slices;
-              p.sums.resize(size_t{count} * slices);
-              for (uint64_t& x : p.sums) x = rd.U64();
-              p.addr = addr;
-              p.tier = tier;
-              p.source = sp->member;
-            }
-            done(rd.Done() ? Status::Ok() : Corrupt("malformed acquire reply from " + I.members[sp->member].address));
-          });
+  return pieces;
+}
+
+// What a source's Acquire said of one piece: found, where, and its checksums; an error if
+// the piece cannot serve this reader (other block size, slices that do not tile range).
+Status StoreClient::Impl::TakeAcquired(Piece& p, const AcquiredRun& a, size_t member, uint64_t block_bytes, ByteRange range) {
+  if (!a.found) return Status::Ok();
+  if (a.block_bytes != block_bytes && a.count == p.run.count) {
+    // Stored by an engine with other blocks: not this reader's to use.
+    return FailedPrecondition(fmt::format("tensor {} holds {}-byte blocks, the reader's are {} bytes", p.run.tensor,
+                                          a.block_bytes, block_bytes));
+  }
+  if (a.count != p.run.count || a.block_bytes != block_bytes) return Corrupt("acquire reply does not match the request");
+  // A reader of part of each block checks the slices it reads: the tensor's slices must
+  // tile the range.
+  const uint64_t each = a.block_bytes / a.slices;
+  if (range.offset % each != 0 || range.bytes % each != 0) {
+    return FailedPrecondition(fmt::format("tensor {} is checksummed in {} slices per block, which do not cover bytes "
+                                          "[{}, {}) of a block", p.run.tensor, a.slices, range.offset, range.offset + range.bytes));
+  }
+  p.slices = a.slices;
+  p.sums = a.checksums;
+  p.addr = a.addr;
+  p.tier = a.tier;
+  p.source = member;
+  return Status::Ok();
+}
+
+// Acquires the pieces of each source at once (one message per member); each piece found
+// gets that member as its source. Waits for all; each source's status says how it went.
+void StoreClient::Impl::Acquire(std::vector<Source>& sources, uint64_t block_bytes, ByteRange range, Deadline deadline) {
+  if (sources.empty()) return;
+  std::promise<void> all;
+  auto fut = all.get_future();
+  size_t left = sources.size();
+  t->Post([&] {
+    for (Source& src : sources) {
+      AcquireRequest m;
+      m.lease_ms = opt.lease_ms;
+      for (const Piece* p : src.pieces) m.runs.push_back(p->run);
+      // Callbacks run after this task: they hold a pointer to their Source and refer
+      // only to this function's frame, which waits for them.
+      Source* sp = &src;
+      auto done = [sp, &left, &all](Status st) {
+        sp->status = st;
+        if (--left == 0) all.set_value();
+      };
+      EnsureConnected(src.member, deadline, [this, sp, done, deadline, block_bytes, range, body = EncodeAcquireRequest(m)](Status s) mutable {
+        if (!s.ok()) return done(s);
+        t->Call(members[sp->member].conn, kAcquire, std::move(body), deadline, [this, sp, done, block_bytes, range](Result<std::string> r) {
+          if (!r.ok()) return done(r.status());
+          AcquireReply a;
+          const bool decoded = DecodeAcquireReply(*r, sp->pieces.size(), a);
+          sp->lease = a.lease;  // released even if the rest is nonsense
+          if (!decoded) return done(Corrupt("malformed acquire reply from " + members[sp->member].address));
+          for (size_t i = 0; i < sp->pieces.size(); ++i) {
+            if (Status st = TakeAcquired(*sp->pieces[i], a.runs[i], sp->member, block_bytes, range); !st.ok()) return done(st);
+          }
+          done(Status::Ok());
         });
-      }
-    });
-    fut.wait();
-  };
-  // 1. This node's own store server first: it holds what it owns and its replicas of
-  //    others' hot tensors (and counts what it was asked for, to make replicas).
-  std::vector<Source> sources;
-  const size_t local = [&] {
-    std::shared_lock lock(I.view_mu);
-    return I.local != SIZE_MAX && I.members[I.local].live ? I.local : SIZE_MAX;
-  }();
+      });
+    }
+  });
+  fut.wait();
+}
+
+// 1. This node's own store server first: it holds what it owns and its replicas of
+//    others' hot tensors (and counts what it was asked for, to make replicas). 2. What is
+//    left, from each owner, all at once. The sources asked (their leases to release), and
+//    the first failure: a source's, a block nobody holds (NotFound; `gone` names them), or
+//    one whose owner is not a live member (Unavailable).
+Status StoreClient::Impl::AcquireAll(std::vector<Piece>& pieces, size_t local, uint64_t block_bytes, ByteRange range,
+                                     Deadline deadline, std::vector<Source>& sources,
+                                     std::vector<std::pair<uint64_t, uint64_t>>& gone) {
   if (local != SIZE_MAX) {
     std::vector<Source> mine(1);
     mine[0].member = local;
     for (Piece& p : pieces) mine[0].pieces.push_back(&p);
-    acquire(mine);
-    sources.push_back(std::move(mine[0]));  // its lease is released below even if all missed
+    Acquire(mine, block_bytes, range, deadline);
+    sources.push_back(std::move(mine[0]));  // its lease is released even if all missed
   }
-  // 2. What is left, from each owner, all at once.
-  {
-    std::map<size_t, Source> by_owner;
-    for (Piece& p : pieces) {
-      if (p.source != SIZE_MAX) continue;
-      const auto m = I.MemberOf(p.run.owner);
-      if (!m) {
-        p.unknown_owner = true;  // not (yet) in this client's membership: down, not evicted
-        continue;
-      }
-      if (*m == local) continue;  // the local server owns it and said no: evicted
-      by_owner[*m].member = *m;
-      by_owner[*m].pieces.push_back(&p);
+  std::map<size_t, Source> by_owner;
+  for (Piece& p : pieces) {
+    if (p.source != SIZE_MAX) continue;
+    const auto m = MemberOf(p.run.owner);
+    if (!m) {
+      p.unknown_owner = true;  // not (yet) in this client's membership: down, not evicted
+      continue;
     }
-    std::vector<Source> owners;
-    for (auto& [m, src] : by_owner) owners.push_back(std::move(src));
-    acquire(owners);
-    for (Source& o : owners) sources.push_back(std::move(o));
+    if (*m == local) continue;  // the local server owns it and said no: evicted
+    by_owner[*m].member = *m;
+    by_owner[*m].pieces.push_back(&p);
   }
+  std::vector<Source> owners;
+  for (auto& [m, src] : by_owner) owners.push_back(std::move(src));
+  Acquire(owners, block_bytes, range, deadline);
+  for (Source& o : owners) sources.push_back(std::move(o));
+
   Status status;
   for (const Source& s : sources) {
     if (!s.status.ok() && status.ok()) status = s.status;
   }
-  std::vector<std::pair<uint64_t, uint64_t>> gone;  // pieces nobody holds: (owner, tensor)
   for (const Piece& p : pieces) {
     if (p.source == SIZE_MAX && p.unknown_owner && status.ok()) status = Unavailable("a block's owner is not a live member");
     if (p.source == SIZE_MAX && !p.unknown_owner) gone.emplace_back(p.run.owner, p.run.tensor);
   }
-  if (status.ok() && !gone.empty()) {
-    status = NotFound(fmt::format("tensor {} is no longer stored", gone.front().second));
+  if (status.ok() && !gone.empty()) status = NotFound(fmt::format("tensor {} is no longer stored", gone.front().second));
+  return status;
+}
+
+// 3. Every segment from every source in flight at once, each block straight into its
+//    buffer; each block's checksums are checked as its segment lands, while the others
+//    are still in flight (on the transport's thread). A failed checksum fails the read.
+Status StoreClient::Impl::ReadAll(const std::vector<Piece>& pieces, std::span<void* const> dst, uint64_t block_bytes,
+                                  ByteRange range, Deadline deadline) {
+  std::map<size_t, std::vector<net::Segment>> segs;
+  // Per segment, the blocks it carries: (dst index, that block's checksums in range).
+  struct Check {
+    size_t dst;
+    const uint64_t* sums;
+    uint64_t slice_bytes;
+  };
+  std::map<size_t, std::vector<std::vector<Check>>> seg_blocks;
+  for (const Piece& p : pieces) {
+    auto& v = segs[p.source];
+    auto& vb = seg_blocks[p.source];
+    const uint64_t each = block_bytes / p.slices;
+    for (uint32_t b = 0; b < p.run.count; ++b) {
+      void* d = dst[p.dst_first + b];
+      const uint64_t remote = p.addr + b * block_bytes + range.offset;
+      if (!v.empty() && static_cast<uint8_t*>(v.back().local) + v.back().length == d &&
+          v.back().remote + v.back().length == remote) {
+        v.back().length += range.bytes;  // contiguous on both sides: one segment
+      } else {
+        v.push_back({remote, d, range.bytes});
+        vb.emplace_back();
+      }
+      vb.back().push_back(Check{p.dst_first + b, &p.sums[size_t{b} * p.slices + range.offset / each], each});
+    }
   }
-  // 3. Every segment from every source in flight at once, each block straight into its
-  //    buffer.
-  // Each block's checksum is checked as its segment lands, while the others are still in
-  // flight (on the transport's thread).
+  std::promise<void> got;
+  auto gf = got.get_future();
+  size_t left = segs.size();
+  std::vector<Status> results(segs.size());
   size_t bad_block = SIZE_MAX;
-  if (status.ok()) {
-    std::map<size_t, std::vector<net::Segment>> segs;
-    // Per segment, the blocks it carries: (dst index, that block's checksums in range).
-    struct Check {
-      size_t dst;
-      const uint64_t* sums;
-      uint64_t slice_bytes;
-    };
-    std::map<size_t, std::vector<std::vector<Check>>> seg_blocks;
-    for (const Piece& p : pieces) {
-      auto& v = segs[p.source];
-      auto& vb = seg_blocks[p.source];
-      const uint64_t each = block_bytes / p.slices;
-      for (uint32_t b = 0; b < p.run.count; ++b) {
-        void* d = dst[p.dst_first + b];
-        const uint64_t remote = p.addr + b * block_bytes + range.offset;
-        if (!v.empty() && static_cast<uint8_t*>(v.back().local) + v.back().length == d &&
-            v.back().remote + v.back().length == remote) {
-          v.back().length += range.bytes;  // contiguous on both sides: one segment
-        } else {
-          v.push_back({remote, d, range.bytes});
-          vb.emplace_back();
-        }
-        vb.back().push_back(Check{p.dst_first + b, &p.sums[size_t{b} * p.slices + range.offset / each], each});
+  t->Post([&] {
+    size_t i = 0;
+    for (auto& [m, v] : segs) {
+      const size_t k = i++;
+      if (!t->IsConnected(members[m].conn)) {
+        results[k] = Unavailable("store " + members[m].address + " went away");
+        if (--left == 0) got.set_value();
+        continue;
       }
-    }
-    std::promise<void> got;
-    auto gf = got.get_future();
-    size_t left = segs.size();
-    std::vector<Status> results(segs.size());
-    I.t->Post([&] {
-      size_t i = 0;
-      for (auto& [m, v] : segs) {
-        const size_t k = i++;
-        if (!I.t->IsConnected(I.members[m].conn)) {
-          results[k] = Unavailable("store " + I.members[m].address + " went away");
-          if (--left == 0) got.set_value();
-          continue;
-        }
-        const auto* blocks = &seg_blocks[m];
-        I.t->Get(
-            I.members[m].conn, I.members[m].region, std::move(v), deadline,
-            [&, k](Status s) {
-              results[k] = s;
-              if (--left == 0) got.set_value();
-            },
-            [&, blocks](size_t seg) {
-              for (const Check& c : (*blocks)[seg]) {
-                const auto* d = static_cast<const uint8_t*>(dst[c.dst]);
-                for (uint64_t k = 0; k < range.bytes / c.slice_bytes; ++k) {
-                  if (Checksum64(d + k * c.slice_bytes, c.slice_bytes) != c.sums[k]) bad_block = std::min(bad_block, c.dst);
-                }
+      const auto* blocks = &seg_blocks[m];
+      t->Get(
+          members[m].conn, members[m].region, std::move(v), deadline,
+          [&, k](Status s) {
+            results[k] = s;
+            if (--left == 0) got.set_value();
+          },
+          [&, blocks](size_t seg) {
+            for (const Check& c : (*blocks)[seg]) {
+              const auto* d = static_cast<const uint8_t*>(dst[c.dst]);
+              for (uint64_t k = 0; k < range.bytes / c.slice_bytes; ++k) {
+                if (Checksum64(d + k * c.slice_bytes, c.slice_bytes) != c.sums[k]) bad_block = std::min(bad_block, c.dst);
               }
-            });
-      }
-    });
-    gf.wait();
-    for (const Status& s : results) {
-      if (!s.ok() && status.ok()) status = s;
-    }
-  }
-  // 4. A failed checksum fails the read; then release the leases (not waited for: a
-  //    lost release just expires).
-  if (status.ok() && bad_block != SIZE_MAX) {
-    status = Corrupt(fmt::format("block {} failed its checksum after the transfer", bad_block));
-  }
-  std::vector<std::pair<size_t, uint64_t>> leases;
-  for (const Source& s : sources) {
-    if (s.lease) leases.emplace_back(s.member, s.lease);
-  }
-  I.t->Post([&I, leases] {
-    for (auto [m, lease] : leases) {
-      if (!I.t->IsConnected(I.members[m].conn)) continue;
-      WireWriter w;
-      w.U64(lease);
-      I.t->Call(I.members[m].conn, kRelease, w.Take(), net::After(std::chrono::milliseconds(2000)), [](Result<std::string>) {});
+            }
+          });
     }
   });
+  gf.wait();
+  for (const Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  if (bad_block != SIZE_MAX) return Corrupt(fmt::format("block {} failed its checksum after the transfer", bad_block));
+  return Status::Ok();
+}
+
+// 4. The leases go back (not waited for: a lost release just expires).
+void StoreClient::Impl::ReleaseAll(const std::vector<Source>& sources) {
+  std::vector<std::pair<size_t, uint64_t>> held;
+  for (const Source& s : sources) {
+    if (s.lease) held.emplace_back(s.member, s.lease);
+  }
+  t->Post([this, held] {
+    for (auto [m, lease] : held) {
+      if (!t->IsConnected(members[m].conn)) continue;
+      t->Call(members[m].conn, kRelease, EncodeRelease(lease), net::After(std::chrono::milliseconds(2000)), [](Result<std::string>) {});
+    }
+  });
+}
+
+void StoreClient::Impl::CountGet(const GetReceipt& g, size_t n_blocks, uint64_t block_bytes) {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  ++st.gets;
+  st.get_blocks += n_blocks;
+  st.get_bytes += n_blocks * block_bytes;
+  st.blocks_local_memory += g.memory;
+  st.blocks_local_replica += g.replica;
+  st.blocks_local_ssd += g.ssd;
+  st.blocks_remote += g.remote;
+}
+
+Status StoreClient::GetRange(const LookupResult& found, size_t first, size_t n_blocks, std::span<void* const> dst,
+                             uint64_t block_bytes, Deadline deadline, GetReceipt* receipt, ByteRange range) {
+  if (first > found.blocks || n_blocks > found.blocks - first || dst.size() < n_blocks) {
+    return InvalidArgument("asked for more blocks than found or given");
+  }
+  if (range.bytes == 0) range = {0, block_bytes};
+  if (range.offset > block_bytes || range.bytes > block_bytes - range.offset) {
+    return InvalidArgument("byte range outside the block");
+  }
+  if (receipt) *receipt = {};
+  if (n_blocks == 0) return Status::Ok();
+  Impl& I = *impl_;
+  std::vector<Impl::Piece> pieces = I.Plan(found, first, n_blocks);
+  const size_t local = [&] {
+    std::shared_lock lock(I.view_mu);
+    return I.local != SIZE_MAX && I.members[I.local].live ? I.local : SIZE_MAX;
+  }();
+  std::vector<Impl::Source> sources;
+  std::vector<std::pair<uint64_t, uint64_t>> gone;  // pieces nobody holds: (owner, tensor)
+  Status status = I.AcquireAll(pieces, local, block_bytes, range, deadline, sources, gone);
+  if (status.ok()) status = I.ReadAll(pieces, dst, block_bytes, range, deadline);
+  I.ReleaseAll(sources);
   // An evicted tensor: tell the index so later lookups stop short of it (best effort).
   if (status.code() == StatusCode::kNotFound && !gone.empty() && !found.keys.empty()) {
-    WireWriter w;
-    w.U32(static_cast<uint32_t>(gone.size()));
-    for (auto [owner, tensor] : gone) {
-      w.U64(owner);
-      w.U64(tensor);
-    }
-    (void)I.CallSync(I.OwnerOf(found.keys[0]), kForget, w.Take(), std::min(deadline, net::After(std::chrono::milliseconds(1000))));
+    (void)I.CallSync(I.OwnerOf(found.keys[0]), kForget, EncodeForgetRequest(gone),
+                     std::min(deadline, net::After(std::chrono::milliseconds(1000))));
   }
   if (!status.ok()) {
     I.CountMiss(status);
     return status;
   }
   GetReceipt g;
-  for (const Piece& p : pieces) {
+  for (const Impl::Piece& p : pieces) {
     if (p.source != local) g.remote += p.run.count;
     else if (p.tier == 1) g.replica += p.run.count;
     else if (p.tier == 2) g.ssd += p.run.count;
     else g.memory += p.run.count;
   }
   if (receipt) *receipt = g;
-  std::lock_guard<std::mutex> lock(I.stats_mu);
-  ++I.st.gets;
-  I.st.get_blocks += n_blocks;
-  I.st.get_bytes += n_blocks * block_bytes;
-  I.st.blocks_local_memory += g.memory;
-  I.st.blocks_local_replica += g.replica;
-  I.st.blocks_local_ssd += g.ssd;
-  I.st.blocks_remote += g.remote;
+  I.CountGet(g, n_blocks, block_bytes);
   return Status::Ok();
 }
 
@@ -747,29 +734,21 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
     if (!blocks[k + i]) return Unavailable("the store lost part of the prefix during the put; not stored");
   }
   for (size_t i = 0; i < inc; ++i) std::memcpy(I.staging.get() + i * block_bytes, blocks[k + i], block_bytes);
-  const net::Registration* reg = &I.staging_reg;
-  WireWriter w;
-  w.U32(static_cast<uint32_t>(inc));
-  for (size_t i = k; i < n; ++i) WriteKey(w, found.keys[i]);
-  w.U32(static_cast<uint32_t>(k));
-  w.U64(block_bytes);
-  w.U32(slices);
-  w.F64(cost_s);
-  w.U64(reg->base);
-  w.U64(reg->length);
-  w.Str(reg->rkey);
-  w.U32(1);
-  w.U64(reg->base);
-  w.U64(bytes);
+  PutDataRequest m;
+  m.keys.assign(found.keys.begin() + static_cast<ptrdiff_t>(k), found.keys.end());
+  m.first = static_cast<uint32_t>(k);
+  m.block_bytes = block_bytes;
+  m.slices = slices;
+  m.cost_s = cost_s;
+  m.src = net::RemoteRegion{I.staging_reg.base, I.staging_reg.length, I.staging_reg.rkey};
+  m.segments.push_back({I.staging_reg.base, bytes});
   // The writer's checksums, of the caller's blocks (not the staging copy): the owner
   // refuses bytes that changed anywhere on the way.
-  std::vector<uint64_t> sums(inc * slices);
+  m.checksums.resize(inc * slices);
   for (size_t i = 0; i < inc; ++i) {
-    SliceChecksums(static_cast<const uint8_t*>(blocks[k + i]), block_bytes, slices, &sums[i * slices]);
+    SliceChecksums(static_cast<const uint8_t*>(blocks[k + i]), block_bytes, slices, &m.checksums[i * slices]);
   }
-  w.U32(static_cast<uint32_t>(sums.size()));
-  for (uint64_t c : sums) w.U64(c);
-  auto put = I.CallSync(owner, kPutData, w.Take(), deadline);
+  auto put = I.CallSync(owner, kPutData, EncodePutDataRequest(m), deadline);
   // The owner has read the bytes (or failed) once it answers. Without an answer it may
   // still be reading: force-close the connection first, so nothing reads the staging
   // buffer after this.
@@ -777,15 +756,11 @@ Result<size_t> StoreClient::Put(const Namespace& ns, std::span<const int32_t> to
     if (!put.ok()) I.t->Close(I.members[owner].conn);
   });
   if (!put.ok()) return put.status();
-  WireReader rd(*put);
-  const uint64_t tensor = rd.U64();
-  if (!rd.Done()) return Corrupt("malformed put reply");
-  WireWriter c;
-  c.U64(I.NodeOf(owner));
-  c.U64(tensor);
-  c.U32(static_cast<uint32_t>(inc));
-  for (size_t i = k; i < n; ++i) WriteKey(c, found.keys[i]);
-  auto commit = I.CallSync(I.OwnerOf(found.keys[0]), kPutCommit, c.Take(), deadline);
+  PutCommitRequest c;
+  c.owner = I.NodeOf(owner);
+  if (!DecodeU64(*put, c.tensor)) return Corrupt("malformed put reply");
+  c.keys = std::move(m.keys);
+  auto commit = I.CallSync(I.OwnerOf(found.keys[0]), kPutCommit, EncodePutCommitRequest(c), deadline);
   if (!commit.ok()) return commit.status();
   std::lock_guard<std::mutex> lock(I.stats_mu);
   ++I.st.puts;

@@ -56,11 +56,6 @@ struct ByteRange {
   uint64_t offset = 0, bytes = 0;
 };
 
-struct Run {
-  uint64_t owner = 0, tensor = 0;
-  uint32_t first = 0, count = 0;  // blocks [first, first + count) of the tensor
-};
-
 struct LookupResult {
   size_t blocks = 0;      // the longest stored prefix, in whole blocks
   std::vector<Run> runs;  // where those blocks are, in order

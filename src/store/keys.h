@@ -26,6 +26,12 @@ struct KeyHash {
   size_t operator()(const Key& k) const { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }
 };
 
+// Blocks [first, first + count) of tensor `tensor` stored by node `owner`.
+struct Run {
+  uint64_t owner = 0, tensor = 0;
+  uint32_t first = 0, count = 0;
+};
+
 struct Namespace {
   uint64_t model_fingerprint = 0;
   uint32_t block_tokens = 32;

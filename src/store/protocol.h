@@ -4,10 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "net/transport.h"
 #include "net/wire.h"
+#include "store/keys.h"
 
 namespace trellis::store {
 
@@ -74,20 +78,108 @@ inline bool ValidSlices(uint64_t block_bytes, uint32_t slices) {
   return slices >= 1 && slices <= kMaxSlices && block_bytes % slices == 0;
 }
 
-// A Hello reply: the server's node id and registered region. False if malformed.
+// ---- Typed messages. Encode* writes a body; Decode* reads one, checking every count
+// against the limits above before anything is allocated, and returns false for a body
+// that is malformed (short, long, or out of bounds). Requests are decoded by the server,
+// replies by the client (and by a server copying a replica from its peer).
+
 struct HelloReply {
   uint64_t node = 0;
   net::RemoteRegion region;
   uint32_t version = 0;
 };
-inline bool DecodeHello(std::string_view body, HelloReply& h) {
-  net::WireReader rd(body);
-  h.node = rd.U64();
-  h.region.base = rd.U64();
-  h.region.length = rd.U64();
-  h.region.rkey = std::string(rd.Str(kMaxRkeyBytes));
-  h.version = rd.U32();
-  return rd.Done();
-}
+std::string EncodeHelloReply(const HelloReply& h);
+bool DecodeHelloReply(std::string_view body, HelloReply& h);
+
+// kLookup, or kLookupClaim when claim.
+struct LookupRequest {
+  bool claim = false;
+  uint32_t ttl_ms = 0;   // claim only
+  uint64_t client = 0;   // claim only
+  std::vector<Key> keys;
+};
+struct LookupReply {
+  uint32_t matched = 0;
+  std::vector<Run> runs;  // sum of counts = matched
+  uint32_t pending = 0, pending_ms = 0, claimed = 0;  // claim only
+};
+std::string EncodeLookupRequest(const LookupRequest& m);
+bool DecodeLookupRequest(std::string_view body, bool claim, LookupRequest& m);
+std::string EncodeLookupReply(const LookupReply& m, bool claim);
+// keys: the keys asked for (the reply must fit them).
+bool DecodeLookupReply(std::string_view body, bool claim, size_t keys, LookupReply& m);
+
+struct Segment {
+  uint64_t addr = 0, len = 0;
+};
+struct PutDataRequest {
+  std::vector<Key> keys;
+  uint32_t first = 0;
+  uint64_t block_bytes = 0;
+  uint32_t slices = 1;
+  double cost_s = 0;
+  net::RemoteRegion src;
+  std::vector<Segment> segments;
+  std::vector<uint64_t> checksums;  // keys x slices, block-major
+};
+std::string EncodePutDataRequest(const PutDataRequest& m);
+// Also checks the put is self-consistent: keys, slices and checksums agree, segments are
+// non-empty and add up to keys x block_bytes, which is at most max_bytes.
+bool DecodePutDataRequest(std::string_view body, uint64_t max_bytes, PutDataRequest& m);
+
+struct PutCommitRequest {
+  uint64_t owner = 0, tensor = 0;
+  std::vector<Key> keys;
+};
+std::string EncodePutCommitRequest(const PutCommitRequest& m);
+bool DecodePutCommitRequest(std::string_view body, PutCommitRequest& m);
+
+struct AcquireRequest {
+  uint32_t lease_ms = 0;
+  std::vector<Run> runs;  // count 0: to the tensor's end
+};
+struct AcquiredRun {
+  bool found = false;
+  uint8_t tier = 0;  // 0 memory, 1 replica, 2 read back from SSD
+  uint64_t addr = 0;
+  uint32_t count = 0;
+  uint64_t block_bytes = 0;
+  uint32_t slices = 0;
+  std::vector<uint64_t> checksums;  // count x slices, block-major
+};
+struct AcquireReply {
+  uint64_t lease = 0;
+  std::vector<AcquiredRun> runs;  // one per run asked for
+};
+std::string EncodeAcquireRequest(const AcquireRequest& m);
+bool DecodeAcquireRequest(std::string_view body, AcquireRequest& m);
+std::string EncodeAcquireReply(const AcquireReply& m);
+// runs: how many were asked for. A found run's slices must cut its blocks evenly.
+bool DecodeAcquireReply(std::string_view body, size_t runs, AcquireReply& m);
+
+std::string EncodeRelease(uint64_t lease);
+bool DecodeRelease(std::string_view body, uint64_t& lease);
+
+std::string EncodeForgetRequest(const std::vector<std::pair<uint64_t, uint64_t>>& gone);  // (owner, tensor)
+bool DecodeForgetRequest(std::string_view body, std::vector<std::pair<uint64_t, uint64_t>>& gone);
+
+struct UnclaimRequest {
+  uint64_t client = 0;
+  std::vector<Key> keys;
+};
+std::string EncodeUnclaimRequest(const UnclaimRequest& m);
+bool DecodeUnclaimRequest(std::string_view body, UnclaimRequest& m);
+
+// Replies that are one count (PutCommit's stored, Forget's forgotten, Unclaim's released)
+// or one id (PutData's tensor).
+std::string EncodeU32(uint32_t v);
+bool DecodeU32(std::string_view body, uint32_t& v);
+std::string EncodeU64(uint64_t v);
+bool DecodeU64(std::string_view body, uint64_t& v);
+
+inline constexpr uint32_t kMaxMembersReply = 1024;
+inline constexpr uint32_t kMaxAddressBytes = 256;
+std::string EncodeMembersReply(const std::vector<std::string>& addresses);
+bool DecodeMembersReply(std::string_view body, std::vector<std::string>& addresses);
 
 }  // namespace trellis::store
