@@ -81,7 +81,9 @@ struct ModelInfo {
 };
 
 // Called with each generated token's text (possibly empty while a multi-byte character
-// is incomplete) and id; return false to stop the generation there.
+// is incomplete) and id; return false to stop the generation there. An end token's text
+// is empty. A last call with token -1 may carry the text of an incomplete character left
+// at the end (as U+FFFD).
 using TokenSink = std::function<bool(std::string_view piece, int32_t token)>;
 
 class Engine {
