@@ -1,8 +1,5 @@
 #include "net/transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/eventfd.h>
@@ -20,8 +17,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include <ucp/api/ucp.h>
-
+#include "net/link.h"
 #include "net/wire.h"
 #include "util/log.h"
 
@@ -29,7 +25,6 @@ namespace trellis::net {
 
 namespace {
 
-constexpr unsigned kAmId = 7;  // the one UCX active-message id Trellis uses
 // Reads served by the owner (transport.h): the bytes of one read-data message (a little
 // under the default tcp segment, tcp_tx_seg_size 256k, so a chunk and its headers go in
 // one piece: 128 KiB chunks read 15% slower), how many of them a transport keeps handed
@@ -39,40 +34,6 @@ constexpr uint64_t kServeWindow = 16 << 20;
 constexpr uint32_t kMaxReadSegments = 1 << 20;
 constexpr size_t kMaxServing = 4096;
 constexpr size_t kReadDataPrefix = 12;  // u32 segment, u64 offset
-
-std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
-
-std::string AddrName(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
-Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {
-  sockaddr_storage ss{};
-  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
-  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
-  const std::string h = host.empty() || host == "localhost" ? "127.0.0.1" : host;
-  if (inet_pton(AF_INET, h.c_str(), &a4->sin_addr) == 1) {
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(port);
-  } else if (inet_pton(AF_INET6, h.c_str(), &a6->sin6_addr) == 1) {
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(port);
-  } else {
-    return InvalidArgument("'" + host + "' is not an IPv4 or IPv6 address");
-  }
-  return ss;
-}
 
 std::string EncodeHeader(const MessageHeader& h) {
   WireWriter w;
@@ -116,9 +77,9 @@ size_t BodyLimit(const TransportOptions& o, uint16_t flags) {
 
 }  // namespace
 
-struct Transport::Impl {
+struct Transport::Impl final : LinkEvents {
   struct Conn {
-    ucp_ep_h ep = nullptr;
+    EndpointId ep = 0;
     bool alive = true;
     std::string peer;
   };
@@ -151,22 +112,9 @@ struct Transport::Impl {
     uint64_t length;
     std::string key;
   };
-  struct SendCtx {  // keeps a message alive until UCX is done with it
-    Impl* impl;
-    std::string header, body;
-    uint64_t serve_bytes;  // read data counted in serve_inflight
-  };
-  struct RecvCtx {  // a rendezvous body being received
-    Impl* impl;
-    ConnId conn;
-    MessageHeader header;
-    std::string body;
-  };
-
   TransportOptions opt;
-  ucp_context_h ctx = nullptr;
-  ucp_worker_h worker = nullptr;
-  int ucx_fd = -1, wake_fd = -1, ep_fd = -1;
+  std::unique_ptr<Link> link;
+  int wake_fd = -1, ep_fd = -1;
   std::thread thread;
   std::thread::id loop_id;
   std::atomic<bool> stop{false};
@@ -176,9 +124,7 @@ struct Transport::Impl {
 
   ConnId next_conn = 1;
   std::unordered_map<ConnId, Conn> conns;
-  std::unordered_map<ucp_ep_h, ConnId> by_ep;
-  std::vector<ucp_listener_h> listeners;
-  std::vector<void*> closing;  // ep close requests to finish before the worker goes
+  std::unordered_map<EndpointId, ConnId> by_ep;
 
   uint64_t next_request = 1;
   std::unordered_map<uint64_t, PendingCall> calls;
@@ -204,12 +150,12 @@ struct Transport::Impl {
   void Loop();
   void RunTasks();
   void RunTimers(int& wait_ms);
-  void Wake() {
+  void Wake() override {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
   }
 
-  ConnId AddConn(ucp_ep_h ep, std::string peer) {
+  ConnId AddConn(EndpointId ep, std::string peer) {
     const ConnId id = next_conn++;
     conns[id] = Conn{ep, true, std::move(peer)};
     by_ep[ep] = id;
@@ -238,69 +184,34 @@ struct Transport::Impl {
   std::function<void(void*, uint64_t)> landed_hook;
   uint64_t landed_segments = 0;  // fault_flip_landed_every counts them
 
-  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                           const ucp_am_recv_param_t* param);
-  static void OnConnRequest(ucp_conn_request_h req, void* arg);
-  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // LinkEvents
+  void OnAccept(EndpointId ep, std::string peer) override { AddConn(ep, std::move(peer)); }
+  bool Accepts(EndpointId ep, std::string_view header, size_t body_bytes) override;
+  void OnMessage(EndpointId ep, std::string_view header, std::string_view body) override;
+  void OnFailed(EndpointId ep, const Status& why) override;
+  void OnSent(uint64_t serve_bytes) override {
+    serve_inflight -= serve_bytes;
+    pump_wanted = true;
+  }
 };
 
 Transport::Impl::~Impl() {
-  if (worker) ucp_worker_destroy(worker);
-  if (ctx) ucp_cleanup(ctx);
+  link.reset();  // before the wake fd its events use
   if (ep_fd >= 0) close(ep_fd);
   if (wake_fd >= 0) close(wake_fd);
 }
 
 Status Transport::Impl::Init() {
-  // Transport-level settings (UCT's tcp) are read from the environment only, so they
-  // are defaults there: a UCX_* variable the user set wins.
-  static std::once_flag env_once;
-  std::call_once(env_once, [&] {
-    if (!opt.tcp_tx_seg_size.empty()) setenv("UCX_TCP_TX_SEG_SIZE", opt.tcp_tx_seg_size.c_str(), 0);
-    if (!opt.tcp_rx_seg_size.empty()) setenv("UCX_TCP_RX_SEG_SIZE", opt.tcp_rx_seg_size.c_str(), 0);
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);  // pitfall 4: restart a listener on the same port
-    // One socket event per epoll_wait: UCX 1.13's tcp progress handles a batch of up to
-    // MAX_POLL (16) events, and when handling one fails or closes an endpoint whose
-    // event is later in the same batch it asserts (tcp_iface.c:307, `ep->conn_state !=
-    // UCT_TCP_EP_CONN_STATE_CLOSED`) and aborts the process. The chaos run (tests/chaos)
-    // hit it in a grid head while nodes and stores were killed and their links cut.
-    setenv("UCX_TCP_MAX_POLL", "1", 0);
-  });
-  ucp_config_t* config = nullptr;
-  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-  if (s != UCS_OK) return Unavailable("UCX configuration: " + UcsError(s));
-  auto set = [&](const char* key, const std::string& value) {
-    if (!value.empty()) ucp_config_modify(config, key, value.c_str());
-  };
-  set("TLS", opt.tls);
-  set("NET_DEVICES", opt.net_devices);
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  s = ucp_init(&params, config, &ctx);
-  ucp_config_release(config);
-  if (s != UCS_OK) return Unavailable("UCX init (transports '" + opt.tls + "'): " + UcsError(s));
-
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  s = ucp_worker_create(ctx, &wp, &worker);
-  if (s != UCS_OK) return Unavailable("UCX worker: " + UcsError(s));
-  s = ucp_worker_get_efd(worker, &ucx_fd);
-  if (s != UCS_OK) return Unavailable("UCX worker event fd: " + UcsError(s));
-
-  ucp_am_handler_param_t ap{};
-  ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  ap.id = kAmId;
-  ap.cb = &Impl::OnAm;
-  ap.arg = this;
-  s = ucp_worker_set_am_recv_handler(worker, &ap);
-  if (s != UCS_OK) return Unavailable("UCX active-message handler: " + UcsError(s));
-
+  if (opt.loopback) {
+    TRELLIS_ASSIGN_OR_RETURN(link, MakeLoopbackLink(opt, this));
+  } else {
+    TRELLIS_ASSIGN_OR_RETURN(link, MakeUcxLink(opt, this));
+  }
   wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   ep_fd = epoll_create1(EPOLL_CLOEXEC);
   if (wake_fd < 0 || ep_fd < 0) return IoError("eventfd/epoll_create1 failed");
-  for (int fd : {ucx_fd, wake_fd}) {
+  for (int fd : {link->fd(), wake_fd}) {
+    if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -345,7 +256,7 @@ void Transport::Impl::Loop() {
     int wait_ms = 0;
     RunTimers(wait_ms);
     bool worked = false;
-    while (ucp_worker_progress(worker) != 0) worked = true;
+    while (link->Progress()) worked = true;
     if (pump_wanted) {
       Pump();
       continue;
@@ -360,8 +271,7 @@ void Transport::Impl::Loop() {
     const Deadline now = Clock::now();
     if (worked) last_work = now;
     if (now - last_work < spin) continue;
-    const ucs_status_t s = ucp_worker_arm(worker);
-    if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
+    if (!link->Arm()) continue;  // events arrived meanwhile: progress again
     epoll_event evs[2];
     const int n = epoll_wait(ep_fd, evs, 2, wait_ms);
     for (int i = 0; i < n; ++i) {
@@ -378,17 +288,7 @@ void Transport::Impl::Loop() {
   for (ConnId id : ids) FailConn(id, Cancelled("transport shutting down"), /*notify=*/false);
   timers.clear();
   timer_queue.clear();
-  for (ucp_listener_h l : listeners) ucp_listener_destroy(l);
-  listeners.clear();
-  const Deadline until = After(std::chrono::milliseconds(2000));
-  while (Clock::now() < until) {
-    ucp_worker_progress(worker);
-    bool done = true;
-    for (void* r : closing) done &= ucp_request_check_status(r) != UCS_INPROGRESS;
-    if (done && gets.empty()) break;
-  }
-  for (void* r : closing) ucp_request_free(r);
-  closing.clear();
+  link->Shutdown(After(std::chrono::milliseconds(2000)));
 }
 
 void Transport::Impl::FailConn(ConnId id, const Status& why, bool notify) {
@@ -396,15 +296,9 @@ void Transport::Impl::FailConn(ConnId id, const Status& why, bool notify) {
   if (it == conns.end() || !it->second.alive) return;
   Conn& c = it->second;
   c.alive = false;
-  // Force-close (needs peer error handling): outstanding requests on the endpoint
-  // complete with an error at once.
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = opt.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  void* r = ucp_ep_close_nbx(c.ep, &p);
-  if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+  link->Close(c.ep);
   by_ep.erase(c.ep);
-  c.ep = nullptr;
+  c.ep = 0;
   std::vector<std::pair<uint64_t, PendingCall>> failed;
   for (auto cit = calls.begin(); cit != calls.end();) {
     if (cit->second.conn == id) {
@@ -441,32 +335,11 @@ Status Transport::Impl::Send(ConnId c, const MessageHeader& h, std::string body,
   }
   MessageHeader hh = h;
   hh.body_bytes = static_cast<uint32_t>(body.size());
-  auto* ctx_ = new SendCtx{this, EncodeHeader(hh), std::move(body), serve_bytes};
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  // Eager only, whatever the size: a rendezvous has the receiver send UCX's own internal
-  // messages back (an RTR or an ATS, rndv.c), and UCX 1.13 aborts the process when such
-  // a send fails other than for lack of resources (ucp_request_try_send's ucs_fatal), as
-  // it can when the sender has just died. Large bodies cost one reassembly copy instead.
-  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-  p.user_data = ctx_;
-  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    auto* sc = static_cast<SendCtx*>(user_data);
-    if (sc->serve_bytes) {
-      sc->impl->serve_inflight -= sc->serve_bytes;
-      sc->impl->pump_wanted = true;
-    }
-    delete sc;
-    ucp_request_free(request);
-  };
+  const size_t n = body.size();
   serve_inflight += serve_bytes;
-  void* r = ucp_am_send_nbx(it->second.ep, kAmId, ctx_->header.data(), ctx_->header.size(), ctx_->body.data(),
-                            ctx_->body.size(), &p);
-  const size_t n = ctx_->body.size();
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+  if (Status st = link->Send(it->second.ep, EncodeHeader(hh), std::move(body), serve_bytes); !st.ok()) {
     serve_inflight -= serve_bytes;
-    delete ctx_;
-    if (r != nullptr) return Unavailable("send to " + it->second.peer + ": " + UcsError(UCS_PTR_STATUS(r)));
+    return Unavailable("send to " + it->second.peer + ": " + st.message());
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   ++stats.messages_sent;
@@ -626,91 +499,39 @@ void Transport::Impl::OnReadData(ConnId c, const MessageHeader& h, std::string_v
   if (g.total_left == 0) FinishGet(h.request_id, Status::Ok());
 }
 
-ucs_status_t Transport::Impl::OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                                   const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<Impl*>(arg);
-  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+bool Transport::Impl::Accepts(EndpointId ep, std::string_view header, size_t body_bytes) {
+  auto it = ep ? by_ep.find(ep) : by_ep.end();
+  const ConnId c = it == by_ep.end() ? 0 : it->second;
   MessageHeader h;
-  ConnId c = 0;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
-    auto it = self->by_ep.find(param->reply_ep);
-    if (it != self->by_ep.end()) c = it->second;
+  if (c != 0 && DecodeHeader(header, h) && h.body_bytes == body_bytes && body_bytes <= BodyLimit(opt, h.flags)) return true;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++stats.messages_refused;
   }
-  const bool good = c != 0 &&
-                    DecodeHeader({static_cast<const char*>(header), header_length}, h) && h.body_bytes == length &&
-                    length <= BodyLimit(self->opt, h.flags);
-  if (!good) {
-    {
-      std::lock_guard<std::mutex> lock(self->stats_mu);
-      ++self->stats.messages_refused;
-    }
-    // (A rendezvous body not received is dropped by UCX when the callback returns UCS_OK.)
-    // A peer speaking something else is cut off rather than answered.
-    if (c != 0) {
-      std::lock_guard<std::mutex> lock(self->mu);
-      self->tasks.emplace_back([self, c] { self->FailConn(c, Corrupt("malformed message"), true); });
-    }
-    return UCS_OK;
+  // A peer speaking something else is cut off rather than answered (not from inside the
+  // link's callback: as a task).
+  if (c != 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    tasks.emplace_back([this, c] { FailConn(c, Corrupt("malformed message"), true); });
   }
-  if (!rndv) {
-    self->Dispatch(c, h, {static_cast<const char*>(data), length});
-    return UCS_OK;
-  }
-  // Rendezvous: receive the body into its own buffer, then dispatch.
-  auto* rc = new RecvCtx{self, c, h, std::string(length, '\0')};
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.user_data = rc;
-  p.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
-    auto* rc = static_cast<RecvCtx*>(user_data);
-    if (status == UCS_OK && rc->impl->conns.count(rc->conn)) rc->impl->Dispatch(rc->conn, rc->header, rc->body);
-    delete rc;
-    ucp_request_free(request);
-  };
-  void* r = ucp_am_recv_data_nbx(self->worker, data, rc->body.data(), length, &p);
-  if (r == nullptr) {
-    self->Dispatch(c, h, rc->body);
-    delete rc;
-  } else if (UCS_PTR_IS_ERR(r)) {
-    delete rc;
-  }
-  return UCS_INPROGRESS;
+  return false;
 }
 
-void Transport::Impl::OnConnRequest(ucp_conn_request_h req, void* arg) {
-  auto* self = static_cast<Impl*>(arg);
-  std::string peer = "?";
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = AddrName(attr.client_address);
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.conn_request = req;
-  ep.err_handler.cb = &Impl::OnEpError;
-  ep.err_handler.arg = self;
-  if (self->opt.peer_error_handling) {
-    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  }
-  ucp_ep_h h = nullptr;
-  const ucs_status_t s = ucp_ep_create(self->worker, &ep, &h);
-  if (s != UCS_OK) {
-    TRELLIS_LOG_WARN("net: refusing a connection from {}: {}", peer, UcsError(s));
-    return;
-  }
-  self->AddConn(h, peer);
+void Transport::Impl::OnMessage(EndpointId ep, std::string_view header, std::string_view body) {
+  if (!Accepts(ep, header, body.size())) return;
+  MessageHeader h;
+  DecodeHeader(header, h);
+  Dispatch(by_ep[ep], h, body);
 }
 
-void Transport::Impl::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* self = static_cast<Impl*>(arg);
-  auto it = self->by_ep.find(ep);
-  if (it == self->by_ep.end()) return;
+void Transport::Impl::OnFailed(EndpointId ep, const Status& why) {
+  auto it = by_ep.find(ep);
+  if (it == by_ep.end()) return;
   const ConnId c = it->second;
-  const std::string peer = self->conns[c].peer;
-  // Not from inside UCX's callback: the close and the handlers run as a task.
-  std::lock_guard<std::mutex> lock(self->mu);
-  self->tasks.emplace_back(
-      [self, c, peer, status] { self->FailConn(c, Unavailable("peer " + peer + " failed: " + UcsError(status)), true); });
+  const std::string peer = conns[c].peer;
+  // Not from inside the link's callback: the close and the handlers run as a task.
+  std::lock_guard<std::mutex> lock(mu);
+  tasks.emplace_back([this, c, peer, why] { FailConn(c, Unavailable("peer " + peer + " " + why.message()), true); });
 }
 
 void Transport::Impl::FinishGet(uint64_t id, Status status) {
@@ -772,43 +593,12 @@ void Transport::SetDisconnectHandler(std::function<void(ConnId, const Status&)> 
   impl_->on_disconnect = std::move(h);
 }
 
-Result<uint16_t> Transport::Listen(const std::string& host, uint16_t port) {
-  TRELLIS_ASSIGN_OR_RETURN(sockaddr_storage ss, Resolve(host, port));
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-  lp.sockaddr.addrlen = ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-  lp.conn_handler.cb = &Impl::OnConnRequest;
-  lp.conn_handler.arg = impl_.get();
-  ucp_listener_h l = nullptr;
-  const ucs_status_t s = ucp_listener_create(impl_->worker, &lp, &l);
-  if (s != UCS_OK) return Unavailable("listen on " + host + ":" + std::to_string(port) + ": " + UcsError(s));
-  impl_->listeners.push_back(l);
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  if (ucp_listener_query(l, &attr) != UCS_OK) return Internal("cannot query the listener's address");
-  const auto& a = attr.sockaddr;
-  return static_cast<uint16_t>(ntohs(a.ss_family == AF_INET ? reinterpret_cast<const sockaddr_in&>(a).sin_port
-                                                            : reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
-}
+Result<uint16_t> Transport::Listen(const std::string& host, uint16_t port) { return impl_->link->Listen(host, port); }
 
 Result<ConnId> Transport::Connect(const std::string& host, uint16_t port) {
-  TRELLIS_ASSIGN_OR_RETURN(sockaddr_storage ss, Resolve(host, port));
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-  ep.sockaddr.addrlen = ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-  ep.err_handler.cb = &Impl::OnEpError;
-  ep.err_handler.arg = impl_.get();
-  if (impl_->opt.peer_error_handling) {
-    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  }
-  ucp_ep_h h = nullptr;
-  const ucs_status_t s = ucp_ep_create(impl_->worker, &ep, &h);
-  if (s != UCS_OK) return Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + UcsError(s));
-  return impl_->AddConn(h, AddrName(ss));
+  std::string peer;
+  TRELLIS_ASSIGN_OR_RETURN(EndpointId ep, impl_->link->Connect(host, port, &peer));
+  return impl_->AddConn(ep, std::move(peer));
 }
 
 bool Transport::IsConnected(ConnId c) const {

@@ -1,4 +1,5 @@
-// net::Transport: Trellis's one peer transport, on UCX (the store and the grid share it).
+// net::Transport: Trellis's one peer transport (the store and the grid share it), on UCX
+// or, for tests, through memory between transports of one process (net/link.h).
 //
 // What it gives:
 //   - connections: Listen on HOST:PORT, Connect to a peer; each side names a connection
@@ -86,6 +87,10 @@ struct TransportOptions {
   // byte is the high byte of an f16, so the flip is an exponent bit: a check that missed
   // it would change the answer. What reads the bytes must catch it by its checksums.
   uint32_t fault_flip_landed_every = 0;
+  // In-process only (tests): connections reach transports of this process through
+  // memory, found by the port they listen on, instead of UCX (net/link.h). Everything
+  // above the wire (calls, deadlines, reads served by the owner, failures) is the same.
+  bool loopback = false;
 };
 
 // The 24-byte header of every message, little-endian on the wire.

@@ -1,6 +1,7 @@
-// net::Transport over real UCX on loopback (tcp): calls and replies, errors, rendezvous
-// bodies, size limits, scattered bulk gets, deadlines, and peers that die (a second
-// process, this binary re-run with --serve, killed with SIGKILL).
+// net::Transport over real UCX on loopback (tcp) and over memory (the loopback link):
+// calls and replies, errors, rendezvous bodies, size limits, scattered bulk gets,
+// deadlines on both; and on UCX, peers that die (a second process, this binary re-run
+// with --serve, killed with SIGKILL).
 #include "net/transport.h"
 
 #include <signal.h>
@@ -28,11 +29,22 @@ using namespace std::chrono_literals;
 
 constexpr uint16_t kEcho = 1, kFail = 2, kSilent = 3, kRegion = 4;
 
+// Which link the in-process tests run on: UCX over lo, or memory (TransportOptions::
+// loopback); the same tests, both ways (TransportOnEveryLink).
+bool g_memory = false;
+
 TransportOptions Loopback() {
   TransportOptions o;
   o.net_devices = "lo";
+  o.loopback = g_memory;
   return o;
 }
+
+class TransportOnEveryLink : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { g_memory = GetParam(); }
+  void TearDown() override { g_memory = false; }
+};
 
 // A server answering: kEcho with the body, kFail with an error, kSilent never, kRegion
 // with a registered 8 MiB region (base, length, rkey) filled with a known pattern.
@@ -141,7 +153,7 @@ TEST(Wire, ReaderRefusesEveryOverrun) {
   EXPECT_FALSE(counts.ok());
 }
 
-TEST(Transport, CallsRepliesAndErrors) {
+TEST_P(TransportOnEveryLink, CallsRepliesAndErrors) {
   EchoServer s;
   Client c;
   const ConnId conn = c.Connect(s.port);
@@ -168,7 +180,7 @@ TEST(Transport, CallsRepliesAndErrors) {
   }
 }
 
-TEST(Transport, LargeBodiesArriveWholeAndLimitsHold) {
+TEST_P(TransportOnEveryLink, LargeBodiesArriveWholeAndLimitsHold) {
   TransportOptions small = Loopback();
   small.max_message_bytes = 1 << 20;
   EchoServer s(small);
@@ -196,7 +208,7 @@ TEST(Transport, LargeBodiesArriveWholeAndLimitsHold) {
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(Transport, ScatteredGetsLandInPlace) {
+TEST_P(TransportOnEveryLink, ScatteredGetsLandInPlace) {
   EchoServer s;
   Client c;
   const ConnId conn = c.Connect(s.port);
@@ -234,7 +246,7 @@ TEST(Transport, ScatteredGetsLandInPlace) {
 // Fault injection for chaos runs: fault_flip_landed_every = 3 flips exactly one byte,
 // just past the middle, of every third segment a Get lands, and counts each; the rest
 // land whole.
-TEST(Transport, TheFaultHookFlipsOneByteInEveryNthLandedSegment) {
+TEST_P(TransportOnEveryLink, TheFaultHookFlipsOneByteInEveryNthLandedSegment) {
   EchoServer s;
   TransportOptions o = Loopback();
   o.fault_flip_landed_every = 3;
@@ -261,7 +273,7 @@ TEST(Transport, TheFaultHookFlipsOneByteInEveryNthLandedSegment) {
 // The owner serves only what it registered, to a reader that names the region's key: a
 // reader that lies about the region (a wrong key, a longer length, a base that is not
 // one) is refused by the owner, and the connection stays up.
-TEST(Transport, TheOwnerChecksEveryRead) {
+TEST_P(TransportOnEveryLink, TheOwnerChecksEveryRead) {
   EchoServer s;
   Client c;
   const ConnId conn = c.Connect(s.port);
@@ -292,7 +304,7 @@ TEST(Transport, TheOwnerChecksEveryRead) {
   EXPECT_EQ(s.t->stats().reads_served, 1u);
 }
 
-TEST(Transport, DeadlinesBoundSilentPeersAndAbsentOnes) {
+TEST_P(TransportOnEveryLink, DeadlinesBoundSilentPeersAndAbsentOnes) {
   EchoServer s;
   Client c;
   const ConnId conn = c.Connect(s.port);
@@ -312,6 +324,9 @@ TEST(Transport, DeadlinesBoundSilentPeersAndAbsentOnes) {
   EXPECT_FALSE(d.ok());
   EXPECT_LT(Clock::now() - t1, TestScaled(5s));
 }
+
+INSTANTIATE_TEST_SUITE_P(Links, TransportOnEveryLink, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Memory" : "Ucx"; });
 
 // --- a peer in another process, killed mid-conversation ---------------------------------
 
