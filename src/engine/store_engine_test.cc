@@ -37,9 +37,18 @@ const Model& TestModel() {
   return *m;
 }
 
+// The in-process tests run on the in-memory transport (TransportOptions::loopback); tests
+// with another process (a `trellis store`, a forked child) on UCX over lo.
+bool g_ucx = false;
+struct UcxForThisTest {
+  UcxForThisTest() { g_ucx = true; }
+  ~UcxForThisTest() { g_ucx = false; }
+};
+
 net::TransportOptions Lo() {
   net::TransportOptions o;
   o.net_devices = "lo";
+  o.loopback = !g_ucx;
   return o;
 }
 
@@ -734,6 +743,7 @@ TEST(StoreEngine, ASessionFailedDuringItsFetchKeepsItsBlocksUntilTheFetchLands) 
 // within the fetch's deadline), and the engine computes the prompt with a cold engine's
 // output. The half-fetched blocks are never used, now or when the prompt comes back.
 TEST(StoreEngine, AStoreKilledDuringAFetchIsAMissAndTheOutputUnchanged) {
+  UcxForThisTest ucx;
   store::StoreProcess proc("64M");
   ASSERT_GT(proc.port, 0);
   ThreadPool pool(2);

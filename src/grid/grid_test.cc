@@ -54,9 +54,18 @@ std::unique_ptr<Model> Load(const std::string& path, ModelPart part) {
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
+// The in-process tests run on the in-memory transport (TransportOptions::loopback); tests
+// with another process (a `trellis store`, a forked child) on UCX over lo.
+bool g_ucx = false;
+struct UcxForThisTest {
+  UcxForThisTest() { g_ucx = true; }
+  ~UcxForThisTest() { g_ucx = false; }
+};
+
 net::TransportOptions Lo() {
   net::TransportOptions t;
   t.net_devices = "lo";
+  t.loopback = !g_ucx;
   t.spin_us = 0;
   return t;
 }
@@ -688,6 +697,7 @@ struct NodeProcess {
 };
 
 TEST(GridChild, Node) {
+  UcxForThisTest ucx;
   const char* spec = getenv("TRELLIS_GRID_CHILD_NODE");
   if (!spec) GTEST_SKIP() << "only as the child of a test that kills grid nodes (NodeProcess)";
   std::istringstream in(spec);
@@ -720,6 +730,7 @@ bool Rejoined(const GridHead& head) {
 // the store again with the whole model's answers (nothing the dead fetch half wrote is
 // used: the head dropped its cache, the restarted pool is new).
 TEST(GridStoreTest2, ANodeKilledDuringAStoreFetchCostsOnlyTheRequestsInFlight) {
+  UcxForThisTest ucx;
   auto s = GridStoreServer();
   ASSERT_TRUE(s);
   const std::string addr = "127.0.0.1:" + std::to_string(s->port());
@@ -762,6 +773,7 @@ TEST(GridStoreTest2, ANodeKilledDuringAStoreFetchCostsOnlyTheRequestsInFlight) {
 // and what one process then reads from the store is right (a half-gathered block was
 // never indexed), as is what the grid computes and publishes after.
 TEST(GridStoreTest2, ANodeKilledDuringAPublishReadStoresNothingWrong) {
+  UcxForThisTest ucx;
   auto s = GridStoreServer();
   ASSERT_TRUE(s);
   const std::string addr = "127.0.0.1:" + std::to_string(s->port());

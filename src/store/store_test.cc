@@ -45,9 +45,18 @@ using namespace std::chrono_literals;
 constexpr uint64_t kBlockBytes = 4096;
 constexpr uint32_t kBlockTokens = 4;
 
+// The in-process tests run on the in-memory transport (TransportOptions::loopback); tests
+// with another process (a `trellis store`, a forked child) on UCX over lo.
+bool g_ucx = false;
+struct UcxForThisTest {
+  UcxForThisTest() { g_ucx = true; }
+  ~UcxForThisTest() { g_ucx = false; }
+};
+
 net::TransportOptions Lo() {
   net::TransportOptions o;
   o.net_devices = "lo";
+  o.loopback = !g_ucx;
   return o;
 }
 
@@ -1183,6 +1192,7 @@ std::unique_ptr<StoreClient> ProcessClient(const std::string& addr) {
 // header. The restart serves every surviving block with the right bytes, misses the rest,
 // and the bad record costs only its own block (the entries after it survive).
 TEST(StoreProcesses, ACrashedServerWithAnSsdTierServesRightBytesOrMisses) {
+  UcxForThisTest ucx;
   TempDir dir;
   std::vector<std::vector<int32_t>> seqs;
   std::vector<uint64_t> tensor_of;  // each sequence's tensor (one per put here)
@@ -1252,6 +1262,7 @@ TEST(StoreProcesses, ACrashedServerWithAnSsdTierServesRightBytesOrMisses) {
 }
 
 TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOtherServes) {
+  UcxForThisTest ucx;
   StoreProcess a("64M"), b("64M");
   ASSERT_GT(a.port, 0);
   ASSERT_GT(b.port, 0);
@@ -1333,6 +1344,7 @@ TEST(StoreProcesses, AServerKilledMidTransferIsAMissWithinTheDeadlineAndTheOther
 // fails at its deadline; when the server resumes and sends the rest, nothing lands in the
 // buffers the caller has since reused (the transport drops chunks of a finished get).
 TEST(StoreProcesses, AReadPastItsDeadlineNeverWritesLate) {
+  UcxForThisTest ucx;
   StoreProcess a("64M");
   ASSERT_GT(a.port, 0);
   auto c = ProcessClient(a.Addr());
@@ -1386,6 +1398,7 @@ TEST(StoreProcesses, AReadPastItsDeadlineNeverWritesLate) {
 // (this binary, re-executed with TRELLIS_STORE_CHILD_READER=host:port): reads one stored
 // sequence in a loop until it is killed.
 TEST(StoreChild, Reader) {
+  UcxForThisTest ucx;
   const char* addr = getenv("TRELLIS_STORE_CHILD_READER");
   if (!addr) GTEST_SKIP() << "only as a child of ClientsKilledMidReadNeverTakeTheServerDown";
   auto c = ProcessClient(addr);
@@ -1407,6 +1420,7 @@ TEST(StoreChild, Reader) {
 // (ucp_get_req_handler, "Fatal: unexpected error: Endpoint timeout") when the reply
 // cannot be sent to a reader that died; the transport now serves reads itself.
 TEST(StoreProcesses, ClientsKilledMidReadNeverTakeTheServerDown) {
+  UcxForThisTest ucx;
   StoreProcess a("64M");
   ASSERT_GT(a.port, 0);
   auto c = ProcessClient(a.Addr());
@@ -1453,6 +1467,7 @@ TEST(StoreProcesses, ClientsKilledMidReadNeverTakeTheServerDown) {
 // server a few milliseconds in, mostly mid-read. The puts' deadline is far: the failure
 // must come from the connection failing, not from waiting it out.
 TEST(StoreProcesses, AServerKilledMidPutCostsTheWriterOnlyThatPut) {
+  UcxForThisTest ucx;
   constexpr uint64_t kBig = 2 << 20;
   std::vector<std::vector<uint8_t>> data(16, std::vector<uint8_t>(kBig, 0x6e));
   std::vector<const void*> src;
@@ -1587,6 +1602,7 @@ struct EtcdProcess {
 };
 
 TEST(StoreEtcd, MembershipFollowsEtcdAndMovesOnlyTheChangedShare) {
+  UcxForThisTest ucx;
   EtcdProcess etcd;
   auto server = [&](int ttl) {
     ServerOptions o;
@@ -1667,6 +1683,7 @@ TEST(StoreEtcd, MembershipFollowsEtcdAndMovesOnlyTheChangedShare) {
 // right; when it comes back with its data, the servers' leases go on; when it comes back
 // empty (data lost), the servers register again and the clients see them within a TTL.
 TEST(StoreEtcd, EtcdDownOrRestartedKeepsTheMembershipAndTheData) {
+  UcxForThisTest ucx;
   EtcdProcess etcd;
   auto server = [&] {
     ServerOptions o;
@@ -1732,6 +1749,7 @@ TEST(StoreEtcd, EtcdDownOrRestartedKeepsTheMembershipAndTheData) {
 // once), and when etcd comes up the server registers, the client finds it, and puts and
 // reads go through.
 TEST(StoreEtcd, ServersAndClientsStartedWithEtcdDownJoinWhenItComesUp) {
+  UcxForThisTest ucx;
   EtcdProcess etcd(/*start=*/false);
   ServerOptions so;
   so.transport = Lo();
@@ -1760,6 +1778,7 @@ TEST(StoreEtcd, ServersAndClientsStartedWithEtcdDownJoinWhenItComesUp) {
 }
 
 TEST(StoreEtcd, AKilledServerLeavesTheMembershipWhenItsLeaseExpires) {
+  UcxForThisTest ucx;
   EtcdProcess etcd;
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
