@@ -76,11 +76,9 @@ struct Paths {
 
 Paths ChoosePaths() {
   const CpuFeatures& f = GetCpuFeatures();
-  int cap = 2;  // TRELLIS_ISA, as BestKernelIsa() reads it: scalar 0, avx2 1, else all
-  if (const char* env = std::getenv("TRELLIS_ISA")) {
-    if (std::strcmp(env, "scalar") == 0) cap = 0;
-    else if (std::strcmp(env, "avx2") == 0) cap = 1;
-  }
+  // The kernel choice's cap (TRELLIS_ISA), as BestKernelIsa() takes it: scalar 0, avx2 1, else all.
+  const std::optional<KernelIsa> chosen = ChosenKernels().cap;
+  const int cap = chosen == KernelIsa::kScalar ? 0 : chosen == KernelIsa::kAvx2 ? 1 : 2;
   Paths p;
   p.avx2 = cap >= 1 && f.avx2 && f.fma;
   p.avx512 = cap >= 2 && f.avx512f;

@@ -1,10 +1,16 @@
 // trellis: command-line entry point. Thin: parsing and dispatch only.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "cli/commands.h"
+#include "kernels/cpu_features.h"
 
 int main(int argc, char** argv) {
+  // The only place the kernel variables are read: libraries take the choice, not the
+  // environment.
+  trellis::ChooseKernels(trellis::KernelChoiceFromValues(std::getenv("TRELLIS_ISA"), std::getenv("TRELLIS_AVXVNNI"),
+                                                         std::getenv("TRELLIS_NEON_DOTPROD"), std::getenv("TRELLIS_REPACK")));
   CLI::App app{"Trellis: private LLM inference on the CPU you own", "trellis"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("trellis 0.1.0"));

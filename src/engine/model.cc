@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include "kernels/cpu_features.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -235,8 +237,7 @@ void Model::DropForeignPages() {
 }
 
 void Model::Repack() {
-  const char* env = std::getenv("TRELLIS_REPACK");
-  if (env != nullptr && std::string(env) == "0") return;
+  if (!ChosenKernels().repack) return;
   std::vector<WeightMatrix*> mats;
   for (int i = part_.first_layer; i < part_.last_layer; ++i) {
     LayerWeights& l = layers_[static_cast<size_t>(i)];

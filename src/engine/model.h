@@ -5,7 +5,7 @@
 // nothing but the small norm vectors (converted to f32), except where the CPU has faster
 // kernels for a repacked layout (kernels/packed.h): those matrices get a packed copy in
 // memory, built once at load, and their file pages are dropped from memory again, so
-// the resident size stays about the model's. TRELLIS_REPACK=0 turns repacking off. Every tensor the forward pass
+// the resident size stays about the model's. KernelChoice::repack = false (TRELLIS_REPACK=0) turns repacking off. Every tensor the forward pass
 // uses is checked for presence, shape and a type Trellis can compute with, so a bad file
 // fails here with a message naming the tensor, not later inside a kernel.
 //

@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <initializer_list>
 
 namespace trellis {
@@ -121,19 +123,50 @@ const char* KernelIsaName(KernelIsa isa) {
   return "?";
 }
 
+namespace {
+
+std::mutex g_choice_mu;
+KernelChoice g_choice;            // under g_choice_mu until fixed
+std::atomic<bool> g_fixed{false};  // a kernel was chosen: g_choice is read-only now
+
+const KernelChoice& FixChoice() {
+  if (!g_fixed.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_choice_mu);
+    g_fixed.store(true, std::memory_order_release);
+  }
+  return g_choice;
+}
+
+bool Off(const char* v) { return v != nullptr && std::strcmp(v, "0") == 0; }
+
+}  // namespace
+
+bool ChooseKernels(const KernelChoice& choice) {
+  std::lock_guard<std::mutex> lock(g_choice_mu);
+  if (g_fixed.load(std::memory_order_acquire)) return false;
+  g_choice = choice;
+  return true;
+}
+
+const KernelChoice& ChosenKernels() { return FixChoice(); }
+
+KernelChoice KernelChoiceFromValues(const char* isa, const char* avxvnni, const char* neon_dotprod, const char* repack) {
+  KernelChoice c;
+  if (isa != nullptr && std::strcmp(isa, "scalar") == 0) c.cap = KernelIsa::kScalar;
+  if (isa != nullptr && std::strcmp(isa, "avx2") == 0) c.cap = KernelIsa::kAvx2;
+  c.avxvnni = !Off(avxvnni);
+  c.neon_dotprod = !Off(neon_dotprod);
+  c.repack = !Off(repack);
+  return c;
+}
+
 bool AvxVnniEnabled() {
-  static const bool use = [] {
-    const char* env = std::getenv("TRELLIS_AVXVNNI");
-    return GetCpuFeatures().avxvnni && !(env != nullptr && std::strcmp(env, "0") == 0);
-  }();
+  static const bool use = GetCpuFeatures().avxvnni && FixChoice().avxvnni;
   return use;
 }
 
 bool NeonDotprodEnabled() {
-  static const bool use = [] {
-    const char* env = std::getenv("TRELLIS_NEON_DOTPROD");
-    return GetCpuFeatures().neon_dotprod && !(env != nullptr && std::strcmp(env, "0") == 0);
-  }();
+  static const bool use = GetCpuFeatures().neon_dotprod && FixChoice().neon_dotprod;
   return use;
 }
 
@@ -149,13 +182,12 @@ const char* KernelPathName() {
 
 KernelIsa BestKernelIsa() {
   static const KernelIsa best = [] {
-    // Widest first; TRELLIS_ISA names where to start (scalar: none of them).
+    // Widest first; the choice's cap names where to start (scalar: none of them).
     std::initializer_list<KernelIsa> order = {KernelIsa::kAvx512, KernelIsa::kAvx2, KernelIsa::kNeon};
     const KernelIsa* from = order.begin();
-    if (const char* env = std::getenv("TRELLIS_ISA")) {
-      if (std::strcmp(env, "scalar") == 0) from = order.end();
-      else if (std::strcmp(env, "avx2") == 0) from = order.begin() + 1;
-    }
+    const std::optional<KernelIsa> cap = FixChoice().cap;
+    if (cap == KernelIsa::kScalar) from = order.end();
+    else if (cap == KernelIsa::kAvx2) from = order.begin() + 1;
     for (const KernelIsa* isa = from; isa != order.end(); ++isa) {
       if (IsaSupported(*isa)) return *isa;
     }

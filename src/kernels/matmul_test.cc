@@ -268,5 +268,38 @@ TEST(CpuFeaturesTest, BestIsaIsSupported) {
 #endif
 }
 
+TEST(CpuFeaturesTest, KernelChoiceFromValues) {
+  KernelChoice c = KernelChoiceFromValues(nullptr, nullptr, nullptr, nullptr);
+  EXPECT_FALSE(c.cap.has_value());
+  EXPECT_TRUE(c.avxvnni && c.neon_dotprod && c.repack);
+  c = KernelChoiceFromValues("avx2", "0", "0", "0");
+  EXPECT_EQ(c.cap, KernelIsa::kAvx2);
+  EXPECT_FALSE(c.avxvnni || c.neon_dotprod || c.repack);
+  EXPECT_EQ(KernelChoiceFromValues("scalar", "1", nullptr, "yes").cap, KernelIsa::kScalar);
+  EXPECT_FALSE(KernelChoiceFromValues("avx512", nullptr, nullptr, nullptr).cap.has_value());
+}
+
+// The test binary's main chose the kernels from the environment as the `trellis` binary
+// does (test_main.cc), and the choice is fixed once a kernel is chosen. ctest runs this
+// again under TRELLIS_AVXVNNI=0 (packed_avx2_novnni) and TRELLIS_ISA=avx2 (isa_avx2_cap).
+TEST(CpuFeaturesTest, TheChoiceIsTheEnvironmentsAndFixedOnceUsed) {
+  const KernelChoice want = KernelChoiceFromValues(std::getenv("TRELLIS_ISA"), std::getenv("TRELLIS_AVXVNNI"),
+                                                   std::getenv("TRELLIS_NEON_DOTPROD"), std::getenv("TRELLIS_REPACK"));
+  (void)BestKernelIsa();
+  EXPECT_EQ(ChosenKernels().cap, want.cap);
+  EXPECT_EQ(ChosenKernels().avxvnni, want.avxvnni);
+  EXPECT_EQ(ChosenKernels().repack, want.repack);
+  EXPECT_FALSE(ChooseKernels(KernelChoice{}));  // too late: kernels are chosen
+  if (!want.avxvnni) {
+    EXPECT_FALSE(AvxVnniEnabled());
+  }
+  if (want.cap == KernelIsa::kAvx2) {
+    EXPECT_NE(BestKernelIsa(), KernelIsa::kAvx512);
+  }
+  if (want.cap == KernelIsa::kScalar) {
+    EXPECT_EQ(BestKernelIsa(), KernelIsa::kScalar);
+  }
+}
+
 }  // namespace
 }  // namespace trellis

@@ -67,7 +67,7 @@ namespace internal {
 // SIMD level a kernel runs at. Tests force each level the CPU supports.
 enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3 };
 
-// Best level for this CPU (honours env TRELLIS_ISA through the CPU feature probe).
+// Best level for this CPU, within the program's KernelChoice (cpu_features.h).
 SimdLevel BestSimdLevel();
 // True if this CPU can run kernels of `level`.
 bool CpuSupports(SimdLevel level);

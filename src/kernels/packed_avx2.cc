@@ -9,7 +9,7 @@
 
 namespace trellis::matmul_internal {
 
-// AVX-VNNI where the CPU has it, unless TRELLIS_AVXVNNI=0 (read once).
+// AVX-VNNI where the CPU has it, unless the KernelChoice turns it off (TRELLIS_AVXVNNI=0).
 PackedKernel GetPackedKernelAvx2(GgmlType type) {
   return AvxVnniEnabled() ? GetPackedKernelAvxVnni(type) : PackedKernelAvx2Family(type);
 }
