@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine/test_models.h"
+#include "util/fault_env.h"
 #include "util/slowdown.h"
 
 namespace trellis {
@@ -259,6 +260,38 @@ TEST(EngineTest, RefusalsSayWhy) {
   r.max_tokens = 4;
   r.sampling.top_p = 2;
   EXPECT_EQ(why(r), Refusal::kBadParameter);
+}
+
+// The seams of util/env.h: a model file whose map fails is a clear error (and the next
+// load works); request times are read from the scheduler's Env, so a test moves them.
+TEST(EngineTest, TheEnvMapsTheModelAndKeepsTheTime) {
+  const std::string path = testing::WriteSmallModel("env.gguf");
+  FaultEnv env;
+  env.fail_maps = true;
+  auto bad = Model::Load(path, {}, &env);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kIoError);
+  EXPECT_NE(bad.status().message().find("injected"), std::string::npos);
+  EXPECT_EQ(env.injected.load(), 1u);
+  env.fail_maps = false;
+  auto m = Model::Load(path, {}, &env);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+
+  env.fake_now = int64_t{100} * 1000000000;
+  ThreadPool pool(2);
+  auto s = Scheduler::Create(**m, SchedulerOptions{.n_ctx = 64, .prefix_cache = false, .env = &env}, pool);
+  ASSERT_TRUE(s.ok());
+  Request r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 4;
+  r.sampling.temperature = 0;
+  RequestResult got;
+  ASSERT_TRUE((*s)->Submit(r, nullptr, [&](RequestId, const RequestResult& x) { got = x; }).ok());
+  env.Advance(int64_t{3} * 1000000000);  // 3 s pass before the first step
+  (*s)->RunUntilIdle();
+  EXPECT_EQ(got.tokens.size(), 4u);
+  EXPECT_DOUBLE_EQ(got.ttft_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(got.total_seconds, 3.0);
 }
 
 TEST(EngineTest, FullPoolIsResourceExhaustedNotACrash) {

@@ -92,8 +92,8 @@ uint64_t Model::KvFingerprint(int n_ctx) const {
   return fingerprint_;
 }
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const ModelPart& part) {
-  TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path));
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const ModelPart& part, Env* env) {
+  TRELLIS_ASSIGN_OR_RETURN(GgufFile g, GgufFile::Open(path, env));
   auto m = FromGguf(std::move(g), part);
   if (!m.ok()) return m.status().WithContext(path);
   return m;

@@ -21,6 +21,7 @@
 #include "kernels/matmul.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "util/env.h"
 #include "util/status.h"
 
 namespace trellis {
@@ -56,7 +57,8 @@ class Model {
   // same fingerprint (over all of the file), but keeps only its own tensors: the other
   // layers' weights are empty, never repacked, and their file pages are dropped, so
   // resident memory follows the part's share.
-  static Result<std::unique_ptr<Model>> Load(const std::string& path, const ModelPart& part = {});
+  // env: where the file is mapped from (util/env.h; tests fail the map on purpose).
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, const ModelPart& part = {}, Env* env = Env::Default());
   // Builds from an already-open GGUF (tests); takes ownership.
   static Result<std::unique_ptr<Model>> FromGguf(GgufFile gguf, const ModelPart& part = {});
 

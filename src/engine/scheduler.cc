@@ -49,6 +49,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   const ModelConfig& c = model.config();
   TRELLIS_RETURN_IF_ERROR(CheckBlockSize(c, o.block_size));
   if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
+  if (o.env == nullptr) o.env = Env::Default();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
   if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");
   if (o.max_running < 1) return InvalidArgument("max running sessions must be >= 1");
@@ -181,7 +182,7 @@ Result<RequestId> Scheduler::Submit(Request req, TokenCallback on_token, FinishC
   s->req = std::move(req);
   s->on_token = std::move(on_token);
   s->on_finish = std::move(on_finish);
-  s->t_submit = NowSeconds();
+  s->t_submit = opts_.env->NowSeconds();
   const RequestId id = s->id;
   ++m_.requests;
   if (s->req.max_tokens == 0) {
@@ -403,7 +404,7 @@ void Scheduler::Finish(Session& s, FinishReason reason, Status error) {
   s.done = true;
   s.result.reason = reason;
   s.result.error = std::move(error);
-  s.result.total_seconds = NowSeconds() - s.t_submit;
+  s.result.total_seconds = opts_.env->NowSeconds() - s.t_submit;
   if (reason == FinishReason::kCancelled) ++m_.cancelled;
   ++m_.finished;
   if (s.on_finish) s.on_finish(s.id, s.result);
@@ -544,7 +545,7 @@ Scheduler::InFlight& Scheduler::PushFlight() {
   f.sample.clear();
   f.rows.clear();
   f.tokens = 0;
-  f.t_launch = NowSeconds();
+  f.t_launch = opts_.env->NowSeconds();
   return f;
 }
 
@@ -625,7 +626,7 @@ void Scheduler::CollectOldest() {
     // The prefill rate, for deciding whether reading a prefix from the store is quicker
     // than computing it: from batches that are mostly prefill.
     if (f.tokens >= 16 && f.tokens >= 4 * static_cast<int64_t>(f.run_len.size())) {
-      const double x = (NowSeconds() - f.t_launch) / static_cast<double>(f.tokens);
+      const double x = (opts_.env->NowSeconds() - f.t_launch) / static_cast<double>(f.tokens);
       prefill_s_per_token_ = prefill_s_per_token_ <= 0 ? x : 0.75 * prefill_s_per_token_ + 0.25 * x;
     }
   }
@@ -690,7 +691,7 @@ void Scheduler::CollectOldest() {
         continue;
       }
     }
-    if (s.result.tokens.empty()) s.result.ttft_seconds = NowSeconds() - s.t_submit;
+    if (s.result.tokens.empty()) s.result.ttft_seconds = opts_.env->NowSeconds() - s.t_submit;
     s.tokens.push_back(tok);
     s.result.tokens.push_back(tok);
     ++m_.generated_tokens;
@@ -712,7 +713,7 @@ void Scheduler::CollectOldest() {
 
 // Sets the logits of the tokens the grammar does not allow next to -inf (logits_buf_).
 Status Scheduler::ConstrainLogits(Session& s) {
-  const double t0 = NowSeconds();
+  const double t0 = opts_.env->NowSeconds();
   TRELLIS_RETURN_IF_ERROR(s.matcher->FillMask(s.mask));
   const std::span<const uint64_t> words = s.mask.words();
   const size_t n = logits_buf_.size();
@@ -731,7 +732,7 @@ Status Scheduler::ConstrainLogits(Session& s) {
     for (; refused; refused &= refused - 1) logits_buf_[begin + static_cast<size_t>(std::countr_zero(refused))] = kNegInf;
   }
   ++m_.grammar_masks;
-  m_.grammar_mask_seconds += NowSeconds() - t0;
+  m_.grammar_mask_seconds += opts_.env->NowSeconds() - t0;
   return Status::Ok();
 }
 

@@ -42,6 +42,7 @@
 #include "kv/block_pool.h"
 #include "kv/prefix_store.h"
 #include "kv/radix_cache.h"
+#include "util/env.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
 
@@ -73,6 +74,9 @@ struct SchedulerOptions {
   // micro-batches in flight: the running sessions are split between them, and a prompt's
   // prefill chunks follow each other through the pipeline.
   ExecutorFactory executor = nullptr;
+  // The clock request times (TTFT, totals, the store's cost estimates) are read from;
+  // null: Env::Default()'s. A test's Env moves it by hand.
+  Env* env = nullptr;
 };
 
 enum class FinishReason { kStop, kLength, kContextFull, kCancelled, kError };

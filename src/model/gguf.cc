@@ -212,8 +212,8 @@ std::string GgufValue::ToString() const {
   return "?";
 }
 
-Result<GgufFile> GgufFile::Open(const std::string& path) {
-  auto mapped = MappedFile::Open(path);
+Result<GgufFile> GgufFile::Open(const std::string& path, Env* env) {
+  auto mapped = env->MapReadOnly(path);
   if (!mapped.ok()) return mapped.status();
   auto file = std::make_unique<MappedFile>(std::move(mapped).value());
   auto parsed = Parse(file->bytes());

@@ -20,6 +20,7 @@
 
 #include "model/ggml_type.h"
 #include "util/mapped_file.h"
+#include "util/env.h"
 #include "util/status.h"
 
 namespace trellis {
@@ -77,7 +78,7 @@ struct GgufTensorInfo {
 class GgufFile {
  public:
   // Maps the file and parses it. Errors name the file and what is wrong.
-  static Result<GgufFile> Open(const std::string& path);
+  static Result<GgufFile> Open(const std::string& path, Env* env = Env::Default());
   // Parses a buffer the caller keeps alive for the GgufFile's lifetime (fuzzing, tests).
   static Result<GgufFile> Parse(std::span<const uint8_t> bytes);
 

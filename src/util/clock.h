@@ -1,5 +1,7 @@
-// Monotonic time for latency measurement. Free functions over steady_clock; benches
-// and the engine take timestamps through these so a fake clock can replace them later.
+// Monotonic time for latency measurement: free functions over steady_clock, for
+// benchmarks and logs. Code whose times a test must control reads them from its Env
+// instead (Env::NowNanos, util/env.h: the scheduler's request times, say), which a test's
+// FaultEnv moves by hand.
 #pragma once
 
 #include <chrono>

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace trellis {
@@ -101,6 +102,12 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+Result<MappedFile> Env::MapReadOnly(const std::string& path) { return MappedFile::Open(path); }
+
+int64_t Env::NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 Env* Env::Default() {
   static PosixEnv* env = new PosixEnv();

@@ -1,5 +1,6 @@
-// util::Env: the file system as an object (LevelDB's Env idea), so what touches disk can
-// be handed an Env that fails on purpose. Env::Default() is POSIX; util/fault_env.h is
+// util::Env: the file system and the clock as an object (LevelDB's Env idea), so what
+// touches disk or measures time can be handed an Env that fails on purpose or whose clock
+// a test moves. Env::Default() is POSIX; util/fault_env.h is
 // the fault-injecting one the tests use (ENOSPC, EIO, short writes, fsync failures,
 // unsynced data lost to a power cut).
 //
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "util/mapped_file.h"
 #include "util/status.h"
 
 namespace trellis {
@@ -46,6 +48,12 @@ class Env {
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   virtual Status Remove(const std::string& path) = 0;
+  // The whole file mapped read only (model weights are read in place). Default: mmap.
+  virtual Result<MappedFile> MapReadOnly(const std::string& path);
+  // Monotonic time in nanoseconds, what durations are measured with (a test's Env may
+  // move it by hand). Default: steady_clock.
+  virtual int64_t NowNanos();
+  double NowSeconds() { return static_cast<double>(NowNanos()) * 1e-9; }
 };
 
 }  // namespace trellis

@@ -12,6 +12,8 @@
 //     is lost, kept whole, or torn: cut somewhere or kept at its length, and some of the
 //     4 KiB pages that remain read back as zeros or garbage (pages reach the disk in any order; an extent may be allocated before
 //     its data is written).
+//   - EIO on maps (MapReadOnly: a model file that cannot be read);
+//   - a clock the test moves (fake_now, Advance) instead of the base's.
 // Counts of the faults it injected are kept, so a test can tell its faults happened.
 #pragma once
 
@@ -36,6 +38,10 @@ class FaultEnv final : public Env {
 
   std::atomic<uint64_t> space_left{std::numeric_limits<uint64_t>::max()};
   std::atomic<bool> fail_reads{false}, fail_writes{false}, fail_syncs{false}, fail_renames{false};
+  std::atomic<bool> fail_maps{false};  // MapReadOnly fails with EIO's message
+  // The clock: 0 = the base Env's; else this many nanoseconds, moved by Advance.
+  std::atomic<int64_t> fake_now{0};
+  void Advance(int64_t ns) { fake_now += ns; }
   std::atomic<uint64_t> injected{0};  // faults returned
 
   void LoseUnsyncedData(uint64_t seed = 0) {
@@ -84,6 +90,17 @@ class FaultEnv final : public Env {
     return std::unique_ptr<File>(new FaultFile(this, path, std::move(f).value()));
   }
   Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
+  Result<MappedFile> MapReadOnly(const std::string& path) override {
+    if (fail_maps) {
+      ++injected;
+      return IoError("cannot mmap '" + path + "': Input/output error (injected)");
+    }
+    return base_->MapReadOnly(path);
+  }
+  int64_t NowNanos() override {
+    const int64_t t = fake_now;
+    return t != 0 ? t : base_->NowNanos();
+  }
   Result<std::vector<std::string>> ListDir(const std::string& path) override { return base_->ListDir(path); }
   Status Rename(const std::string& from, const std::string& to) override {
     if (fail_renames) return Inject("renaming " + from + ": Input/output error");
