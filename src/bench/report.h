@@ -3,6 +3,8 @@
 // across sessions (the machines change between them).
 #pragma once
 
+#include "util/status.h"
+
 #include <string>
 #include <vector>
 
@@ -17,7 +19,9 @@ std::string RunHeader(const std::string& isa_note = "");
 std::string Capture(const std::string& cmd);
 
 double Mean(const std::vector<double>& v);    // 0 for none
-double Median(std::vector<double> v);         // 0 for none
+double Median(std::vector<double> v);
+// A benchmark that could not run (or whose requests failed): the CLI prints the message.
+inline Status Failure(std::string message) { return Status(StatusCode::kFailedPrecondition, std::move(message)); }         // 0 for none
 // The q-quantile (0 <= q <= 1) by nearest rank: the sorted v[floor(q * n)], clamped to the
 // last (a p99 of latencies is one of the values measured); 0 for none.
 double Quantile(std::vector<double> v, double q);

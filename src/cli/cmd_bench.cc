@@ -8,15 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/bench_chat.h"
+#include "bench/chat.h"
 #include "cli/bench_prefix.h"
 #include "bench/report.h"
-#include "cli/bench_grammar.h"
-#include "cli/bench_roofline.h"
-#include "cli/bench_serve.h"
+#include "bench/grammar.h"
+#include "bench/roofline.h"
+#include "cli/bench_flags.h"
+#include "bench/serve.h"
 #include "bench/grid_eval.h"
 #include "bench/store_eval.h"
-#include "cli/bench_store.h"
+#include "bench/store_micro.h"
 #include "cli/commands.h"
 #include "engine/random_model.h"
 #include "bench/speed.h"
@@ -36,6 +37,14 @@ struct SpeedOpts {
 };
 
 using bench::Median;
+using bench::ChatBenchOptions;
+using bench::GrammarBenchOptions;
+using bench::RooflineBenchOptions;
+using bench::ServeBenchOptions;
+using bench::StoreBenchOptions;
+
+// A driver's result as the exit code: its failure printed as every error is.
+int Report(const Status& s) { return s.ok() ? 0 : Fail(s.message()); }
 
 int64_t PeakRssBytes() {
   struct rusage ru {};
@@ -140,7 +149,7 @@ std::string SelfExe() {
 // The default benchmark models: TinyLlama's shape, or the tiny one for quick runs.
 Result<std::string> DefaultModel(bool quick) { return BenchModel(quick ? "tiny" : "tinyllama"); }
 
-// `bench serve` (bench_serve.cc): its options; the runner checks parsed() on the app.
+// `bench serve` (bench/serve.cc): its options; the runner checks parsed() on the app.
 std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App& app) {
   CLI::App* s = app.add_subcommand("serve", "concurrent streamed chat clients sharing a system prompt against an "
                                             "OpenAI-compatible server: requests/s, TTFT, cached-token share");
@@ -166,7 +175,7 @@ std::pair<CLI::App*, std::shared_ptr<ServeBenchOptions>> AddServeBench(CLI::App&
   return {s, so};
 }
 
-// `bench chat` and `bench agent` (bench_chat.cc): their options; the runner checks
+// `bench chat` and `bench agent` (bench/chat.cc): their options; the runner checks
 // parsed() on the app.
 std::pair<CLI::App*, std::shared_ptr<ChatBenchOptions>> AddChatBench(CLI::App& app, bool agent) {
   CLI::App* s = agent ? app.add_subcommand("agent", "agents in a tool loop: N agents sharing a tool-definition system "
@@ -319,7 +328,7 @@ Runner AddBenchCommand(CLI::App& app) {
       if (geo->trellis.empty()) return Fail("bench grid: cannot find this executable");
       return bench::RunGridEval(*geo);
     }
-    if (st->parsed() && sto->micro) return RunStoreBench(*sto);
+    if (st->parsed() && sto->micro) return Report(bench::RunStoreBench(*sto));
     if (st->parsed()) {
       if (seo->quick) {
         if (st->count("--contexts") == 0) seo->contexts = {256, 512};
@@ -337,8 +346,8 @@ Runner AddBenchCommand(CLI::App& app) {
       if (seo->trellis.empty()) return Fail("bench store: cannot find this executable");
       return bench::RunStoreEval(*seo);
     }
-    if (roofline.first->parsed()) return RunRooflineBench(*roofline.second);
-    if (grammar_bench.first->parsed()) return RunGrammarBench(*grammar_bench.second);
+    if (roofline.first->parsed()) return Report(bench::RunRooflineBench(*roofline.second));
+    if (grammar_bench.first->parsed()) return Report(bench::RunGrammarBench(*grammar_bench.second));
     for (auto& c : {chat, agent}) {
       if (!c.first->parsed()) continue;
       if (c.second->model.empty() && (c.second->url.empty() || !c.second->llama_server.empty())) {
@@ -346,7 +355,7 @@ Runner AddBenchCommand(CLI::App& app) {
         if (!m.ok()) return Fail(m.status().ToString());
         c.second->model = *m;
       }
-      return RunChatBench(*c.second);
+      return Report(bench::RunChatBench(*c.second));
     }
     if (serve.first->parsed()) {
       if (serve.second->url.empty() && serve.second->model.empty()) {
@@ -354,7 +363,7 @@ Runner AddBenchCommand(CLI::App& app) {
         if (!m.ok()) return Fail(m.status().ToString());
         serve.second->model = *m;
       }
-      return RunServeBench(*serve.second);
+      return Report(bench::RunServeBench(*serve.second));
     }
     if (prefix->parsed()) {
       if (po->model.empty()) {

@@ -20,7 +20,7 @@
 // Without --url the benchmark starts `trellis serve` (this binary) as a child process on
 // a free loopback port (--port 0; the port is read from its start-up line), logs it to
 // OUT/server.log, and stops it with SIGTERM at the end.
-#include "cli/bench_serve.h"
+#include "bench/serve.h"
 
 #include <sys/stat.h>
 
@@ -38,11 +38,10 @@
 
 #include "bench/http.h"
 #include "bench/report.h"
-#include "cli/commands.h"
 #include "util/clock.h"
 #include "util/status.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 using namespace trellis::bench;  // NOLINT: the HTTP client pieces (bench/http.h)
 namespace {
 
@@ -246,7 +245,7 @@ Status WriteCsv(const ServeBenchOptions& o, const json& j, const std::vector<Req
 
 // --- the run --------------------------------------------------------------------------
 
-int RunAgainst(const ServeBenchOptions& o, const std::string& url) {
+Status RunAgainst(const ServeBenchOptions& o, const std::string& url) {
   const Endpoint ep = ParseUrl(url);
   const std::string path = ep.prefix + (o.completions ? "/v1/completions" : "/v1/chat/completions");
   auto setup = MakeClient(ep, o);
@@ -254,7 +253,7 @@ int RunAgainst(const ServeBenchOptions& o, const std::string& url) {
   const std::string system = CalibratedBookshopText(*setup, ep, o.system_tokens, system_tokens);
   for (int i = 0; i < o.warmup; ++i) {
     RequestResult w = SendOne(*setup, path, RequestBody(o, system, "Warm-up question " + std::to_string(i) + "."), o.completions);
-    if (!w.error.empty()) return Fail("bench serve: warm-up request failed: " + w.error);
+    if (!w.error.empty()) return Failure("bench serve: warm-up request failed: " + w.error);
   }
   std::vector<RequestResult> results(static_cast<size_t>(o.clients) * static_cast<size_t>(o.requests));
   std::latch start(o.clients + 1);
@@ -282,17 +281,18 @@ int RunAgainst(const ServeBenchOptions& o, const std::string& url) {
   } else {
     PrintTable(j);
   }
-  if (Status s = WriteCsv(o, j, results); !s.ok()) return Fail(s.ToString());
-  return j["errors"].get<int>() == 0 ? 0 : 1;
+  if (Status s = WriteCsv(o, j, results); !s.ok()) return Failure(s.ToString());
+  const int errors = j["errors"].get<int>();
+  return errors == 0 ? Status::Ok() : Failure("bench serve: " + std::to_string(errors) + " requests failed");
 }
 
 }  // namespace
 
-int RunServeBench(const ServeBenchOptions& opts) {
+Status RunServeBench(const ServeBenchOptions& opts) {
   ServeBenchOptions o = opts;
   if (o.clients < 1 || o.requests < 1 || o.system_tokens < 1 || o.max_tokens < 1 || o.warmup < 0 || o.threads < 1 ||
       o.timeout_s < 1) {
-    return Fail("bench serve: clients, requests, system-tokens, max-tokens, threads, timeout >= 1; warmup >= 0");
+    return Failure("bench serve: clients, requests, system-tokens, max-tokens, threads, timeout >= 1; warmup >= 0");
   }
   ::mkdir(o.out_dir.c_str(), 0755);
   if (!o.url.empty()) {
@@ -302,10 +302,10 @@ int RunServeBench(const ServeBenchOptions& opts) {
   if (o.label.empty()) o.label = "trellis";
   ChildProcess server;
   auto addr = StartTrellis(server, o, o.out_dir + "/server.log");
-  if (!addr.ok()) return Fail(addr.status().ToString());
-  const int rc = RunAgainst(o, *addr);
+  if (!addr.ok()) return Failure(addr.status().ToString());
+  const Status rc = RunAgainst(o, *addr);
   server.Stop();
   return rc;
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -1,10 +1,12 @@
-// trellis bench store: micro-benchmarks of the prefix tensor store (see bench_store.cc).
+// trellis bench store: micro-benchmarks of the prefix tensor store (see store_micro.cc).
 #pragma once
+
+#include "util/status.h"
 
 #include <cstdint>
 #include <string>
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 struct StoreBenchOptions {
   bool micro = false;
@@ -19,6 +21,6 @@ struct StoreBenchOptions {
   std::string out = "results/store";
 };
 
-int RunStoreBench(const StoreBenchOptions& o);
+Status RunStoreBench(const StoreBenchOptions& o);
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -1,5 +1,5 @@
 // trellis bench serve: a load generator for any OpenAI-compatible server (see
-// bench_serve.cc and docs/BENCHMARKS.md). C clients, each sending R streamed requests
+// serve.cc and docs/BENCHMARKS.md). C clients, each sending R streamed requests
 // one after another, all sharing one system prompt; reports requests/s, TTFT
 // percentiles, inter-token latency and the share of prompt tokens served from cache.
 //
@@ -7,9 +7,11 @@
 // threads and joins them before returning.
 #pragma once
 
+#include "util/status.h"
+
 #include <string>
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 struct ServeBenchOptions {
   std::string url;        // base URL of the server; empty = start `trellis serve -m model`
@@ -24,6 +26,6 @@ struct ServeBenchOptions {
   bool completions = false, ban_bytes = false, json = false, keep_alive = false;
 };
 
-int RunServeBench(const ServeBenchOptions& o);
+Status RunServeBench(const ServeBenchOptions& o);
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

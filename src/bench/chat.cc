@@ -36,7 +36,7 @@
 // row per server, conversation and turn, behind `# key: value` lines with the date, git
 // commit, CPU, kernel ISA and command), OUT/chat.png (gnuplot, from OUT/chat.gp) and the
 // servers' logs OUT/trellis-serve.log, OUT/llama-server.log.
-#include "cli/bench_chat.h"
+#include "bench/chat.h"
 
 #include <sys/stat.h>
 
@@ -55,14 +55,13 @@
 
 #include "bench/http.h"
 #include "bench/report.h"
-#include "cli/commands.h"
 #include "kernels/cpu_features.h"
 
 #ifndef TRELLIS_SOURCE_DIR
 #define TRELLIS_SOURCE_DIR "."
 #endif
 
-namespace trellis::cli {
+namespace trellis::bench {
 using namespace trellis::bench;  // NOLINT: the HTTP client pieces (bench/http.h)
 namespace {
 
@@ -492,18 +491,18 @@ void WritePlot(const ChatBenchOptions& o, int system_tokens, const std::vector<S
 
 }  // namespace
 
-int RunChatBench(const ChatBenchOptions& in) {
+Status RunChatBench(const ChatBenchOptions& in) {
   ChatBenchOptions o = in;
   if (o.turns < 1 || o.system_tokens < 1 || o.question_words < 1 || o.reply_tokens < 1 || o.conversations < 1 ||
       o.threads < 1 || o.warmup < 0 || o.timeout_s < 1 || o.llama_np < 0 || o.llama_ctx < 0) {
-    return Fail("bench chat: turns, system-tokens, question-words, reply-tokens, conversations, threads, timeout >= 1; "
+    return Failure("bench chat: turns, system-tokens, question-words, reply-tokens, conversations, threads, timeout >= 1; "
                 "warmup, llama-np, llama-ctx >= 0");
   }
-  if (o.conversations > 256 || o.turns > 1000) return Fail("bench chat: at most 256 conversations and 1000 turns");
+  if (o.conversations > 256 || o.turns > 1000) return Failure("bench chat: at most 256 conversations and 1000 turns");
   if (o.label.empty()) o.label = "trellis";
   if (o.llama_template.empty() && !o.template_file.empty()) o.llama_template = o.template_file;
   if (o.llama_template.empty()) o.llama_template = std::string(TRELLIS_SOURCE_DIR) + "/tests/data/templates/TinyLlama-1.1B-Chat-v1.0.jinja";
-  if (!o.llama_server.empty() && o.model.empty()) return Fail("bench chat: --llama-server needs the model file (-m)");
+  if (!o.llama_server.empty() && o.model.empty()) return Failure("bench chat: --llama-server needs the model file (-m)");
   ::mkdir(o.out_dir.c_str(), 0755);
 
   std::vector<ServerRun> runs;
@@ -533,7 +532,7 @@ int RunChatBench(const ChatBenchOptions& in) {
     std::string url = o.url;
     if (url.empty()) {
       auto addr = StartTrellis(trellis, o);
-      if (!addr.ok()) return Fail(addr.status().ToString());
+      if (!addr.ok()) return Failure(addr.status().ToString());
       url = *addr;
     }
     calibrate(url);
@@ -552,7 +551,7 @@ int RunChatBench(const ChatBenchOptions& in) {
     std::fprintf(stderr, "bench agent: the trace is made (forced calls); replaying it on a fresh trellis serve\n");
     ChildProcess trellis;
     auto addr = StartTrellis(trellis, o);
-    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (!addr.ok()) return Failure(addr.status().ToString());
     runs.push_back(RunWorkload(o, o.label, *addr, system, /*llama=*/false, tools, &trace));
   }
   if (!o.llama_server.empty()) {
@@ -562,7 +561,7 @@ int RunChatBench(const ChatBenchOptions& in) {
     for (const auto& a : args) shown += (shown.empty() ? "" : " ") + a;
     std::fprintf(stderr, "bench chat: $ %s\n", shown.c_str());
     auto addr = llama.Start(o.llama_server, args, o.out_dir + "/llama-server.log", "llama-server");
-    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (!addr.ok()) return Failure(addr.status().ToString());
     // /health is 200 once the model is loaded; the address is printed after that, but
     // a later llama-server may print it first.
     const Endpoint ep = ParseUrl(*addr);
@@ -640,9 +639,9 @@ int RunChatBench(const ChatBenchOptions& in) {
     }
   }
   std::fflush(stdout);
-  if (Status s = WriteCsv(o, system_tokens, runs); !s.ok()) return Fail(s.ToString());
+  if (Status s = WriteCsv(o, system_tokens, runs); !s.ok()) return Failure(s.ToString());
   WritePlot(o, system_tokens, runs, stats, summary);
-  return errors == 0 ? 0 : 1;
+  return errors == 0 ? Status::Ok() : Failure("bench chat: " + std::to_string(errors) + " turns failed");
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

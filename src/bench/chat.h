@@ -1,5 +1,5 @@
 // trellis bench chat: multi-turn conversations against trellis serve and, optionally,
-// llama.cpp's llama-server, timed the same way (see bench_chat.cc and docs/BENCHMARKS.md).
+// llama.cpp's llama-server, timed the same way (see chat.cc and docs/BENCHMARKS.md).
 // Shows prefix reuse to the token: each turn's request carries the whole conversation so
 // far, and a server that kept the previous turn's prompt and reply computes only the new
 // message. `bench agent` is the same loop for agents: the tool definitions are the shared
@@ -9,10 +9,12 @@
 // threads and child servers and joins / stops them before returning.
 #pragma once
 
+#include "util/status.h"
+
 #include <cstdint>
 #include <string>
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 struct ChatBenchOptions {
   std::string url;           // trellis side: a running server; empty = start `trellis serve -m model`
@@ -36,6 +38,6 @@ struct ChatBenchOptions {
   std::string template_file;  // Jinja template for both servers (empty: trellis's own pick, TinyLlama's for llama-server)
 };
 
-int RunChatBench(const ChatBenchOptions& o);
+Status RunChatBench(const ChatBenchOptions& o);
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -1,4 +1,4 @@
-#include "cli/bench_grammar.h"
+#include "bench/grammar.h"
 
 #include <sys/stat.h>
 
@@ -16,13 +16,12 @@
 
 #include "bench/http.h"
 #include "bench/report.h"
-#include "cli/commands.h"
 #include "engine/constraint.h"
 #include "grammar/json_schema.h"
 #include "kernels/cpu_features.h"
 #include "model/gguf.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -194,7 +193,7 @@ Batch RunBatch(const bench::Endpoint& ep, const GrammarBenchOptions& o, const st
   return r;
 }
 
-int RunDecodeBench(const GrammarBenchOptions& o) {
+Status RunDecodeBench(const GrammarBenchOptions& o) {
   ::mkdir(o.out_dir.c_str(), 0755);
   struct Server {
     std::string label;
@@ -211,7 +210,7 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
                               {"trellis", "serve", "-m", o.model, "--host", "127.0.0.1", "--port", "0", "--threads",
                                std::to_string(o.threads), "--ctx-size", "1024"},
                               o.out_dir + "/trellis-serve.log", "trellis serve", o.timeout_s);
-    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (!addr.ok()) return Failure(addr.status().ToString());
     s->ep = bench::ParseUrl(*addr);
     servers.push_back(std::move(s));
   }
@@ -224,13 +223,13 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
                                std::to_string(1024 * max_s), "-np", std::to_string(max_s), "--host", "127.0.0.1",
                                "--port", "0", "--no-webui"},
                               o.out_dir + "/llama-server.log", "llama-server", o.timeout_s);
-    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (!addr.ok()) return Failure(addr.status().ToString());
     s->ep = bench::ParseUrl(*addr);
     servers.push_back(std::move(s));
   }
   const std::string prompt = bench::BookshopText(40) + " Answer in JSON.";
   auto ban = BanList(o.model);
-  if (!ban.ok()) return Fail(ban.status().ToString());
+  if (!ban.ok()) return Failure(ban.status().ToString());
   std::fprintf(stderr, "bench grammar: %zu tokens banned (not whole UTF-8, or control)\n", ban->size());
   // modes: free, then each schema
   std::vector<std::pair<std::string, const char*>> modes = {{"free", nullptr}};
@@ -240,7 +239,7 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
   for (auto& srv : servers) {  // warm-up: weights paged in, threads spun up, schemas compiled once
     for (auto& [name, schema] : modes) {
       Batch b = RunBatch(srv->ep, o, prompt, schema, 1, 999, *ban);
-      if (!b.error.empty()) return Fail(fmt::format("bench grammar: {} {} warm-up: {}", srv->label, name, b.error));
+      if (!b.error.empty()) return Failure(fmt::format("bench grammar: {} {} warm-up: {}", srv->label, name, b.error));
     }
   }
   for (int r = 0; r < o.rounds; ++r) {
@@ -249,7 +248,7 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
         for (size_t k = 0; k < modes.size(); ++k) {
           auto& [name, schema] = modes[r % 2 ? modes.size() - 1 - k : k];  // alternate the order
           Batch b = RunBatch(srv->ep, o, prompt, schema, s, static_cast<uint64_t>(r + 1), *ban);
-          if (!b.error.empty()) return Fail(fmt::format("bench grammar: {} {} x{}: {}", srv->label, name, s, b.error));
+          if (!b.error.empty()) return Failure(fmt::format("bench grammar: {} {} x{}: {}", srv->label, name, s, b.error));
           std::fprintf(stderr, "bench grammar: round %d %s %s x%d: %.1f tok/s (%.0f tokens)\n", r + 1,
                        srv->label.c_str(), name.c_str(), s, b.tok_s, b.tokens);
           results[{srv->label, s, name}].push_back(b);
@@ -291,32 +290,11 @@ int RunDecodeBench(const GrammarBenchOptions& o) {
   fmt::print("(decode tok/s: streamed chunks while every request of the batch was decoding / that window; "
              "/ free: the ratio within each round, median; mask ms: trellis's scheduler time per token mask, from its "
              "/metrics)\nwrote {}\n", path);
-  return 0;
+  return Status::Ok();
 }
 
 }  // namespace
 
-std::pair<CLI::App*, std::shared_ptr<GrammarBenchOptions>> AddGrammarBench(CLI::App& app) {
-  CLI::App* g = app.add_subcommand("grammar", "constrained decoding: schema compile time and per-step token-mask time, "
-                                              "cold and cached, per vocabulary");
-  auto o = std::make_shared<GrammarBenchOptions>();
-  g->add_option("--vocab", o->vocabs, "GGUF file(s) with a tokenizer (models or vocab-only files): mask times");
-  g->add_option("--steps", o->steps, "mask computations per walk")->capture_default_str();
-  g->add_option("--walks", o->walks, "walks per schema")->capture_default_str();
-  g->add_option("--csv", o->csv, "append a CSV row per (vocabulary, schema) to this file");
-  g->add_option("--compile-schemas", o->compile_schemas,
-                "schema files or folders (JSON Schema Test Suite layout, e.g. "
-                "/usr/share/json-schema-test-suite/tests/draft7): time from schema text to the first token mask, "
-                "p50 / p99 / max over every schema the converter takes, on each --vocab");
-  g->add_option("-m,--model", o->model, "GGUF model: constrained vs free decode through trellis serve");
-  g->add_option("--llama-server", o->llama_server, "llama-server binary: the same decode through it, side by side");
-  g->add_option("--sessions", o->sessions, "concurrent requests per batch")->capture_default_str();
-  g->add_option("--tokens", o->tokens, "max_tokens per request")->capture_default_str();
-  g->add_option("--rounds", o->rounds, "rounds (alternating the order of the modes)")->capture_default_str();
-  g->add_option("-t,--threads", o->threads, "threads of each server")->capture_default_str();
-  g->add_option("-o,--out", o->out_dir, "folder for grammar-decode.csv and the servers' logs")->capture_default_str();
-  return {g, o};
-}
 
 // Every schema in the files (or folders of files) given: a file is one schema, or the
 // JSON Schema Test Suite's array of {"description", "schema", "tests"} groups.
@@ -351,14 +329,14 @@ Result<std::vector<std::string>> LoadSchemas(const std::vector<std::string>& pat
 
 // Time from schema text to the first mask (what a request waits for before its first
 // constrained step): convert, build the vocabulary-bound grammar, fill one mask.
-int RunCompileBench(const GrammarBenchOptions& o) {
+Status RunCompileBench(const GrammarBenchOptions& o) {
   auto schemas = LoadSchemas(o.compile_schemas);
-  if (!schemas.ok()) return Fail(schemas.status().ToString());
+  if (!schemas.ok()) return Failure(schemas.status().ToString());
   fmt::print("{:<28} {:>7} {:>9} {:>8} {:>10} {:>10} {:>10}\n", "vocabulary", "tokens", "schemas", "refused",
              "p50 ms", "p99 ms", "max ms");
   for (const std::string& path : o.vocabs) {
     auto loaded = LoadVocabulary(path);
-    if (!loaded.ok()) return Fail(loaded.status().ToString());
+    if (!loaded.ok()) return Failure(loaded.status().ToString());
     const auto& vocab = *loaded;
     grammar::TokenMask mask(vocab->n_vocab());
     std::vector<double> ms;
@@ -372,8 +350,8 @@ int RunCompileBench(const GrammarBenchOptions& o) {
       }
       auto compiled = std::make_shared<grammar::CompiledGrammar>(*g, vocab);
       auto m = grammar::GrammarMatcher::Make(compiled);
-      if (!m.ok()) return Fail(m.status().message());
-      if (Status st = (*m)->FillMask(mask); !st.ok()) return Fail(st.message());
+      if (!m.ok()) return Failure(m.status().message());
+      if (Status st = (*m)->FillMask(mask); !st.ok()) return Failure(st.message());
       ms.push_back(Ms(Clock::now() - t0));
     }
     const std::string vname = path.substr(path.find_last_of('/') + 1);
@@ -389,13 +367,13 @@ int RunCompileBench(const GrammarBenchOptions& o) {
   }
   fmt::print("(schema text -> grammar -> grammar bound to the vocabulary -> first mask, 1 thread; refused: keywords "
              "the converter lacks, a 400 at the server)\n");
-  return 0;
+  return Status::Ok();
 }
 
-int RunGrammarBench(const GrammarBenchOptions& o) {
-  if (o.vocabs.empty() && o.model.empty()) return Fail("bench grammar: give --vocab (mask times) and/or -m (decode)");
+Status RunGrammarBench(const GrammarBenchOptions& o) {
+  if (o.vocabs.empty() && o.model.empty()) return Failure("bench grammar: give --vocab (mask times) and/or -m (decode)");
   if (!o.compile_schemas.empty()) {
-    if (o.vocabs.empty()) return Fail("bench grammar: --compile-schemas needs --vocab");
+    if (o.vocabs.empty()) return Failure("bench grammar: --compile-schemas needs --vocab");
     return RunCompileBench(o);
   }
   if (o.vocabs.empty()) return RunDecodeBench(o);
@@ -405,11 +383,11 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
   std::ofstream csv;
   if (!o.csv.empty()) {
     csv.open(o.csv, std::ios::app);
-    if (!csv) return Fail("cannot write " + o.csv);
+    if (!csv) return Failure("cannot write " + o.csv);
   }
   for (const std::string& path : o.vocabs) {
     auto loaded = LoadVocabulary(path);
-    if (!loaded.ok()) return Fail(loaded.status().ToString());
+    if (!loaded.ok()) return Failure(loaded.status().ToString());
     const auto& vocab = *loaded;
     const std::string vname = path.substr(path.find_last_of('/') + 1);
     for (const Schema& s : kSchemas) {
@@ -419,7 +397,7 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
         const auto t0 = Clock::now();
         auto c = s.json[0] ? grammar::CompileJsonSchema(s.json) : grammar::ParseGbnf(grammar::JsonObjectGbnf());
         compile.push_back(Ms(Clock::now() - t0));
-        if (!c.ok()) return Fail(c.status().message());
+        if (!c.ok()) return Failure(c.status().message());
         g = std::move(*c);
       }
       auto compiled = std::make_shared<grammar::CompiledGrammar>(g, vocab);
@@ -429,21 +407,21 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
         std::mt19937_64 rng(42);  // the same walks both passes: the second finds every position cached
         for (int w = 0; w < o.walks; ++w) {
           auto m = grammar::GrammarMatcher::Make(compiled);
-          if (!m.ok()) return Fail(m.status().message());
+          if (!m.ok()) return Failure(m.status().message());
           std::vector<int32_t> allowed;
           for (int step = 0; step < o.steps && !(*m)->ended(); ++step) {
             const auto t0 = Clock::now();
-            if (Status st = (*m)->FillMask(mask); !st.ok()) return Fail(st.message());
+            if (Status st = (*m)->FillMask(mask); !st.ok()) return Failure(st.message());
             (pass == 0 ? cold : warm).push_back(Ms(Clock::now() - t0));
             allowed.clear();
             for (int32_t id = 0; id < vocab->n_vocab(); ++id) {
               if (mask.Test(id)) allowed.push_back(id);
             }
-            if (allowed.empty()) return Fail("bench grammar: a dead end (a bug)");
+            if (allowed.empty()) return Failure("bench grammar: a dead end (a bug)");
             // Walk on (end tokens only when nothing else is allowed, so documents grow).
             int32_t pick = allowed[rng() % allowed.size()];
             for (int tries = 0; tries < 8 && vocab->is_eog(pick) && allowed.size() > 1; ++tries) pick = allowed[rng() % allowed.size()];
-            if (Status st = (*m)->Accept(pick); !st.ok()) return Fail(st.message());
+            if (Status st = (*m)->Accept(pick); !st.ok()) return Failure(st.message());
           }
         }
       }
@@ -459,7 +437,7 @@ int RunGrammarBench(const GrammarBenchOptions& o) {
     }
   }
   fmt::print("(ms per step; cold = positions computed as met, warm = all cached; compile = schema -> grammar, median of 20)\n");
-  return o.model.empty() ? 0 : RunDecodeBench(o);
+  return o.model.empty() ? Status::Ok() : RunDecodeBench(o);
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -1,5 +1,5 @@
 // trellis bench roofline: this machine's limits for the benchmarks of docs/BENCHMARKS.md
-// (see bench_roofline.cc and docs/ROOFLINE.md). Measures DRAM and L2 read bandwidth and
+// (see roofline.cc and docs/ROOFLINE.md). Measures DRAM and L2 read bandwidth and
 // the int8 / f32 / bf16 arithmetic peaks for 1 thread and for --threads threads, then
 // prints the decode and prefill ceilings they imply for the TinyLlama shape.
 //
@@ -7,13 +7,14 @@
 // and joins them before returning.
 #pragma once
 
+#include "util/status.h"
+
 #include <memory>
 #include <string>
 #include <utility>
 
-#include <CLI/CLI.hpp>
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 struct RooflineBenchOptions {
   int threads = 2;
@@ -23,8 +24,7 @@ struct RooflineBenchOptions {
 };
 
 // Registers `roofline` under `bench`; the caller runs RunRooflineBench when it was parsed.
-std::pair<CLI::App*, std::shared_ptr<RooflineBenchOptions>> AddRooflineBench(CLI::App& app);
 
-int RunRooflineBench(const RooflineBenchOptions& o);
+Status RunRooflineBench(const RooflineBenchOptions& o);
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

@@ -18,7 +18,7 @@
 //
 // Output: a table, and OUT/store_micro.csv (test, metric, value, unit) behind `# key:
 // value` lines (date, commit, CPU, transports, command).
-#include "cli/bench_store.h"
+#include "bench/store_micro.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -39,11 +39,10 @@
 #include <httplib.h>
 
 #include "bench/report.h"
-#include "cli/commands.h"
 #include "kernels/cpu_features.h"
 #include "store/client.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -131,10 +130,10 @@ std::string Meta() {
 
 }  // namespace
 
-int RunStoreBench(const StoreBenchOptions& o) {
-  if (!o.micro) return Fail("bench store: this is the --micro benchmark (the evaluation is RunStoreEval)");
+Status RunStoreBench(const StoreBenchOptions& o) {
+  if (!o.micro) return Failure("bench store: this is the --micro benchmark (the evaluation is RunStoreEval)");
   if (o.blocks < 1 || o.block_bytes < 64 || o.runs < 1 || o.servers < 1 || o.lookups < 1 || o.prompt_tokens < 32) {
-    return Fail("bench store: sizes and counts must be positive");
+    return Failure("bench store: sizes and counts must be positive");
   }
   // Both sides of the comparison get the same UCX settings, through the environment
   // (ucx_perftest reads it; the children inherit it).
@@ -145,7 +144,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
   {
     std::error_code ec;
     std::filesystem::create_directories(o.out, ec);
-    if (ec) return Fail("bench store: cannot create " + o.out + ": " + ec.message());
+    if (ec) return Failure("bench store: cannot create " + o.out + ": " + ec.message());
   }
   struct Row {
     std::string test, metric;
@@ -166,12 +165,12 @@ int RunStoreBench(const StoreBenchOptions& o) {
   std::string perf_cmd, perf_blocks_cmd;
   {
     Child server(std::to_string(total + total / 4 + (1 << 20)));
-    if (server.port == 0) return Fail("bench store: trellis store did not start");
+    if (server.port == 0) return Failure("bench store: trellis store did not start");
     store::ClientOptions co;
     co.servers = {server.Addr()};
     co.transport = to;
     auto client = store::StoreClient::Connect(co, net::After(10s));
-    if (!client.ok()) return Fail("bench store: " + client.status().ToString());
+    if (!client.ok()) return Failure("bench store: " + client.status().ToString());
     std::vector<int32_t> tokens(static_cast<size_t>(o.blocks) * 32);
     std::iota(tokens.begin(), tokens.end(), 1);
     std::vector<std::vector<uint8_t>> src(static_cast<size_t>(o.blocks), std::vector<uint8_t>(o.block_bytes));
@@ -185,9 +184,9 @@ int RunStoreBench(const StoreBenchOptions& o) {
       sp.push_back(b.data());
     }
     auto put = (*client)->Put(ns, tokens, sp, o.block_bytes, 1.0, net::After(60s));
-    if (!put.ok()) return Fail("bench store: put: " + put.status().ToString());
+    if (!put.ok()) return Failure("bench store: put: " + put.status().ToString());
     auto found = (*client)->Lookup(ns, tokens, net::After(10s));
-    if (!found.ok() || found->blocks != static_cast<size_t>(o.blocks)) return Fail("bench store: the put is not found");
+    if (!found.ok() || found->blocks != static_cast<size_t>(o.blocks)) return Failure("bench store: the put is not found");
     // Destination blocks allocated one by one (scattered, as a KV pool's free blocks are).
     std::vector<std::unique_ptr<uint8_t[]>> dst;
     std::vector<void*> dp;
@@ -205,7 +204,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
         const auto t0 = Clock::now();
         const Status s = (*client)->Get(*found, static_cast<size_t>(o.blocks), dp, o.block_bytes, net::After(60s));
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (!s.ok()) return Fail("bench store: get: " + s.ToString());
+        if (!s.ok()) return Failure("bench store: get: " + s.ToString());
         if (r >= 0) these.push_back(dt);
       }
       secs.insert(secs.end(), these.begin(), these.end());
@@ -225,7 +224,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
     }
     for (int i = 0; i < o.blocks; ++i) {
       if (std::memcmp(dp[static_cast<size_t>(i)], src[static_cast<size_t>(i)].data(), o.block_bytes) != 0) {
-        return Fail("bench store: block " + std::to_string(i) + " read back wrong");
+        return Failure("bench store: block " + std::to_string(i) + " read back wrong");
       }
     }
     get_mbs = Median(round_mbs);
@@ -255,11 +254,11 @@ int RunStoreBench(const StoreBenchOptions& o) {
     co.transport = to;
     for (int i = 0; i < o.servers; ++i) {
       servers.push_back(std::make_unique<Child>("64M"));
-      if (servers.back()->port == 0) return Fail("bench store: trellis store did not start");
+      if (servers.back()->port == 0) return Failure("bench store: trellis store did not start");
       co.servers.push_back(servers.back()->Addr());
     }
     auto client = store::StoreClient::Connect(co, net::After(10s));
-    if (!client.ok()) return Fail("bench store: " + client.status().ToString());
+    if (!client.ok()) return Failure("bench store: " + client.status().ToString());
     std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
     std::iota(prompt.begin(), prompt.end(), 100);
     const size_t nb = prompt.size() / 32;
@@ -267,7 +266,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
     std::vector<const void*> bp;
     for (auto& b : blocks) bp.push_back(b.data());
     auto put = (*client)->Put(ns, prompt, bp, 4096, 1.0, net::After(30s));
-    if (!put.ok()) return Fail("bench store: put: " + put.status().ToString());
+    if (!put.ok()) return Failure("bench store: put: " + put.status().ToString());
     auto count = [&] {
       double n = 0;
       for (auto& s : servers) n += s->Metric("trellis_store_lookups_total");
@@ -279,7 +278,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
       const auto t0 = Clock::now();
       auto f = (*client)->Lookup(ns, prompt, net::After(5s));
       lat.push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
-      if (!f.ok() || f->blocks != nb) return Fail("bench store: lookup came back short");
+      if (!f.ok() || f->blocks != nb) return Failure("bench store: lookup came back short");
     }
     msgs_per_lookup = (count() - before) / o.lookups;
     rows.push_back({"lookup", "prompt_tokens", static_cast<double>(o.prompt_tokens), "tokens"});
@@ -313,7 +312,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
                 perf_cmd.c_str(), perf_blocks_cmd.c_str());
   }
   std::printf("CSV: %s/store_micro.csv\n", o.out.c_str());
-  return 0;
+  return Status::Ok();
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

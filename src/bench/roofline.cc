@@ -31,7 +31,7 @@
 //                     run on int8), f32 FMA peak / (2 x MACs) for F16
 //   b sessions decoding together read the weights once per step for b tokens:
 //                  tok/s <= b / max(bytes / bandwidth, b x 2 x MACs / peak)
-#include "cli/bench_roofline.h"
+#include "bench/roofline.h"
 
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -50,13 +50,12 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
 #include "bench/report.h"
 #include "engine/random_model.h"
 #include "kernels/cpu_features.h"
 #include "util/clock.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 namespace {
 
 // The read loops' sums and the peak loops' accumulators end here, so none is dead code.
@@ -380,7 +379,7 @@ double DecodeCeiling(const ModelCost& m, double bytes_per_s, double ops_per_s, i
   return b / std::max(read, compute);
 }
 
-int Run(const RooflineBenchOptions& o) {
+Status Run(const RooflineBenchOptions& o) {
   const Paths p = ChoosePaths();
   const int reps = o.quick ? 3 : 7;
   const double peak_seconds = o.quick ? 0.004 : 0.02;  // one repetition of a peak loop
@@ -404,7 +403,7 @@ int Run(const RooflineBenchOptions& o) {
   if (p.avx2) readers.push_back({"ymm", ReadYmm});
   if (readers.empty()) readers.push_back({"scalar", ReadScalar});
   void* dram = mmap(nullptr, dram_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (dram == MAP_FAILED) return Fail(fmt::format("bench roofline: cannot map {} MiB", dram_bytes >> 20));
+  if (dram == MAP_FAILED) return Failure(fmt::format("bench roofline: cannot map {} MiB", dram_bytes >> 20));
   madvise(dram, dram_bytes, MADV_HUGEPAGE);  // fewer TLB misses; a hint, may be ignored
   auto* buf = static_cast<uint8_t*>(dram);
   // Written (not just mapped: untouched pages all read the one zero page, from cache).
@@ -544,27 +543,17 @@ int Run(const RooflineBenchOptions& o) {
       f << "ceiling,decode8_" << c.model << "," << c.threads << "," << c.decode8 << ",tok/s," << isa << "," << detail
         << "\n";
     }
-    if (!f) return Fail("cannot write " + o.csv);
+    if (!f) return Failure("cannot write " + o.csv);
   }
-  return 0;
+  return Status::Ok();
 }
 
 }  // namespace
 
-std::pair<CLI::App*, std::shared_ptr<RooflineBenchOptions>> AddRooflineBench(CLI::App& app) {
-  CLI::App* r = app.add_subcommand("roofline", "this machine's limits: DRAM and L2 read bandwidth, int8/f32/bf16 "
-                                               "peaks, and the decode/prefill ceilings they imply (TinyLlama shape)");
-  auto ro = std::make_shared<RooflineBenchOptions>();
-  r->add_option("-t,--threads", ro->threads, "threads (figures for 1 and for this many)")->capture_default_str();
-  r->add_flag("--quick", ro->quick, "small buffers, 3 repetitions: ~1 s (not DRAM-sized, a smoke test)");
-  r->add_flag("--json", ro->json, "print one JSON object per line");
-  r->add_option("--csv", ro->csv, "append a CSV row per figure to this file");
-  return {r, ro};
-}
 
-int RunRooflineBench(const RooflineBenchOptions& o) {
-  if (o.threads < 1 || o.threads > 256) return Fail("bench roofline: --threads must be in 1..256");
+Status RunRooflineBench(const RooflineBenchOptions& o) {
+  if (o.threads < 1 || o.threads > 256) return Failure("bench roofline: --threads must be in 1..256");
   return Run(o);
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench

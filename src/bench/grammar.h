@@ -1,22 +1,23 @@
-// trellis bench grammar: what constrained decoding costs per step (bench_grammar.cc).
+// trellis bench grammar: what constrained decoding costs per step (grammar.cc).
 // For each vocabulary and schema: the schema's compile time, and the time to compute the
 // token mask at every step of seeded random walks through valid documents: the first walk
 // (positions computed as they are met) and a second (all cached), median and p99.
 // With --model: constrained against free decode through the server, at 1 and 8 sessions,
 // for trellis serve and (with --llama-server) llama-server on the same model, prompt and
-// schemas, in alternating rounds (bench_grammar.cc says how it is timed).
+// schemas, in alternating rounds (grammar.cc says how it is timed).
 //
 // Thread-safety: RunGrammarBench is called once from main().
 #pragma once
+
+#include "util/status.h"
 
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 
-namespace trellis::cli {
+namespace trellis::bench {
 
 struct GrammarBenchOptions {
   std::vector<std::string> vocabs;  // GGUF files with a tokenizer (a model or vocab-only)
@@ -34,7 +35,6 @@ struct GrammarBenchOptions {
   std::string out_dir = "results/grammar";
 };
 
-std::pair<CLI::App*, std::shared_ptr<GrammarBenchOptions>> AddGrammarBench(CLI::App& app);
-int RunGrammarBench(const GrammarBenchOptions& o);
+Status RunGrammarBench(const GrammarBenchOptions& o);
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench
