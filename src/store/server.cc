@@ -278,6 +278,49 @@ void StoreServer::Impl::OnForget(ConnId c, uint64_t rid, std::string_view body) 
   t->Reply(c, rid, EncodeU32(static_cast<uint32_t>(dropped)));
 }
 
+// The index as the SSD tier's log left it, less the entries of this server's own tensors
+// that did not survive (in memory only when it stopped, or a file that failed its check):
+// served, they would be hits that fail at the read. Loop thread.
+void StoreServer::Impl::RestoreIndex() {
+  std::set<std::pair<uint64_t, uint64_t>> gone;
+  for (const IndexRecord& r : ssd->LiveIndex()) {
+    if (r.owner == node && !tiers->Find(r.tensor)) {
+      gone.insert({r.owner, r.tensor});
+    } else {
+      index.Restore(r.key, IndexEntry{r.owner, r.tensor, r.index});
+    }
+  }
+  for (const auto& [owner, tensor] : gone) ssd->DropEntries(owner, tensor);
+  std::lock_guard<std::mutex> lock(stats_mu);
+  st.ssd_entries_dropped = gone.size();
+  st.ssd_log_records_skipped = ssd->log_records_skipped();
+  st.ssd_temp_files_removed = ssd->temp_files_removed();
+}
+
+// Registers with etcd and starts the membership thread. etcd down at start is not fatal:
+// this server serves (peers from --peers or none), and the thread registers it as soon
+// as etcd answers; a store restarted after a crash must come back even if etcd is down.
+Status StoreServer::Impl::JoinEtcd() {
+  TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(opt.etcd));
+  etcd = e;
+  if (advertised.rfind("0.0.0.0:", 0) == 0) {
+    return InvalidArgument("listening on 0.0.0.0: give the address others reach this server at (--advertise)");
+  }
+  auto registered = e.Register(advertised, opt.etcd_ttl_s);
+  if (registered.ok()) {
+    lease = *registered;
+  } else if (registered.status().code() == StatusCode::kUnavailable ||
+             registered.status().code() == StatusCode::kDeadlineExceeded) {
+    TRELLIS_LOG_WARN("store: etcd: {}; serving unregistered, joining when it answers", registered.status().ToString());
+    etcd_reachable = false;
+  } else {
+    return registered.status();
+  }
+  if (auto live = e.Members(); live.ok()) t->Sync([this, &live] { ApplyPeers(*live); });
+  etcd_thread = std::thread([this] { EtcdLoop(); });
+  return Status::Ok();
+}
+
 // --- StoreServer ---
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -318,26 +361,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     return Status::Ok();
   });
   TRELLIS_RETURN_IF_ERROR(s);
-  if (raw->ssd) {
-    // The index as the log left it, less the entries of this server's own tensors that
-    // did not survive (in memory only when it stopped, or a file that failed its check):
-    // served, they would be hits that fail at the read.
-    raw->t->Sync([raw] {
-      std::set<std::pair<uint64_t, uint64_t>> gone;
-      for (const IndexRecord& r : raw->ssd->LiveIndex()) {
-        if (r.owner == raw->node && !raw->tiers->Find(r.tensor)) {
-          gone.insert({r.owner, r.tensor});
-        } else {
-          raw->index.Restore(r.key, IndexEntry{r.owner, r.tensor, r.index});
-        }
-      }
-      for (const auto& [owner, tensor] : gone) raw->ssd->DropEntries(owner, tensor);
-      std::lock_guard<std::mutex> lock(raw->stats_mu);
-      raw->st.ssd_entries_dropped = gone.size();
-      raw->st.ssd_log_records_skipped = raw->ssd->log_records_skipped();
-      raw->st.ssd_temp_files_removed = raw->ssd->temp_files_removed();
-    });
-  }
+  if (raw->ssd) raw->t->Sync([raw] { raw->RestoreIndex(); });
   if (!(options.replica_share >= 0 && options.replica_share <= 1)) return InvalidArgument("--replica-share must be in [0, 1]");
   raw->t->Sync([raw] {
     for (const std::string& a : raw->opt.peers) {
@@ -349,27 +373,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const ServerOptions& opt
     std::lock_guard<std::mutex> lock(raw->stats_mu);
     raw->st.bytes_capacity = options.mem_bytes;
   }
-  if (!options.etcd.empty()) {
-    TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(options.etcd));
-    raw->etcd = e;
-    if (raw->advertised.rfind("0.0.0.0:", 0) == 0) {
-      return InvalidArgument("listening on 0.0.0.0: give the address others reach this server at (--advertise)");
-    }
-    // etcd down at start is not fatal: this server serves (peers from --peers or none),
-    // and the membership thread registers it as soon as etcd answers. A store restarted
-    // after a crash must come back even if etcd is down at that moment.
-    auto lease = e.Register(raw->advertised, options.etcd_ttl_s);
-    if (lease.ok()) {
-      raw->lease = *lease;
-    } else if (lease.status().code() == StatusCode::kUnavailable || lease.status().code() == StatusCode::kDeadlineExceeded) {
-      TRELLIS_LOG_WARN("store: etcd: {}; serving unregistered, joining when it answers", lease.status().ToString());
-      raw->etcd_reachable = false;
-    } else {
-      return lease.status();
-    }
-    if (auto live = e.Members(); live.ok()) raw->t->Sync([raw, &live] { raw->ApplyPeers(*live); });
-    raw->etcd_thread = std::thread([raw] { raw->EtcdLoop(); });
-  }
+  if (!options.etcd.empty()) TRELLIS_RETURN_IF_ERROR(raw->JoinEtcd());
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 

@@ -95,6 +95,8 @@ struct StoreServer::Impl {
   // A tensor of this node is gone from every tier: its index entries here go too (other
   // indexes learn lazily, by kForget).
   void OnTensorDropped(uint64_t id);
+  void RestoreIndex();  // at start, from the SSD tier's log
+  Status JoinEtcd();    // at start, with --etcd
   // Whether the checksums of tensor tn's landed bytes are the writer's; the first block
   // that differs in *bad.
   bool Landed(const Tensor& tn, uint32_t* bad) const;
