@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/grid_flags.h"
 #include "cli/store_flags.h"
+#include "grid/prefix_store.h"
 #include "cli/template_flags.h"
 #include "engine/engine_loop.h"
 #include "engine/model.h"
@@ -110,19 +111,28 @@ int Serve(const ServeOpts& opts) {
   // thread inherits the mask. A closed client socket must not kill the process.
   sigset_t sigs = BlockStopSignals();
 
-  // The store first: the engine borrows it, so it must outlive the engine.
-  // With a grid, the head's layers are read here and every node reads its own; grid_head
-  // is set once the scheduler has made it.
+  // The store first: the engine borrows it, so it must outlive the engine. With a grid,
+  // the grid's prefix store: the head's layers are read here and every node reads its
+  // own (the head is attached to it once the scheduler has made it).
   grid::GridHead* grid_head = nullptr;
-  auto store = ConnectStore(o.store, [&](StoreBridgeOptions& bo) {
-    if (!o.grid.grid.empty()) grid::AttachStore(bo, &grid_head);
-  });
-  if (!store.ok()) return Fail(store.status().ToString());
+  std::unique_ptr<grid::GridPrefixStore> grid_store;
+  Result<std::unique_ptr<StoreBridge>> store = std::unique_ptr<StoreBridge>();
+  if (!o.grid.grid.empty() && !o.store.store.empty()) {
+    auto bo = BridgeOptions(o.store);
+    if (!bo.ok()) return Fail(bo.status().ToString());
+    auto g = grid::GridPrefixStore::Connect(**bo);
+    if (!g.ok()) return Fail("--store " + o.store.store + ": " + g.status().ToString());
+    grid_store = std::move(*g);
+  } else {
+    store = ConnectStore(o.store);
+    if (!store.ok()) return Fail(store.status().ToString());
+  }
+  StoreBridge* bridge = grid_store ? &grid_store->bridge() : store->get();
   std::string threads_how;
   o.threads = ResolveThreads(o.threads, &threads_how);
   ThreadPool pool(o.threads);
   SchedulerOptions so;
-  so.store = store->get();
+  so.store = grid_store ? static_cast<PrefixStore*>(grid_store.get()) : store->get();
   so.prefix_cache = !o.no_prefix_cache;
   so.block_size = o.block_size;
   so.kv_memory_bytes = o.kv_memory;
@@ -131,7 +141,7 @@ int Serve(const ServeOpts& opts) {
   so.max_running = o.max_running;
   so.max_batch_tokens = o.batch;
   so.prefill_chunk = o.batch;
-  if (Status g = ConfigureGrid(o.grid, **model, so, &grid_head); !g.ok()) return Fail(g.message());
+  if (Status g = ConfigureGrid(o.grid, **model, so, &grid_head, grid_store.get()); !g.ok()) return Fail(g.message());
   auto engine = EngineLoop::Start(**model, so, pool, static_cast<size_t>(o.max_queue));
   if (!engine.ok()) return Fail(engine.status().ToString());
 
@@ -154,7 +164,7 @@ int Serve(const ServeOpts& opts) {
     };
     sopt.extra_metrics = [grid_head] { return GridMetricsText(*grid_head); };
   }
-  if (StoreBridge* bridge = store->get()) {
+  if (bridge) {
     // The store's reachability, reported, never a reason to be unhealthy.
     sopt.health_fields = [bridge] {
       const size_t up = bridge->client().ReachableMembers(), all = bridge->client().Members().size();
@@ -199,14 +209,14 @@ int Serve(const ServeOpts& opts) {
     std::fprintf(stderr, "trellis serve: grid head with %s here; nodes %s | %d micro-batches in flight, prefill chunk %d\n",
                  mine.c_str(), o.grid.grid.c_str(), o.grid.depth, eo.prefill_chunk);
   }
-  if (*store) {
-    const StoreBridgeStats bs = (*store)->stats();
-    if ((*store)->client().ReachableMembers() == 0) {
+  if (bridge) {
+    const StoreBridgeStats bs = bridge->stats();
+    if (bridge->client().ReachableMembers() == 0) {
       std::fprintf(stderr, "trellis serve: prefix store %s is down: serving without it, joining it when it comes up\n",
                    o.store.store.c_str());
     } else {
       std::fprintf(stderr, "trellis serve: prefix store %s (%zu members; get %.0f MiB/s, lookup %.2f ms, probed at start)\n",
-                   o.store.store.c_str(), (*store)->client().Members().size(), bs.get_bytes_per_second / (1 << 20),
+                   o.store.store.c_str(), bridge->client().Members().size(), bs.get_bytes_per_second / (1 << 20),
                    bs.lookup_seconds * 1e3);
     }
   }

@@ -89,7 +89,8 @@ Result<ModelPart> HeadPart(const GridFlags& f) {
   return ModelPart{.first_layer = 0, .last_layer = nodes.front().first_layer, .embed = true, .head = true};
 }
 
-Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head) {
+Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head,
+                     grid::GridPrefixStore* store) {
   if (f.grid.empty()) return Status::Ok();
   if (f.depth < 1 || f.depth > 16) return InvalidArgument("--grid-depth must be in 1..16");
   if (f.chunk < 1) return InvalidArgument("--grid-chunk must be >= 1");
@@ -105,7 +106,7 @@ Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o
   ho.transport.net_devices = f.net_devices;
   ho.transport.spin_us = f.spin_us;
   ho.store = o.store != nullptr;
-  o.executor = grid::MakeGridExecutor(model, ho, head);
+  o.executor = grid::MakeGridExecutor(model, ho, head, store);
   o.prefill_chunk = std::min(o.prefill_chunk, f.chunk);
   // Steps stay small in a pipeline (a prompt's chunks follow each other through the
   // nodes), and every node sizes its activations by this.

@@ -38,7 +38,8 @@ Result<ModelPart> HeadPart(const GridFlags& f);
 
 // Sets o.executor (and the prefill chunk) for --grid; *head receives the head once the
 // scheduler has made it. No-op without --grid.
-Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head);
+Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o, grid::GridHead** head,
+                     grid::GridPrefixStore* store = nullptr);
 
 // The head's counters as Prometheus text (trellis_grid_*).
 std::string GridMetricsText(const grid::GridHead& head);

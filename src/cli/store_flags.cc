@@ -45,18 +45,23 @@ store::ClientOptions StoreClientOptions(const StoreFlags& f) {
   return c;
 }
 
-Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f, const std::function<void(StoreBridgeOptions&)>& adjust) {
+Result<std::optional<StoreBridgeOptions>> BridgeOptions(const StoreFlags& f) {
   if (f.store.empty()) {
     if (!f.peers.empty() || !f.etcd.empty()) return InvalidArgument("--store-peers and --store-etcd need --store");
-    return std::unique_ptr<StoreBridge>();
+    return std::optional<StoreBridgeOptions>();
   }
   if (f.timeout_ms < 1 || f.timeout_ms > 600000) return InvalidArgument("--store-timeout-ms must be in 1..600000");
   StoreBridgeOptions o;
   o.client = StoreClientOptions(f);
   o.fetch_timeout = std::chrono::milliseconds(f.timeout_ms);
   o.single_flight = !f.no_single_flight;
-  if (adjust) adjust(o);
-  auto b = StoreBridge::Connect(o);
+  return std::optional<StoreBridgeOptions>(std::move(o));
+}
+
+Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f) {
+  TRELLIS_ASSIGN_OR_RETURN(std::optional<StoreBridgeOptions> o, BridgeOptions(f));
+  if (!o) return std::unique_ptr<StoreBridge>();
+  auto b = StoreBridge::Connect(*o);
   if (!b.ok()) return Unavailable("--store " + f.store + ": " + b.status().ToString());
   return b;
 }

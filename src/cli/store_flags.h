@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -29,11 +30,10 @@ struct StoreFlags {
 
 void AddStoreFlags(CLI::App& app, StoreFlags* f);
 
+// The bridge's options --store and its flags make; nullopt when --store is not given.
+Result<std::optional<StoreBridgeOptions>> BridgeOptions(const StoreFlags& f);
 // Null when --store is not given; an error when it is and no store server answers.
-// `adjust`, if given, changes the bridge's options before it connects (a grid head's
-// reader and gather).
-Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f,
-                                                  const std::function<void(StoreBridgeOptions&)>& adjust = {});
+Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f);
 // The client options --store, --store-peers, --store-etcd and the transport flags make.
 store::ClientOptions StoreClientOptions(const StoreFlags& f);
 

@@ -28,6 +28,7 @@
 #include "engine/test_models.h"
 #include "engine/test_scheduler.h"
 #include "grid/head.h"
+#include "grid/prefix_store.h"
 #include "grid/node.h"
 #include "grid/protocol.h"
 #include "store/server.h"
@@ -160,7 +161,7 @@ Result<Grid> StartHead(int head_layers, const std::vector<NodeAddress>& nodes, T
   o.n_ctx = 256;
   o.kv_blocks = 96;
   o.prefill_chunk = prefill_chunk;
-  o.executor = MakeGridExecutor(*g.head_model, ho, &g.head);
+  o.executor = MakeGridExecutor(*g.head_model, ho, &g.head, dynamic_cast<GridPrefixStore*>(store));
   TRELLIS_ASSIGN_OR_RETURN(g.sched, Scheduler::Create(*g.head_model, o, threads));
   return g;
 }
@@ -497,14 +498,20 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, GridReferenceTest,
 // grid published, and a grid what a single-process engine published.
 class GridStoreTest : public ::testing::TestWithParam<int> {};
 
-std::unique_ptr<StoreBridge> GridBridge(const store::StoreServer& s, GridHead* const* head) {
+// The store of a grid head (GridPrefixStore: its nodes read and gather their layers) or,
+// for a single process, the plain bridge.
+std::unique_ptr<PrefixStore> GridBridge(const store::StoreServer& s, bool grid) {
   StoreBridgeOptions o;
   o.client.servers = {"127.0.0.1:" + std::to_string(s.port())};
   o.client.local = o.client.servers[0];
   o.client.transport = Lo();
   o.fetch_timeout = std::chrono::milliseconds(3000);
   o.publish_timeout = std::chrono::milliseconds(3000);
-  if (head) AttachStore(o, head);
+  if (grid) {
+    auto g = GridPrefixStore::Connect(o);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return g.ok() ? std::move(g).value() : nullptr;
+  }
   auto b = StoreBridge::Connect(o);
   EXPECT_TRUE(b.ok()) << b.status().ToString();
   return b.ok() ? std::move(b).value() : nullptr;
@@ -525,13 +532,11 @@ std::pair<std::vector<trellis::testing::Outcome>, SchedulerMetrics> RunGridWithS
     int head_layers, const std::vector<NodeAddress>& addrs, const store::StoreServer& s, const std::vector<Request>& reqs,
     HeadStats* head_stats = nullptr) {
   ThreadPool threads(1);
-  GridHead* head = nullptr;
-  auto bridge = GridBridge(s, &head);
+  auto bridge = GridBridge(s, true);
   EXPECT_TRUE(bridge && bridge->handles_layer_split());
   auto g = StartHead(head_layers, addrs, threads, 2, 16, 0, bridge.get());
   EXPECT_TRUE(g.ok()) << g.status().ToString();
   if (!g.ok()) return {};
-  head = g->head;  // the bridge's reader and gather reach the head through this
   auto out = RunAll(*g->sched, reqs);
   bridge->Drain();
   g->sched->RunUntilIdle();
@@ -545,7 +550,7 @@ std::pair<std::vector<trellis::testing::Outcome>, SchedulerMetrics> RunWholeWith
                                                                                      const std::vector<Request>& reqs) {
   static std::unique_ptr<Model> whole = Load(ModelPath(), {});
   ThreadPool threads(1);
-  auto bridge = GridBridge(s, nullptr);
+  auto bridge = GridBridge(s, false);
   SchedulerOptions o;
   o.block_size = 8;
   o.n_ctx = 256;
@@ -634,8 +639,7 @@ TEST(GridStoreTest2, ACorruptedLayerSliceIsAMissAndANodeWithoutAStoreIsRefused) 
   TestNode bare = StartNode(ModelPath(), 1, 2);
   ASSERT_TRUE(bare.node);
   ThreadPool threads(1);
-  GridHead* head = nullptr;
-  auto bridge = GridBridge(*s, &head);
+  auto bridge = GridBridge(*s, true);
   auto g = StartHead(1, {Addr(bare, 1, 2)}, threads, 2, 16, 0, bridge.get());
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("--store"), std::string::npos) << g.status().ToString();
@@ -742,12 +746,10 @@ TEST(GridStoreTest2, ANodeKilledDuringAStoreFetchCostsOnlyTheRequestsInFlight) {
   ASSERT_GT(doomed.port, 0);
   const NodeAddress where{"127.0.0.1", doomed.port, 1, 2};
   ThreadPool threads(1);
-  GridHead* head = nullptr;
-  auto bridge = GridBridge(*s, &head);
+  auto bridge = GridBridge(*s, true);
   ASSERT_TRUE(bridge);
   auto g = StartHead(1, {where}, threads, 2, 16, 0, bridge.get());
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  head = g->head;
   const auto t0 = std::chrono::steady_clock::now();
   auto during = RunAll(*g->sched, reqs);
   // A killed node's connection fails at once: the requests must not wait out the fetch's
@@ -783,12 +785,10 @@ TEST(GridStoreTest2, ANodeKilledDuringAPublishReadStoresNothingWrong) {
   ASSERT_GT(doomed.port, 0);
   const NodeAddress where{"127.0.0.1", doomed.port, 1, 2};
   ThreadPool threads(1);
-  GridHead* head = nullptr;
-  auto bridge = GridBridge(*s, &head);
+  auto bridge = GridBridge(*s, true);
   ASSERT_TRUE(bridge);
   auto g = StartHead(1, {where}, threads, 2, 16, 0, bridge.get());
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  head = g->head;
   auto during = RunAll(*g->sched, reqs);
   bridge->Drain();
   g->sched->RunUntilIdle();

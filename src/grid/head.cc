@@ -1,5 +1,7 @@
 #include "grid/head.h"
 
+#include "grid/prefix_store.h"
+
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -679,49 +681,13 @@ HeadStats GridHead::stats() const {
   return impl_->stats;
 }
 
-void AttachStore(StoreBridgeOptions& o, GridHead* const* head) {
-  o.reader = [head](store::StoreClient& client, const store::LookupResult& found, size_t first, size_t from, size_t to,
-                    const StoreFetch& f, net::Deadline deadline, store::GetReceipt* receipt) -> Status {
-    GridHead* h = *head;
-    if (!h) return Unavailable("the grid head is not up yet");
-    if (f.epoch != h->current_epoch()) return Unavailable("a grid node lost its K/V since the fetch was planned");
-    const size_t n = to - from;
-    // The head's own layers (if it runs any) and every node's, read at the same time.
-    std::future<Status> mine;
-    store::GetReceipt mine_receipt, nodes_receipt;
-    if (f.local.bytes > 0) {
-      mine = std::async(std::launch::async, [&] {
-        std::vector<void*> dst(f.dst.begin() + static_cast<ptrdiff_t>(from), f.dst.begin() + static_cast<ptrdiff_t>(to));
-        return client.GetRange(found, first, n, dst, f.block_bytes, deadline, &mine_receipt,
-                               store::ByteRange{f.local.offset, f.local.bytes});
-      });
-    }
-    Status st = h->FetchOnNodes(found, first, std::span<const int32_t>(f.dst_blocks.data() + from, n), f.block_bytes,
-                                f.slices, deadline, &nodes_receipt);
-    if (mine.valid()) {
-      Status m = mine.get();
-      if (st.ok()) st = std::move(m);
-    }
-    if (st.ok() && receipt) *receipt = f.local.bytes > 0 ? mine_receipt : nodes_receipt;
-    return st;
-  };
-  o.gather = [head](const StorePublish& p, size_t from, size_t to, uint8_t* out, net::Deadline deadline) -> Status {
-    GridHead* h = *head;
-    if (!h) return Unavailable("the grid head is not up yet");
-    for (size_t i = from; p.local.bytes > 0 && i < to; ++i) {
-      std::memcpy(out + (i - from) * p.block_bytes + p.local.offset, p.blocks[i], p.local.bytes);
-    }
-    return h->GatherFromNodes(std::span<const int32_t>(p.block_ids.data() + from, to - from), p.block_bytes, out, p.epoch,
-                              deadline);
-  };
-}
-
-ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out) {
-  return [&model, options, out](const PagedKv& kv, int32_t n_blocks, int max_batch_tokens, int max_logit_rows,
-                                ThreadPool& threads) -> Result<std::unique_ptr<StepExecutor>> {
+ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out, GridPrefixStore* store) {
+  return [&model, options, out, store](const PagedKv& kv, int32_t n_blocks, int max_batch_tokens, int max_logit_rows,
+                                       ThreadPool& threads) -> Result<std::unique_ptr<StepExecutor>> {
     auto h = GridHead::Create(model, kv, n_blocks, max_batch_tokens, max_logit_rows, threads, options);
     if (!h.ok()) return h.status();
     if (out) *out = h->get();
+    if (store) store->Attach(h->get());
     return std::unique_ptr<StepExecutor>(std::move(h).value());
   };
 }

@@ -126,14 +126,12 @@ class GridHead final : public StepExecutor {
   std::unique_ptr<Impl> impl_;
 };
 
-// The scheduler's ExecutorFactory for a grid head. `out`, if given, receives the head
-// once made (borrowed: the scheduler owns it).
-// Makes a store bridge serve a grid head (set before StoreBridge::Connect): fetches have
-// every node read its layers of each block into its pool while the head reads its own;
-// publishes gather the nodes' layers into whole blocks. *head is the head, once the
-// scheduler has made it (MakeGridExecutor's `out`); until then both fail.
-void AttachStore(StoreBridgeOptions& o, GridHead* const* head);
+class GridPrefixStore;
 
-ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out = nullptr);
+// The scheduler's ExecutorFactory for a grid head. `out`, if given, receives the head
+// once made (borrowed: the scheduler owns it); `store`, if given, is attached to it (the
+// grid's prefix store, grid/prefix_store.h).
+ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out = nullptr,
+                                 GridPrefixStore* store = nullptr);
 
 }  // namespace trellis::grid
