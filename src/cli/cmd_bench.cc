@@ -9,7 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/chat.h"
-#include "cli/bench_prefix.h"
+#include "bench/prefix.h"
+#include "cli/alloc_counter.h"
 #include "bench/report.h"
 #include "bench/grammar.h"
 #include "bench/roofline.h"
@@ -279,7 +280,8 @@ Runner AddBenchCommand(CLI::App& app) {
   gr->add_flag("--no-plots", [geo](int64_t) { geo->plots = false; }, "skip the gnuplot PNGs");
   gr->add_option("-o,--out", geo->out, "results folder")->capture_default_str();
   CLI::App* prefix = app.add_subcommand("prefix", "RadixAttention benchmarks: throughput, TTFT and tree size vs shared prefix and block size");
-  auto po = std::make_shared<PrefixBenchOptions>();
+  auto po = std::make_shared<bench::PrefixBenchOptions>();
+  po->heap_allocations = HeapAllocations;
   prefix->add_option("-m,--model", po->model, "GGUF model (default: TinyLlama-shaped Q4_0, generated once)");
   prefix->add_option("-o,--out", po->out_dir, "results folder (CSV, markdown, PNG)")->capture_default_str();
   prefix->add_option("-L,--prompt-len", po->L, "prompt length L")->capture_default_str();
@@ -374,7 +376,7 @@ Runner AddBenchCommand(CLI::App& app) {
       if (po->L < 2 || po->D < 1 || po->N < 1 || po->reps < 1) return Fail("bench prefix: L >= 2, D, N, reps >= 1");
       if (po->threads < 0) return Fail("bench prefix: --threads must be >= 0 (0 = the physical cores available)");
       po->threads = ResolveThreads(po->threads);
-      return RunPrefixBench(*po);
+      return Report(bench::RunPrefixBench(*po));
     }
     if (!speed->parsed()) return Fail("bench: choose a benchmark (speed, prefix, serve, chat, agent, grammar, roofline, store, grid)");
     if (o->reps < 1 || o->pp < 0 || o->tg < 0) return Fail("bench: reps >= 1, n-prompt and n-gen >= 0");

@@ -25,18 +25,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/alloc_counter.h"
-#include "cli/bench_prefix.h"
+#include "bench/prefix.h"
 #include "bench/report.h"
 #include "engine/random_model.h"
 #include "engine/scheduler.h"
 #include "util/clock.h"
 
-namespace trellis::cli {
+namespace trellis::bench {
 namespace {
-
-using bench::Mean;
-using bench::Median;
 
 double Stddev(const std::vector<double>& v) {
   if (v.size() < 2) return 0;
@@ -71,19 +67,17 @@ struct Bench {
   }
 
   // Runs requests concurrently to completion; returns per-request results.
-  std::vector<RequestResult> Run(Scheduler& s, const std::vector<Request>& reqs) {
+  Result<std::vector<RequestResult>> Run(Scheduler& s, const std::vector<Request>& reqs) {
     std::vector<RequestResult> out(reqs.size());
-    std::vector<RequestId> ids;
     for (size_t i = 0; i < reqs.size(); ++i) {
       auto id = s.Submit(reqs[i], nullptr, [&out, i](RequestId, const RequestResult& r) { out[i] = r; });
-      if (!id.ok()) {
-        std::fprintf(stderr, "bench prefix: %s\n", id.status().ToString().c_str());
-        std::exit(1);
-      }
+      if (!id.ok()) return Failure("bench prefix: " + id.status().ToString());
     }
     s.RunUntilIdle();
     return out;
   }
+
+  int64_t HeapAllocations() const { return o_.heap_allocations ? o_.heap_allocations() : 0; }
 
   Request Make(std::vector<int32_t> prompt, int max_tokens) const {
     Request r;
@@ -97,7 +91,7 @@ struct Bench {
     return static_cast<int>(std::lround(phi * L / B)) * B;
   }
 
-  nlohmann::json ThroughputPoint(double phi, int L, int D, int N, int B) {
+  Result<nlohmann::json> ThroughputPoint(double phi, int L, int D, int N, int B) {
     const int n_vocab = model_.config().n_vocab;
     const int P = std::min(PrefixTokens(phi, L, B), L);
     std::vector<Request> sessions;
@@ -114,13 +108,12 @@ struct Bench {
       const int64_t a0 = HeapAllocations();
       const double t0 = NowSeconds();
       auto sched = Scheduler::Create(model_, Options(B, N, L, D), pool_);
-      if (!sched.ok()) {
-        std::fprintf(stderr, "bench prefix: %s\n", sched.status().ToString().c_str());
-        std::exit(1);
-      }
+      if (!sched.ok()) return Failure("bench prefix: " + sched.status().ToString());
       std::vector<RequestResult> res;
-      if (P > 0) res = Run(**sched, {Make(std::vector<int32_t>(system_.begin(), system_.begin() + P), 1)});
-      auto res_sessions = Run(**sched, sessions);
+      if (P > 0) {
+        TRELLIS_ASSIGN_OR_RETURN(res, Run(**sched, {Make(std::vector<int32_t>(system_.begin(), system_.begin() + P), 1)}));
+      }
+      TRELLIS_ASSIGN_OR_RETURN(auto res_sessions, Run(**sched, sessions));
       const double dt = NowSeconds() - t0;
       last = (*sched)->metrics();
       sched->reset();
@@ -130,9 +123,9 @@ struct Bench {
       for (const auto& x : res_sessions) gen += static_cast<int64_t>(x.tokens.size());
       thr.push_back(static_cast<double>(gen) / dt);
       res.insert(res.end(), res_sessions.begin(), res_sessions.end());
-      prompt_computed = PromptTokensComputed(res, last);
+      TRELLIS_ASSIGN_OR_RETURN(prompt_computed, PromptTokensComputed(res, last));
     }
-    return {{"figure", "throughput"}, {"phi", phi}, {"L", L}, {"D", D}, {"N", N}, {"B", B},
+    return nlohmann::json{{"figure", "throughput"}, {"phi", phi}, {"L", L}, {"D", D}, {"N", N}, {"B", B},
             {"prefix_tokens", P}, {"op_seconds", Median(secs)}, {"tok_s", Median(thr)},
             {"heap_allocs_per_op", Median(allocs)}, {"blocks_allocated", last.blocks_allocated},
             {"blocks_acquired", last.blocks_acquired}, {"computed_tokens", last.computed_tokens},
@@ -143,23 +136,22 @@ struct Bench {
   // from the cache. The scheduler's computed_tokens also counts decode steps, one per
   // generated token except the last (never fed back), so the two must agree exactly;
   // a preemption would recompute blocks and break that, and the figure with it.
-  static int64_t PromptTokensComputed(const std::vector<RequestResult>& res, const SchedulerMetrics& m) {
+  static Result<int64_t> PromptTokensComputed(const std::vector<RequestResult>& res, const SchedulerMetrics& m) {
     int64_t prompt = 0, decode = 0;
     for (const auto& r : res) {
       prompt += r.n_prompt - r.n_cached;
       decode += std::max<int64_t>(0, static_cast<int64_t>(r.tokens.size()) - 1);
     }
     if (m.preemptions != 0 || prompt + decode != m.computed_tokens) {
-      std::fprintf(stderr, "bench prefix: %ld prompt + %ld decode tokens != %ld computed (%ld preemptions)\n",
-                   static_cast<long>(prompt), static_cast<long>(decode), static_cast<long>(m.computed_tokens),
-                   static_cast<long>(m.preemptions));
-      std::exit(1);
+      return Failure("bench prefix: " + std::to_string(prompt) + " prompt + " + std::to_string(decode) +
+                     " decode tokens != " + std::to_string(m.computed_tokens) + " computed (" +
+                     std::to_string(m.preemptions) + " preemptions)");
     }
     return prompt;
   }
 
   // Returns {ttft seconds of each rep, cached tokens}.
-  std::pair<std::vector<double>, int> Ttft(double phi, int L, int B, int reps) {
+  Result<std::pair<std::vector<double>, int>> Ttft(double phi, int L, int B, int reps) {
     const int n_vocab = model_.config().n_vocab;
     std::vector<int32_t> warm(system_.begin(), system_.begin() + L);
     std::vector<int32_t> probe;
@@ -177,13 +169,13 @@ struct Bench {
     int cached = 0;
     for (int r = 0; r < reps; ++r) {
       auto sched = Scheduler::Create(model_, Options(B, 1, L, 1), pool_);
-      if (!sched.ok()) std::exit(1);
-      Run(**sched, {Make(warm, 1)});
-      auto res = Run(**sched, {Make(probe, 1)});
+      if (!sched.ok()) return Failure("bench prefix: " + sched.status().ToString());
+      TRELLIS_RETURN_IF_ERROR(Run(**sched, {Make(warm, 1)}).status());
+      TRELLIS_ASSIGN_OR_RETURN(auto res, Run(**sched, {Make(probe, 1)}));
       t.push_back(res[0].ttft_seconds);
       cached = res[0].n_cached;
     }
-    return {t, cached};
+    return std::pair<std::vector<double>, int>(t, cached);
   }
 
   const Model& model_;
@@ -239,13 +231,10 @@ void WritePlots(const std::string& dir) {
 
 }  // namespace
 
-int RunPrefixBench(const PrefixBenchOptions& in) {
+Status RunPrefixBench(const PrefixBenchOptions& in) {
   PrefixBenchOptions o = in;
   auto model = Model::Load(o.model);
-  if (!model.ok()) {
-    std::fprintf(stderr, "trellis: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
+  if (!model.ok()) return Failure(model.status().ToString());
   ::mkdir(o.out_dir.c_str(), 0755);
   Bench bench(**model, o);
   const int L = o.L, D = o.D, N = o.N, B = o.block_size;
@@ -266,7 +255,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
           "prompt tokens computed (warm-up included) |\n"
           "|---|---|---|---|---|---|---|---|\n";
     for (double phi : phis) {
-      nlohmann::json j = bench.ThroughputPoint(phi, L, D, N, B);
+      TRELLIS_ASSIGN_OR_RETURN(nlohmann::json j, bench.ThroughputPoint(phi, L, D, N, B));
       Emit(o, j);
       csv << phi << "," << j["prefix_tokens"] << "," << j["tok_s"] << "," << j["heap_allocs_per_op"] << ","
           << j["blocks_allocated"] << "," << j["blocks_acquired"] << "," << j["computed_tokens"] << "," << j["op_seconds"]
@@ -284,7 +273,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   // Figure 2: TTFT vs phi. Trellis only: a comparison with another server belongs in a
   // run that measures both (bench/llamacpp_server_prefix.py), not in numbers copied here.
   if (want("ttft")) {
-    auto cold = bench.Ttft(0, L, B, 1);
+    TRELLIS_ASSIGN_OR_RETURN(auto cold, bench.Ttft(0, L, B, 1));
     std::vector<double> phis2 = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
     std::ofstream csv(o.out_dir + "/ttft.csv");
     csv << "phi,cached_tokens,ttft_ms,ttft_min_ms,ttft_max_ms,bound_ms,hit\n";
@@ -293,7 +282,8 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
           " ms\n\n| phi | cached tokens | hit | TTFT ms (median) | bound ms | within bound |\n|---|---|---|---|---|---|\n";
     double ttft0 = 0;
     for (double phi : phis2) {
-      auto [t, cached] = bench.Ttft(phi, L, B, o.reps);
+      TRELLIS_ASSIGN_OR_RETURN(auto tc, bench.Ttft(phi, L, B, o.reps));
+      auto& [t, cached] = tc;
       const double ms = Median(t) * 1e3;
       if (phi == 0) ttft0 = ms;
       const double hit = static_cast<double>(cached) / L;
@@ -323,7 +313,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
       std::vector<double> leaves, nodes, ttfts;
       for (int len : lengths) {
         auto sched = Scheduler::Create(**model, bench.Options(b, N, len, 1), bench.pool_);
-        if (!sched.ok()) return 1;
+        if (!sched.ok()) return Failure("bench prefix: " + sched.status().ToString());
         std::vector<Request> reqs;
         for (int i = 0; i < N; ++i) {
           const int P = len * (i + 1) / (N + 1);
@@ -332,10 +322,11 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
           p.insert(p.end(), suffix.begin(), suffix.end());
           reqs.push_back(bench.Make(std::move(p), 16));
         }
-        bench.Run(**sched, reqs);
+        TRELLIS_RETURN_IF_ERROR(bench.Run(**sched, reqs).status());
         leaves.push_back((*sched)->metrics().tree.n_leaves);
         nodes.push_back((*sched)->metrics().tree.n_nodes);
-        auto [t, cached] = bench.Ttft(0.75, len, b, std::max(1, o.reps / 2));
+        TRELLIS_ASSIGN_OR_RETURN(auto tc, bench.Ttft(0.75, len, b, std::max(1, o.reps / 2)));
+        auto& [t, cached] = tc;
         ttfts.push_back(Median(t) * 1e3);
         Emit(o, {{"figure", "blocksize"}, {"B", b}, {"L", len}, {"leaves", leaves.back()}, {"nodes", nodes.back()},
                  {"ttft_ms", ttfts.back()}, {"cached_tokens", cached}});
@@ -355,7 +346,7 @@ int RunPrefixBench(const PrefixBenchOptions& in) {
   if (!o.json) std::printf("%s", md.c_str());
   std::fprintf(stderr, "bench prefix: results in %s/ (throughput.csv, ttft.csv, blocksize.csv, prefix.md, *.png)\n",
                o.out_dir.c_str());
-  return 0;
+  return Status::Ok();
 }
 
-}  // namespace trellis::cli
+}  // namespace trellis::bench
