@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "store/etcd.h"
+#include "store/membership.h"
 #include "store/protocol.h"
 #include "store/server.h"
 #include "util/checksum.h"
@@ -65,10 +66,7 @@ struct StoreClient::Impl {
   std::vector<std::pair<uint64_t, size_t>> ring;  // (point, member), sorted; live members only
   size_t local = SIZE_MAX;  // this node's own server (options.local), if named
   std::optional<Etcd> etcd;
-  std::thread poller;
-  std::mutex poll_mu;
-  std::condition_variable poll_cv;
-  bool stopping = false;
+  std::unique_ptr<EtcdMembership> membership;  // with etcd: the members read every etcd_poll_ms
   mutable std::mutex stats_mu;
   ClientStats st;
   uint64_t client_id = 0;  // names this client's claims (random per client)
@@ -82,12 +80,7 @@ struct StoreClient::Impl {
   std::unique_ptr<net::Transport> t;  // last: its loop stops before the rest goes (it unmaps what is registered)
 
   ~Impl() {
-    {
-      std::lock_guard<std::mutex> lock(poll_mu);
-      stopping = true;
-    }
-    poll_cv.notify_all();
-    if (poller.joinable()) poller.join();
+    membership.reset();  // its thread posts to the loop
     if (t) t->Stop();  // before the members its callbacks use go
   }
 
@@ -364,14 +357,11 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const ClientOptions& o
   // With etcd, the membership follows it: polled every poll_ms, applied on the loop.
   if (impl->etcd) {
     Impl* raw = impl.get();
-    raw->poller = std::thread([raw] {
-      std::unique_lock<std::mutex> lock(raw->poll_mu);
-      while (!raw->poll_cv.wait_for(lock, std::chrono::milliseconds(raw->opt.etcd_poll_ms), [raw] { return raw->stopping; })) {
-        lock.unlock();
-        auto live = raw->etcd->Members();
-        if (live.ok()) raw->t->Post([raw, v = *live] { raw->ApplyMembers(v); });  // empty too: all gone
-        lock.lock();
-      }
+    EtcdMembership::Options m(*raw->etcd);
+    m.period = std::chrono::milliseconds(raw->opt.etcd_poll_ms);
+    m.who = "store client";
+    raw->membership = std::make_unique<EtcdMembership>(std::move(m), [raw](std::vector<std::string> live) {
+      raw->t->Post([raw, v = std::move(live)] { raw->ApplyMembers(v); });  // empty too: all gone
     });
   }
   return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));

@@ -17,15 +17,7 @@ using net::ConnId;
 uint64_t NodeId(const std::string& address) { return XXH3_64bits(address.data(), address.size()); }
 
 StoreServer::Impl::~Impl() {
-  if (etcd_thread.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(etcd_mu);
-      etcd_stop = true;
-    }
-    etcd_cv.notify_all();
-    etcd_thread.join();
-    if (lease) (void)etcd->Revoke(lease);  // leave the membership at once, not after the TTL
-  }
+  membership.reset();  // stops its thread (which posts to the loop) and leaves etcd at once
   // Stopped before it is destroyed: a handler still running on the loop reaches the
   // transport through `t`, which reset() would clear first.
   if (t) t->Stop();
@@ -302,22 +294,27 @@ void StoreServer::Impl::RestoreIndex() {
 // as etcd answers; a store restarted after a crash must come back even if etcd is down.
 Status StoreServer::Impl::JoinEtcd() {
   TRELLIS_ASSIGN_OR_RETURN(Etcd e, Etcd::Parse(opt.etcd));
-  etcd = e;
   if (advertised.rfind("0.0.0.0:", 0) == 0) {
     return InvalidArgument("listening on 0.0.0.0: give the address others reach this server at (--advertise)");
   }
+  EtcdMembership::Options m(e);
+  m.period = std::chrono::milliseconds(std::max(200, opt.etcd_ttl_s * 1000 / 3));
+  m.address = advertised;
+  m.ttl_s = opt.etcd_ttl_s;
   auto registered = e.Register(advertised, opt.etcd_ttl_s);
   if (registered.ok()) {
-    lease = *registered;
+    m.lease = *registered;
   } else if (registered.status().code() == StatusCode::kUnavailable ||
              registered.status().code() == StatusCode::kDeadlineExceeded) {
     TRELLIS_LOG_WARN("store: etcd: {}; serving unregistered, joining when it answers", registered.status().ToString());
-    etcd_reachable = false;
+    m.reachable = false;
   } else {
     return registered.status();
   }
   if (auto live = e.Members(); live.ok()) t->Sync([this, &live] { ApplyPeers(*live); });
-  etcd_thread = std::thread([this] { EtcdLoop(); });
+  membership = std::make_unique<EtcdMembership>(std::move(m), [this](std::vector<std::string> live) {
+    t->Post([this, v = std::move(live)] { ApplyPeers(v); });
+  });
   return Status::Ok();
 }
 

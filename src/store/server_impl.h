@@ -6,7 +6,7 @@
 // The rooms it is built from have their own headers: arena.h (memory), tiers.h (tensors,
 // GDSF, SSD), chain_index.h (keys and claims), ssd.h, protocol.h (the messages).
 // Everything here lives on the transport's loop thread, except the stats (under
-// stats_mu) and the etcd thread's own fields.
+// stats_mu) and the membership thread's own (membership.h).
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +25,7 @@
 #include "store/arena.h"
 #include "store/chain_index.h"
 #include "store/etcd.h"
+#include "store/membership.h"
 #include "store/protocol.h"
 #include "store/server.h"
 #include "store/ssd.h"
@@ -65,15 +66,9 @@ struct StoreServer::Impl {
   mutable std::mutex stats_mu;
   ServerStats st;
 
-  // etcd membership: a thread renews this server's lease and polls the members.
-  std::optional<Etcd> etcd;
-  std::string advertised;
-  std::thread etcd_thread;
-  std::mutex etcd_mu;
-  std::condition_variable etcd_cv;
-  bool etcd_stop = false;
-  int64_t lease = 0;
-  bool etcd_reachable = true;  // the last keep-alive or registration worked (etcd_thread only)
+  std::string advertised;  // the address others reach this server at
+  // etcd: this server's registration kept and the members read, on a thread of its own.
+  std::unique_ptr<EtcdMembership> membership;
 
   std::unique_ptr<net::Transport> t;  // last: destroyed (loop joined) before the state above
 
@@ -103,7 +98,6 @@ struct StoreServer::Impl {
   void Count(const std::function<void(ServerStats&)>& f);
 
   // server_peers.cc
-  void EtcdLoop();
   void ApplyPeers(const std::vector<std::string>& live);
   void WithPeer(uint64_t node, std::function<void(Peer*)> then);
   void NoteRemoteRead(uint64_t owner, uint64_t tensor);

@@ -1,5 +1,5 @@
-// The store server's peers: membership (--peers, or etcd: this server's registration
-// renewed on its own thread, the members polled), and replicas: a tensor a peer owns that
+// The store server's peers: membership (--peers, or etcd: membership.h keeps this
+// server registered and reads the members), and replicas: a tensor a peer owns that
 // local readers keep asking for is copied here, within --replica-share of memory.
 #include <algorithm>
 
@@ -18,26 +18,6 @@ void StoreServer::Impl::ApplyPeers(const std::vector<std::string>& live) {  // l
   }
   for (auto it = peers.begin(); it != peers.end();) {
     it = now.count(it->first) ? std::next(it) : peers.erase(it);
-  }
-}
-
-void StoreServer::Impl::EtcdLoop() {
-  const auto period = std::chrono::milliseconds(std::max(200, opt.etcd_ttl_s * 1000 / 3));
-  std::unique_lock<std::mutex> lock(etcd_mu);
-  while (!etcd_cv.wait_for(lock, period, [this] { return etcd_stop; })) {
-    lock.unlock();
-    Status s = lease ? etcd->KeepAlive(lease) : NotFound("no lease");
-    if (!s.ok()) {  // expired (etcd restarted, or we were cut off too long): register again
-      auto l = etcd->Register(advertised, opt.etcd_ttl_s);
-      if (l.ok()) lease = *l;
-      s = l.status();
-    }
-    // Said once when etcd goes away and once when it is back, not three times a second.
-    if (!s.ok() && etcd_reachable) TRELLIS_LOG_WARN("store: etcd: {}; serving on, the last membership kept", s.ToString());
-    if (s.ok() && !etcd_reachable) TRELLIS_LOG_INFO("store: etcd is back; registered as {}", advertised);
-    etcd_reachable = s.ok();
-    if (auto live = etcd->Members(); live.ok()) t->Post([this, v = *live] { ApplyPeers(v); });
-    lock.lock();
   }
 }
 
