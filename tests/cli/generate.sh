@@ -89,6 +89,17 @@ python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["depth"] =
   "$tmp/depth.json" || die "bench speed -d: $(cat "$tmp/depth.json")"
 ok "depth 40"
 
+say "bench prefix (the RadixAttention figures) at toy sizes: its TTFT table and CSV, prefix hits within the bound"
+timeout 120 "$TRELLIS" bench prefix -m "$m" --quick --only ttft -L 64 -D 2 -N 2 -r 1 -t 1 -o "$tmp/prefix" \
+  >"$tmp/prefix.out" 2>"$tmp/prefix.err" || die "bench prefix failed: $(tail -3 "$tmp/prefix.err")"
+[[ $(wc -l <"$tmp/prefix/ttft.csv") -eq 8 ]] || die "ttft.csv: $(cat "$tmp/prefix/ttft.csv")"
+python3 - "$tmp/prefix/ttft.csv" <<'PY' || die "bench prefix: the full-prefix probe did not hit the cache: $(cat "$tmp/prefix/ttft.csv")"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert float(rows[0]["hit"]) == 0 and float(rows[-1]["hit"]) > 0.5, rows
+PY
+ok "$(grep -c '' "$tmp/prefix/ttft.csv") lines; phi 1 hit $(tail -1 "$tmp/prefix/ttft.csv" | cut -d, -f7)"
+
 say "bench grammar --compile-schemas: schema text to the first mask, refused keywords counted"
 mkdir -p "$tmp/schemas"
 echo '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}' >"$tmp/schemas/one.json"
