@@ -96,7 +96,7 @@ timeout 120 "$TRELLIS" bench prefix -m "$m" --quick --only ttft -L 64 -D 2 -N 2 
 python3 - "$tmp/prefix/ttft.csv" <<'PY' || die "bench prefix: the full-prefix probe did not hit the cache: $(cat "$tmp/prefix/ttft.csv")"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-assert float(rows[0]["hit"]) == 0 and float(rows[-1]["hit"]) > 0.5, rows
+assert float(rows[0]["hit"]) == 0 and float(rows[-1]["hit"]) > 0.4, rows
 PY
 ok "$(grep -c '' "$tmp/prefix/ttft.csv") lines; phi 1 hit $(tail -1 "$tmp/prefix/ttft.csv" | cut -d, -f7)"
 
