@@ -17,6 +17,7 @@
 #include "store/ssd.h"
 #include "store/tiers.h"
 #include "util/checksum.h"
+#include "util/mem_env.h"
 
 namespace trellis::store {
 namespace {
@@ -193,6 +194,38 @@ TEST(TiersTest, AnEvictedOwnedTensorMovesToSsdAndComesBackChecked) {
   EXPECT_EQ(t.At(*one)[4095], 0xA1);
   EXPECT_EQ(t.counters().ssd_reads, 1u);
   std::filesystem::remove_all(dir);
+}
+
+// The SSD tier on an in-memory file system (util/mem_env.h): a clean stop writes what is
+// only in memory, and a tier opened again on the same files serves every tensor, checked.
+TEST(TiersTest, TheSsdTierOnAnInMemoryEnvServesAfterARestart) {
+  MemEnv mem;
+  {
+    auto ssd = SsdTier::Open("ssd", 1 << 20, 4096, &mem);
+    ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+    auto a = Arena::Map(2 * 4096);
+    ASSERT_TRUE(a.ok());
+    Tiers t(**a, ssd->get(), nullptr);
+    ASSERT_TRUE(AddOwned(t, 1, 4096, 1.0, 0xA1));
+    ASSERT_TRUE(AddOwned(t, 2, 4096, 9.0, 0xB2));
+    ASSERT_TRUE(AddOwned(t, 3, 4096, 9.0, 0xC3));  // tensor 1 to SSD
+    t.FlushAllToSsd();                              // 2 and 3 too: a clean stop
+  }
+  auto ssd = SsdTier::Open("ssd", 1 << 20, 4096, &mem);
+  ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+  EXPECT_EQ((*ssd)->restored().size(), 3u);
+  auto a = Arena::Map(2 * 4096);
+  ASSERT_TRUE(a.ok());
+  Tiers t(**a, ssd->get(), nullptr);
+  t.RestoreFromSsd();
+  for (uint64_t id : {1u, 2u, 3u}) {
+    Tensor* tn = t.Find(id);
+    ASSERT_TRUE(tn) << id;
+    ASSERT_TRUE(t.LoadFromSsd(id, *tn).ok()) << id;
+    EXPECT_EQ(t.At(*tn)[100], id == 1 ? 0xA1 : id == 2 ? 0xB2 : 0xC3) << id;
+    t.Lease(id, *tn);  // read as a reader would, then evictable again (back to SSD only)
+    t.EndLease(id, *tn);
+  }
 }
 
 // ---- the protocol -----------------------------------------------------------------------

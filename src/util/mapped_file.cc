@@ -44,22 +44,32 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
   return f;
 }
 
+MappedFile MappedFile::FromMemory(std::string path, std::shared_ptr<const std::string> owner) {
+  MappedFile f;
+  f.path_ = std::move(path);
+  f.size_ = owner->size();
+  f.data_ = f.size_ > 0 ? reinterpret_cast<const uint8_t*>(owner->data()) : nullptr;
+  f.owner_ = std::move(owner);
+  return f;
+}
+
 MappedFile::MappedFile(MappedFile&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
-      path_(std::move(o.path_)) {}
+      path_(std::move(o.path_)), owner_(std::move(o.owner_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ && !owner_) ::munmap(const_cast<uint8_t*>(data_), size_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     path_ = std::move(o.path_);
+    owner_ = std::move(o.owner_);
   }
   return *this;
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ && !owner_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 }  // namespace trellis

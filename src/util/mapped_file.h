@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -18,6 +19,9 @@ namespace trellis {
 class MappedFile {
  public:
   static Result<MappedFile> Open(const std::string& path);
+  // Bytes already in memory, shown as a mapped file (an in-memory Env's): kept alive by
+  // `owner` as long as the MappedFile, never unmapped.
+  static MappedFile FromMemory(std::string path, std::shared_ptr<const std::string> owner);
 
   MappedFile() = default;
   MappedFile(MappedFile&& o) noexcept;
@@ -35,6 +39,7 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::string path_;
+  std::shared_ptr<const std::string> owner_;  // FromMemory: the bytes; else null (mmap)
 };
 
 }  // namespace trellis
