@@ -137,6 +137,23 @@ TEST(ModelTest, ArchitectureIsPartOfTheFingerprint) {
   EXPECT_NE(Greedy(**a, {1, 5, 9, 200, 17, 3}, 6), Greedy(**b, {1, 5, 9, 200, 17, 3}, 6));
 }
 
+// Mixture-of-experts files are refused by name (docs/moe.md): a Mixtral is a "llama" file
+// with expert keys (not a dense llama missing its FFN), and the MoE architectures say so.
+TEST(ModelTest, MixtureOfExpertsModelsAreRefusedByName) {
+  const std::string src = WriteSmallModel("moe_src.gguf");
+  const std::string mixtral = TempPath("moe_mixtral.gguf"), q3moe = TempPath("moe_q3.gguf");
+  RewriteGguf(src, mixtral, {.extra = [](GgufWriter& w) {
+                               w.SetUint32("llama.expert_count", 8);
+                               w.SetUint32("llama.expert_used_count", 2);
+                             }});
+  ExpectLoadError(mixtral, StatusCode::kUnsupported, "mixture of experts (8 experts, 2 used per token)");
+  RewriteGguf(src, q3moe, {.metadata = [](const std::string& k, GgufValue& v) {
+                             if (k == "general.architecture") v.str = "qwen3moe";
+                             return true;
+                           }});
+  ExpectLoadError(q3moe, StatusCode::kUnsupported, "'qwen3moe' is a mixture-of-experts architecture");
+}
+
 TEST(ModelTest, ArchitectureTensorsAreChecked) {
   // Qwen3 without its Q norm, and Qwen2 with a bias of the wrong length.
   const std::string q3 = WriteSmallModel("chk_q3.gguf", "f16", "", "qwen3");

@@ -79,6 +79,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     c.post_norms = true;
     c.ffn_gelu = true;
     c.qk_norm = c.arch == "gemma3";
+  } else if (c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "gpt-oss" || c.arch == "mixtral") {
+    return Unsupported(fmt::format("'{}' is a mixture-of-experts architecture, which Trellis does not run yet "
+                                   "(docs/moe.md); dense ones are supported: llama, qwen2, qwen3, phi3, gemma2, gemma3",
+                                   c.arch));
   } else if (c.arch != "llama") {
     return Unsupported(fmt::format("architecture '{}' is not supported (supported: llama (TinyLlama, Llama 2/3, "
                                    "Mistral, SmolLM), qwen2 (Qwen2, Qwen2.5), qwen3, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
@@ -87,6 +91,14 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   }
   if (auto n = g.GetString("general.name"); n.ok()) c.name = *n;
   const std::string p = c.arch + ".";
+  // Mixtral and its kin are "llama" files with experts: refused by name, not by a missing
+  // dense FFN tensor further on.
+  if (auto experts = g.GetUint(p + "expert_count"); experts.ok() && *experts > 0) {
+    const auto used = g.GetUint(p + "expert_used_count");
+    return Unsupported(fmt::format("this '{}' model is a mixture of experts ({} experts, {} used per token), which "
+                                   "Trellis does not run yet (docs/moe.md)",
+                                   c.arch, *experts, used.ok() ? std::to_string(*used) : std::string("?")));
+  }
   TRELLIS_ASSIGN_OR_RETURN(c.n_embd, GetPositiveInt(g, p + "embedding_length", 1 << 16));
   TRELLIS_ASSIGN_OR_RETURN(c.n_layer, GetPositiveInt(g, p + "block_count", 1024));
   TRELLIS_ASSIGN_OR_RETURN(c.n_ff, GetPositiveInt(g, p + "feed_forward_length", 1 << 18));

@@ -18,7 +18,9 @@
 //          base (rope.freq_base_swa, 10000) and scale of their own on the window layers.
 // Optional tensors any of them may carry (biases, a tied output) are the model's
 // business (engine/model.h). Anything else is rejected with an error naming the
-// architecture and listing the supported ones.
+// architecture and listing the supported ones; mixture-of-experts files (qwen3moe,
+// qwen2moe, gpt-oss, or a llama file with expert_count: Mixtral) are refused as such
+// (docs/moe.md).
 //
 // Thread safety: plain value type.
 #pragma once
