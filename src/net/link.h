@@ -33,7 +33,7 @@ class LinkEvents {
   // endpoint, a well-formed header, a body within the limits). False: it was counted as
   // refused and the connection is being failed; the body must not be received.
   virtual bool Accepts(EndpointId ep, std::string_view header, size_t body_bytes) = 0;
-  // A message (Accepts checked it, or is called here first).
+  // A message whose header and length Accepts took (the link always asks it first).
   virtual void OnMessage(EndpointId ep, std::string_view header, std::string_view body) = 0;
   // The peer died, reset or closed: the connection is gone.
   virtual void OnFailed(EndpointId ep, const Status& why) = 0;

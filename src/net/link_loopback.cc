@@ -109,7 +109,9 @@ class LoopbackLink final : public Link {
     for (Event& e : batch) {
       switch (e.kind) {
         case Event::kAccept: ev_->OnAccept(e.ep, std::move(e.a)); break;
-        case Event::kMessage: ev_->OnMessage(e.ep, e.a, e.b); break;
+        case Event::kMessage:
+          if (ev_->Accepts(e.ep, e.a, e.b.size())) ev_->OnMessage(e.ep, e.a, e.b);
+          break;
         case Event::kFailed: ev_->OnFailed(e.ep, Unavailable(e.a)); break;
         case Event::kSent: ev_->OnSent(e.token); break;
       }

@@ -518,10 +518,13 @@ bool Transport::Impl::Accepts(EndpointId ep, std::string_view header, size_t bod
 }
 
 void Transport::Impl::OnMessage(EndpointId ep, std::string_view header, std::string_view body) {
-  if (!Accepts(ep, header, body.size())) return;
+  // Accepts passed (the link asks first); the connection may have gone while a body was
+  // still arriving.
+  auto it = by_ep.find(ep);
+  if (it == by_ep.end()) return;
   MessageHeader h;
   DecodeHeader(header, h);
-  Dispatch(by_ep[ep], h, body);
+  Dispatch(it->second, h, body);
 }
 
 void Transport::Impl::OnFailed(EndpointId ep, const Status& why) {
