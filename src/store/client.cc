@@ -393,12 +393,15 @@ Result<LookupResult> StoreClient::Lookup(const Namespace& ns, std::span<const in
   m.claim = claim_ms > 0;
   m.ttl_ms = claim_ms;
   m.client = impl_->client_id;
-  m.keys = out.keys;
+  const size_t owner = impl_->OwnerOf(out.keys[0]);
+  m.keys = std::move(out.keys);  // lent to the encoder, not copied
+  std::string body = EncodeLookupRequest(m);
+  out.keys = std::move(m.keys);
   {
     std::lock_guard<std::mutex> lock(impl_->stats_mu);
     ++impl_->st.lookups;
   }
-  auto r = impl_->CallSync(impl_->OwnerOf(out.keys[0]), m.claim ? kLookupClaim : kLookup, EncodeLookupRequest(m), deadline);
+  auto r = impl_->CallSync(owner, m.claim ? kLookupClaim : kLookup, std::move(body), deadline);
   if (!r.ok()) {
     impl_->CountMiss(r.status());
     return r.status();
