@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include "engine/moe.h"
 #include "kernels/matmul.h"
 
 namespace trellis {
@@ -25,8 +26,20 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   v_.resize(T * c.kv_dim());
   attn_.resize(T * q_dim);
   tmp_.resize(T * c.n_embd);
-  gate_.resize(T * c.n_ff);
-  up_.resize(T * c.n_ff);
+  const size_t ff = static_cast<size_t>(std::max(c.n_ff, c.n_ff_exp));
+  gate_.resize(T * ff);
+  up_.resize(T * ff);
+  if (c.moe()) {
+    const size_t NE = static_cast<size_t>(c.n_expert), K = static_cast<size_t>(c.n_expert_used);
+    router_.resize(T * NE);
+    exp_ids_.resize(T * K);
+    exp_w_.resize(T * K);
+    exp_count_.resize(NE + 1);
+    exp_slots_.resize(T * K);
+    route_scratch_.resize(NE);
+    xe_.resize(T * c.n_embd);
+    de_.resize(T * c.n_embd);
+  }
   pos_.resize(T);
   out_in_.resize(L * c.n_embd);
   logits_.resize(L * n_vocab_);
@@ -39,7 +52,9 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   if (model.part().head) need(model.output(), static_cast<int64_t>(L));
   for (int i = model.part().first_layer; i < model.part().last_layer; ++i) {
     const LayerWeights& l = model.layer(i);
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) need(*w, max_tokens_);
+    for (const WeightMatrix* w : l.Matrices()) {
+      if (w->rows > 0) need(*w, max_tokens_);
+    }
   }
   scratch_raw_.resize(scratch + 64);
   scratch_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch_raw_.data()) + 63) & ~uintptr_t{63});
@@ -197,7 +212,6 @@ void Forward::RunLayers() {
   const int64_t E = c.n_embd;
   const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t KD = c.kv_dim();
-  const int64_t F = c.n_ff;
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int first = model_.part().first_layer;
 
@@ -227,26 +241,103 @@ void Forward::RunLayers() {
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.attn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
 
-    // Feed-forward block (SwiGLU).
+    // Feed-forward block.
     RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
-    const MatMulOut gate_up[] = {{&l.w_gate, gate_.data(), F}, {&l.w_up, up_.data(), F}};
-    MatMulShared(gate_up, xn_.data(), E, n_rows, pool_, scratch_);
-    const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
-    auto swiglu = [&](int64_t b, int64_t e, int) {
-      if (c.ffn_gelu) {
-        GeGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
-      } else {
-        SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
-      }
-    };
-    if (n_ff_total < kMinParallelFloats) {
-      swiglu(0, n_ff_total, 0);
+    if (c.moe()) {
+      MoeFfn(l, n_rows);
     } else {
-      pool_.ParallelFor(n_ff_total, swiglu);
+      DenseFfn(l, n_rows);
     }
-    MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.ffn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
+  }
+}
+
+void Forward::DenseFfn(const LayerWeights& l, int n_rows) {
+  const ModelConfig& c = model_.config();
+  const int64_t E = c.n_embd, F = c.n_ff;
+  const MatMulOut gate_up[] = {{&l.w_gate, gate_.data(), F}, {&l.w_up, up_.data(), F}};
+  MatMulShared(gate_up, xn_.data(), E, n_rows, pool_, scratch_);
+  const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
+  auto act = [&](int64_t b, int64_t e, int) {
+    if (c.ffn_gelu) {
+      GeGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    } else {
+      SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    }
+  };
+  if (n_ff_total < kMinParallelFloats) {
+    act(0, n_ff_total, 0);
+  } else {
+    pool_.ParallelFor(n_ff_total, act);
+  }
+  MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
+}
+
+void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
+  const ModelConfig& c = model_.config();
+  const int NE = c.n_expert, K = c.n_expert_used;
+  const int64_t E = c.n_embd, F = c.n_ff_exp;
+  // Route: logits in f32 (the router is kept f32 in GGUF files), then each row's choice.
+  MatMul(l.router, xn_.data(), E, n_rows, router_.data(), NE, pool_, scratch_);
+  const ExpertRouting routing = ExpertRouting::Of(c);
+  std::fill(exp_count_.begin(), exp_count_.end(), 0);
+  for (int r = 0; r < n_rows; ++r) {
+    int32_t* ids = exp_ids_.data() + static_cast<ptrdiff_t>(r) * K;
+    RouteExperts(router_.data() + static_cast<ptrdiff_t>(r) * NE, NE, routing, ids,
+                 exp_w_.data() + static_cast<ptrdiff_t>(r) * K, route_scratch_.data());
+    for (int j = 0; j < K; ++j) ++exp_count_[static_cast<size_t>(ids[j]) + 1];
+  }
+  // Group: exp_count_[e] becomes expert e's first slot in exp_slots_ (a counting sort, so
+  // each expert's rows stay in batch order).
+  for (int e = 0; e < NE; ++e) exp_count_[static_cast<size_t>(e) + 1] += exp_count_[static_cast<size_t>(e)];
+  {
+    std::vector<int32_t>& next = exp_count_;
+    for (int slot = 0; slot < n_rows * K; ++slot) exp_slots_[static_cast<size_t>(next[static_cast<size_t>(exp_ids_[static_cast<size_t>(slot)])]++)] = slot;
+    // next[e] now holds expert e's end: shift back to starts.
+    for (int e = NE; e > 0; --e) next[static_cast<size_t>(e)] = next[static_cast<size_t>(e) - 1];
+    next[0] = 0;
+  }
+  std::fill_n(tmp_.data(), static_cast<int64_t>(n_rows) * E, 0.0f);
+  // Each row sums its experts in expert order whatever the batch holds, so a row's result
+  // does not depend on the rows batched with it.
+  for (int e = 0; e < NE; ++e) {
+    const int32_t begin = exp_count_[static_cast<size_t>(e)], n = exp_count_[static_cast<size_t>(e) + 1] - begin;
+    if (n == 0) continue;
+    const int32_t* slots = exp_slots_.data() + begin;
+    auto gather = [&](int64_t b, int64_t end, int) {
+      for (int64_t i = b; i < end; ++i) std::copy_n(xn_.data() + (slots[i] / K) * E, E, xe_.data() + i * E);
+    };
+    if (n * E < kMinParallelFloats) {
+      gather(0, n, 0);
+    } else {
+      pool_.ParallelFor(n, gather);
+    }
+    const MatMulOut gate_up[] = {{&l.exp_gate[static_cast<size_t>(e)], gate_.data(), F},
+                                 {&l.exp_up[static_cast<size_t>(e)], up_.data(), F}};
+    MatMulShared(gate_up, xe_.data(), E, n, pool_, scratch_);
+    const int64_t total = static_cast<int64_t>(n) * F;
+    auto act = [&](int64_t b, int64_t end, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, end - b); };
+    if (total < kMinParallelFloats) {
+      act(0, total, 0);
+    } else {
+      pool_.ParallelFor(total, act);
+    }
+    MatMul(l.exp_down[static_cast<size_t>(e)], gate_.data(), F, n, de_.data(), E, pool_, scratch_);
+    // Scatter: a row appears at most once among an expert's slots, so rows do not race.
+    auto scatter = [&](int64_t b, int64_t end, int) {
+      for (int64_t i = b; i < end; ++i) {
+        const float w = exp_w_[static_cast<size_t>(slots[i])];
+        float* out = tmp_.data() + (slots[i] / K) * E;
+        const float* d = de_.data() + i * E;
+        for (int64_t j = 0; j < E; ++j) out[j] += w * d[j];
+      }
+    };
+    if (n * E < kMinParallelFloats) {
+      scatter(0, n, 0);
+    } else {
+      pool_.ParallelFor(n, scatter);
+    }
   }
 }
 

@@ -90,6 +90,13 @@ class Forward {
   // Each head_dim run of each row RMS-normed with weight w (Qwen3's Q/K norm).
   void HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w, int n_heads, int n_rows);
   void ProjectLogits(int n_rows);  // tmp_[0, n_rows) -> logits_
+  // The dense feed-forward block: xn_ -> tmp_.
+  void DenseFfn(const LayerWeights& l, int n_rows);
+  // A mixture of experts' feed-forward block: xn_ -> tmp_. The router picks each row's
+  // experts; the rows are grouped by expert and each expert that has rows runs them as
+  // one batch (gathered into xe_, its output scattered back times the row's weight), so
+  // a decode step reads only the chosen experts' weights.
+  void MoeFfn(const LayerWeights& l, int n_rows);
 
   const Model& model_;
   PagedKv kv_;
@@ -113,6 +120,15 @@ class Forward {
   std::vector<float> gate_;  // (T, n_ff)
   std::vector<float> up_;    // (T, n_ff)
   std::vector<int32_t> pos_;  // (T) position of each row
+  // Mixture of experts (empty for a dense model).
+  std::vector<float> router_;       // (T, n_expert) router logits
+  std::vector<int32_t> exp_ids_;    // (T, k) each row's experts
+  std::vector<float> exp_w_;        // (T, k) and their weights
+  std::vector<int32_t> exp_count_;  // (n_expert + 1) rows per expert, then offsets
+  std::vector<int32_t> exp_slots_;  // (T * k) row * k + slot, grouped by expert
+  std::vector<float> route_scratch_;  // (n_expert)
+  std::vector<float> xe_;           // (T, n_embd) one expert's gathered input rows
+  std::vector<float> de_;           // (T, n_embd) its output rows
   std::vector<float> out_in_;  // (L, n_embd) normed rows that want logits
   std::vector<float> logits_;  // (L, n_vocab)
   std::vector<AttnSeq> attn_seqs_;  // per sequence, capacity T

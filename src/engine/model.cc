@@ -71,12 +71,46 @@ Status GetOptionalVector(const GgufFile& g, const std::string& name, int64_t n, 
   return Status::Ok();
 }
 
+// The n_expert matrices of a 3-D expert tensor {cols, rows, n_expert}: expert e's slice
+// starts at byte e * rows * row_bytes (ggml's nb[2]).
+Result<std::vector<WeightMatrix>> GetExperts(const GgufFile& g, const std::string& name, int64_t cols, int64_t rows,
+                                             int64_t n_expert) {
+  const GgufTensorInfo* t = g.FindTensor(name);
+  if (!t) return NotFound(fmt::format("tensor '{}' is missing", name));
+  if (t->dims.size() != 3 || t->dims[0] != cols || t->dims[1] != rows || t->dims[2] != n_expert) {
+    return InvalidArgument(fmt::format("tensor '{}' has shape {}, expected [{}, {}, {}]", name, Shape(t->dims), cols, rows, n_expert));
+  }
+  if (!GetGgmlTypeTraits(t->type).computable) {
+    return Unsupported(fmt::format("tensor '{}' has type {}, which Trellis does not support", name, GetGgmlTypeTraits(t->type).name));
+  }
+  const int64_t row_bytes = RowBytes(t->type, cols);
+  std::vector<WeightMatrix> out;
+  for (int64_t e = 0; e < n_expert; ++e) {
+    out.push_back(WeightMatrix{t->type, static_cast<const uint8_t*>(t->data) + e * rows * row_bytes, rows, cols, row_bytes});
+  }
+  return out;
+}
+
 // Rows [row0, row0 + rows) of w, a view into the same bytes.
 WeightMatrix RowSlice(const WeightMatrix& w, int64_t row0, int64_t rows) {
   return WeightMatrix{w.type, static_cast<const uint8_t*>(w.data) + row0 * w.row_bytes, rows, w.cols, w.row_bytes};
 }
 
 }  // namespace
+
+std::vector<const WeightMatrix*> LayerWeights::Matrices() const {
+  std::vector<const WeightMatrix*> v = {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down, &router};
+  for (const auto* experts : {&exp_gate, &exp_up, &exp_down}) {
+    for (const WeightMatrix& w : *experts) v.push_back(&w);
+  }
+  return v;
+}
+
+std::vector<WeightMatrix*> LayerWeights::Matrices() {
+  std::vector<WeightMatrix*> v;
+  for (const WeightMatrix* w : static_cast<const LayerWeights*>(this)->Matrices()) v.push_back(const_cast<WeightMatrix*>(w));
+  return v;
+}
 
 const float* Model::RopeFactors(int n_ctx) const {
   if (!rope_freqs_.empty()) return rope_freqs_.data();
@@ -164,8 +198,20 @@ Status Model::Init() {
       TRELLIS_ASSIGN_OR_RETURN(l.attn_post_norm, GetVector(gguf_, p + "post_attention_norm.weight", c.n_embd));
       TRELLIS_ASSIGN_OR_RETURN(l.ffn_post_norm, GetVector(gguf_, p + "post_ffw_norm.weight", c.n_embd));
     }
-    if (!gguf_.FindTensor(p + "ffn_gate.weight") && gguf_.FindTensor(p + "ffn_up.weight") &&
-        gguf_.FindTensor(p + "ffn_up.weight")->dims.size() == 2 && gguf_.FindTensor(p + "ffn_up.weight")->dims[1] == 2 * c.n_ff) {
+    if (c.moe()) {
+      // Mixtral files from before the 3-D expert tensors (one ffn_gate.E per expert) do
+      // not load in llama.cpp either.
+      if (gguf_.FindTensor(p + "ffn_gate.0.weight")) {
+        return Unsupported(fmt::format("layer {} stores each expert as its own tensor (an old Mixtral conversion): "
+                                       "reconvert the model with a current llama.cpp", i));
+      }
+      TRELLIS_ASSIGN_OR_RETURN(l.router, GetMatrix(gguf_, p + "ffn_gate_inp.weight", c.n_embd, c.n_expert));
+      TRELLIS_ASSIGN_OR_RETURN(l.exp_gate, GetExperts(gguf_, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
+      TRELLIS_ASSIGN_OR_RETURN(l.exp_up, GetExperts(gguf_, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
+      TRELLIS_ASSIGN_OR_RETURN(l.exp_down, GetExperts(gguf_, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert));
+    } else if (!gguf_.FindTensor(p + "ffn_gate.weight") && gguf_.FindTensor(p + "ffn_up.weight") &&
+               gguf_.FindTensor(p + "ffn_up.weight")->dims.size() == 2 &&
+               gguf_.FindTensor(p + "ffn_up.weight")->dims[1] == 2 * c.n_ff) {
       // Fused gate/up (Phi-3): rows [gate; up], SwiGLU of the first half times the second.
       TRELLIS_ASSIGN_OR_RETURN(WeightMatrix gu, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, 2 * int64_t{c.n_ff}));
       l.w_gate = RowSlice(gu, 0, c.n_ff);
@@ -174,7 +220,9 @@ Status Model::Init() {
       TRELLIS_ASSIGN_OR_RETURN(l.w_gate, GetMatrix(gguf_, p + "ffn_gate.weight", c.n_embd, c.n_ff));
       TRELLIS_ASSIGN_OR_RETURN(l.w_up, GetMatrix(gguf_, p + "ffn_up.weight", c.n_embd, c.n_ff));
     }
-    TRELLIS_ASSIGN_OR_RETURN(l.w_down, GetMatrix(gguf_, p + "ffn_down.weight", c.n_ff, c.n_embd));
+    if (!c.moe()) {
+      TRELLIS_ASSIGN_OR_RETURN(l.w_down, GetMatrix(gguf_, p + "ffn_down.weight", c.n_ff, c.n_embd));
+    }
   }
   // Every tensor must belong to a layer the model declares: a block_count smaller than
   // the file's layers would otherwise run a truncated model silently.
@@ -189,7 +237,10 @@ Status Model::Init() {
   // The architecture too: the same tensors under another architecture (llama and qwen2
   // without biases) compute other K/V, which must never be shared through the store.
   h = Fnv1a(h, c.arch.data(), c.arch.size());
-  const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv, c.head_dim};
+  // expert_used_count is metadata only: the same tensors routed through another number
+  // of experts compute other K/V.
+  const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_expert,
+                     c.n_expert_used, c.n_ff_exp};
   h = Fnv1a(h, cfg, sizeof(cfg));
   for (const GgufTensorInfo& t : gguf_.tensors()) {
     h = Fnv1a(h, t.name.data(), t.name.size());
@@ -241,8 +292,8 @@ void Model::Repack() {
   std::vector<WeightMatrix*> mats;
   for (int i = part_.first_layer; i < part_.last_layer; ++i) {
     LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (PackingUseful(*w)) mats.push_back(w);
+    for (WeightMatrix* w : l.Matrices()) {
+      if (w->rows > 0 && PackingUseful(*w)) mats.push_back(w);
     }
   }
   if (part_.head && PackingUseful(output_)) mats.push_back(&output_);
@@ -295,8 +346,8 @@ std::string Model::TypeSummary() const {
   std::map<std::string, int64_t> bytes;
   for (int i = part_.first_layer; i < part_.last_layer; ++i) {
     const LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      bytes[std::string(GetGgmlTypeTraits(w->type).name)] += w->rows * w->row_bytes;
+    for (const WeightMatrix* w : l.Matrices()) {
+      if (w->rows > 0) bytes[std::string(GetGgmlTypeTraits(w->type).name)] += w->rows * w->row_bytes;
     }
   }
   std::string main;
@@ -320,9 +371,22 @@ int64_t Model::WeightBytes() const {
   int64_t b = part_.head ? output_.rows * output_.row_bytes : 0;
   for (int i = part_.first_layer; i < part_.last_layer; ++i) {
     const LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += w->rows * w->row_bytes;
+    for (const WeightMatrix* w : l.Matrices()) b += w->rows * w->row_bytes;
   }
   return b;
+}
+
+int64_t Model::ActiveWeightBytes() const {
+  const ModelConfig& c = config_;
+  if (!c.moe()) return WeightBytes();
+  int64_t experts = 0;
+  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
+    const LayerWeights& l = layers_[static_cast<size_t>(i)];
+    for (const auto* v : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
+      for (const WeightMatrix& w : *v) experts += w.rows * w.row_bytes;
+    }
+  }
+  return WeightBytes() - experts + experts / c.n_expert * c.n_expert_used;
 }
 
 }  // namespace trellis

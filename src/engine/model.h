@@ -39,6 +39,18 @@ struct LayerWeights {
   WeightMatrix w_gate;           // (n_ff, n_embd)
   WeightMatrix w_up;             // (n_ff, n_embd)
   WeightMatrix w_down;           // (n_embd, n_ff)
+  // Mixture of experts (config.moe(); the dense w_gate / w_up / w_down are then empty):
+  // the router and, per expert, views of its slice of the 3-D expert tensors (no copy;
+  // each is repacked on its own like any matrix).
+  WeightMatrix router;                 // ffn_gate_inp (n_expert, n_embd)
+  std::vector<WeightMatrix> exp_gate;  // [n_expert] (n_ff_exp, n_embd)
+  std::vector<WeightMatrix> exp_up;    // [n_expert] (n_ff_exp, n_embd)
+  std::vector<WeightMatrix> exp_down;  // [n_expert] (n_embd, n_ff_exp)
+
+  // Every weight matrix of the layer (the empty ones of the other kind included; their
+  // rows are 0): for repacking, sizing scratch and counting bytes.
+  std::vector<const WeightMatrix*> Matrices() const;
+  std::vector<WeightMatrix*> Matrices();
 };
 
 // Which part of a model a process holds. A grid node holds a range of layers; the head
@@ -88,11 +100,21 @@ class Model {
 
   // "q4_0 (q6_K output)": the dominant weight type, for banners and benchmarks.
   std::string TypeSummary() const;
-  // Bytes of weights a decode step streams (this part's matrices once).
+  // Bytes of this part's weight matrices (every expert of a mixture included).
   int64_t WeightBytes() const;
+  // Bytes one token's decode step reads: WeightBytes(), but of a mixture's experts only
+  // the n_expert_used / n_expert share a token routes through.
+  int64_t ActiveWeightBytes() const;
   // Identifies the weights for cache and store keys: hash of the config, the tensor
   // table and every weight byte (XXH3).
   uint64_t fingerprint() const { return fingerprint_; }
+  // Tests only: a mixture routed by another rule (reference_test.cc's broken-rule
+  // variants, which must fail against llama.cpp). Call before building a Forward.
+  void SetExpertRoutingForTesting(ExpertGating gating, bool renormalize, int k) {
+    config_.expert_gating = gating;
+    config_.expert_renorm = renormalize;
+    config_.n_expert_used = k;
+  }
   // Bytes of weights held in a repacked layout (0 if none).
   size_t packed_bytes() const { return packed_bytes_; }
 

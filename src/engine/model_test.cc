@@ -139,19 +139,76 @@ TEST(ModelTest, ArchitectureIsPartOfTheFingerprint) {
 
 // Mixture-of-experts files are refused by name (docs/moe.md): a Mixtral is a "llama" file
 // with expert keys (not a dense llama missing its FFN), and the MoE architectures say so.
-TEST(ModelTest, MixtureOfExpertsModelsAreRefusedByName) {
+// Mixtures of experts: qwen3moe and Mixtral load (their logits: reference_test.cc); the
+// other MoE architectures are refused by name, and bad expert keys and tensors are named.
+TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
   const std::string src = WriteSmallModel("moe_src.gguf");
-  const std::string mixtral = TempPath("moe_mixtral.gguf"), q3moe = TempPath("moe_q3.gguf");
+  // A llama file that says it has experts but holds a dense FFN: the router is missing.
+  const std::string mixtral = TempPath("moe_mixtral.gguf");
   RewriteGguf(src, mixtral, {.extra = [](GgufWriter& w) {
                                w.SetUint32("llama.expert_count", 8);
                                w.SetUint32("llama.expert_used_count", 2);
                              }});
-  ExpectLoadError(mixtral, StatusCode::kUnsupported, "mixture of experts (8 experts, 2 used per token)");
-  RewriteGguf(src, q3moe, {.metadata = [](const std::string& k, GgufValue& v) {
-                             if (k == "general.architecture") v.str = "qwen3moe";
+  ExpectLoadError(mixtral, StatusCode::kNotFound, "blk.0.ffn_gate_inp.weight");
+  const std::string q2moe = TempPath("moe_q2.gguf");
+  RewriteGguf(src, q2moe, {.metadata = [](const std::string& k, GgufValue& v) {
+                             if (k == "general.architecture") v.str = "qwen2moe";
                              return true;
                            }});
-  ExpectLoadError(q3moe, StatusCode::kUnsupported, "'qwen3moe' is a mixture-of-experts architecture");
+  ExpectLoadError(q2moe, StatusCode::kUnsupported, "'qwen2moe' is a mixture-of-experts architecture");
+
+  const std::string moe = TempPath("moe_ok.gguf");
+  {
+    auto vocab = GgufFile::Open(std::string(TRELLIS_TEST_DATA) + "/reference/ref-a-f16.gguf");
+    ASSERT_TRUE(vocab.ok());
+    RandomModelOptions o;
+    o.shape = *ModelShapeByName("moe-tiny");
+    o.arch = "qwen3moe";
+    o.type = "q8_0";
+    ASSERT_TRUE(WriteRandomModel(o, *vocab, moe).ok());
+  }
+  {
+    auto m = Model::Load(moe);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelConfig& c = (*m)->config();
+    EXPECT_EQ(c.n_expert, 8);
+    EXPECT_EQ(c.n_expert_used, 2);
+    EXPECT_EQ(c.n_ff_exp, 256);
+    EXPECT_TRUE(c.expert_renorm);
+    ASSERT_EQ((*m)->layer(1).exp_down.size(), 8u);
+    // Expert e's matrix starts e * rows * row_bytes into the 3-D tensor.
+    const GgufTensorInfo* t = (*m)->gguf().FindTensor("blk.1.ffn_down_exps.weight");
+    const WeightMatrix& d5 = (*m)->layer(1).exp_down[5];
+    EXPECT_EQ(static_cast<const uint8_t*>(d5.data), t->data + 5 * d5.rows * d5.row_bytes);
+    // A token's decode step reads 2 of the 8 experts.
+    EXPECT_LT((*m)->ActiveWeightBytes(), (*m)->WeightBytes() / 2);
+  }
+  auto with_key = [&](const char* name, const char* key, uint64_t value) {
+    const std::string path = TempPath(name);
+    RewriteGguf(moe, path, {.metadata = [=](const std::string& k, GgufValue& v) {
+                              if (k == key) v.u64 = v.i64 = value;
+                              return true;
+                            }});
+    return path;
+  };
+  ExpectLoadError(with_key("moe_used.gguf", "qwen3moe.expert_used_count", 9), StatusCode::kInvalidArgument,
+                  "expert_used_count 9 exceeds expert_count 8");
+  ExpectLoadError(with_key("moe_many.gguf", "qwen3moe.expert_count", 5000), StatusCode::kInvalidArgument,
+                  "qwen3moe.expert_count");
+  // Another expert count than the tensors hold: the shape is named.
+  ExpectLoadError(with_key("moe_count.gguf", "qwen3moe.expert_count", 4), StatusCode::kInvalidArgument,
+                  "blk.0.ffn_gate_inp.weight");
+  ExpectLoadError(with_key("moe_width.gguf", "qwen3moe.expert_feed_forward_length", 128), StatusCode::kInvalidArgument,
+                  "blk.0.ffn_gate_exps.weight");
+  // Old Mixtral conversions (one tensor per expert) are refused as such.
+  const std::string old = TempPath("moe_old.gguf");
+  RewriteGguf(moe, old, {.extra = [](GgufWriter& w) {
+                           std::vector<float> b(256 * 256, 0.0f);
+                           ASSERT_TRUE(w.AddTensorData("blk.0.ffn_gate.0.weight", {256, 256}, GgmlType::kF32,
+                                                       {reinterpret_cast<const uint8_t*>(b.data()), b.size() * 4})
+                                           .ok());
+                         }});
+  ExpectLoadError(old, StatusCode::kUnsupported, "old Mixtral conversion");
 }
 
 TEST(ModelTest, ArchitectureTensorsAreChecked) {

@@ -107,7 +107,26 @@ Result<ModelShape> ModelShapeByName(const std::string& name) {
   // The unit tests' models (test_models.cc WriteSmallModel): 256 wide so every quantized
   // type (256-element super-blocks) fits.
   if (name == "small") return ModelShape{"small", 2, 256, 4, 2, 512, 512, 10000.0f, 1e-5f};
-  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny, ptstore, ref-a, small)", name));
+  if (name == "moe-tiny") {
+    ModelShape s{"moe-tiny", 2, 256, 4, 2, 256, 2048, 10000.0f, 1e-5f};
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    return s;
+  }
+  if (name == "qwen3-30b-a3b") {
+    ModelShape s{"qwen3-30b-a3b", 48, 2048, 32, 4, 768, 4096, 1000000.0f, 1e-6f, 128};
+    s.n_expert = 128;
+    s.n_expert_used = 8;
+    return s;
+  }
+  if (name == "mixtral-small") {
+    ModelShape s{"mixtral-small", 16, 2048, 32, 8, 5632, 4096, 1000000.0f, 1e-5f};
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    return s;
+  }
+  return InvalidArgument(fmt::format("unknown model shape '{}' (tinyllama, tiny, ptstore, ref-a, small, moe-tiny, "
+                                     "qwen3-30b-a3b, mixtral-small)", name));
 }
 
 Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, const std::string& path) {
@@ -125,11 +144,17 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
 
   const std::string& arch = o.arch;
   if (arch != "llama" && arch != "llama3.2" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
-      arch != "gemma2" && arch != "gemma3") {
-    return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3, gemma2, gemma3)", arch));
+      arch != "gemma2" && arch != "gemma3" && arch != "qwen3moe" && arch != "mixtral") {
+    return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3, gemma2, gemma3, "
+                                       "qwen3moe, mixtral)", arch));
   }
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  const std::string gguf_arch = arch == "llama3.2" ? "llama" : arch;
+  const bool moe = arch == "qwen3moe" || arch == "mixtral";
+  if (moe != (s.n_expert > 0)) {
+    return InvalidArgument(moe ? fmt::format("architecture {} needs a mixture shape (moe-tiny, qwen3-30b-a3b, mixtral-small)", arch)
+                               : fmt::format("shape {} is a mixture of experts: use --arch qwen3moe or mixtral", s.name));
+  }
+  const std::string gguf_arch = arch == "llama3.2" || arch == "mixtral" ? "llama" : arch;
   const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
   if (head_dim % 2 != 0 || (s.head_dim == 0 && s.n_embd % s.n_head != 0)) {
     return InvalidArgument(fmt::format("shape {}: head dim {} does not divide evenly", s.name, head_dim));
@@ -145,6 +170,11 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   w.SetUint32(k + "embedding_length", static_cast<uint32_t>(s.n_embd));
   w.SetUint32(k + "block_count", static_cast<uint32_t>(s.n_layer));
   w.SetUint32(k + "feed_forward_length", static_cast<uint32_t>(s.n_ff));
+  if (moe) {
+    w.SetUint32(k + "expert_count", static_cast<uint32_t>(s.n_expert));
+    w.SetUint32(k + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
+    if (arch == "qwen3moe") w.SetUint32(k + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff));
+  }
   w.SetUint32(k + "attention.head_count", static_cast<uint32_t>(s.n_head));
   w.SetUint32(k + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
   if (s.head_dim > 0) {
@@ -181,13 +211,20 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   w.SetUint32("general.file_type", ftype);
 
   uint64_t tensor_seed = o.seed;
-  auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows, GgmlType type) -> Status {
+  // A matrix of `count` stacked (cols, rows) matrices ({cols, rows, count} for experts).
+  auto add_matrices = [&](const std::string& name, int64_t cols, int64_t rows, int64_t count, GgmlType type,
+                          float gain = 1.0f) -> Status {
     const uint64_t seed = ++tensor_seed * 0x9e3779b97f4a7c15ull;
-    const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+    const float stddev = gain / std::sqrt(static_cast<float>(cols));
     const int threads = o.n_threads;
-    return w.AddTensor(name, {cols, rows}, type, [=](std::span<uint8_t> dst) {
-      return FillRandom(dst, type, rows, cols, stddev, seed, threads);
+    std::vector<int64_t> dims = {cols, rows};
+    if (count > 1) dims.push_back(count);
+    return w.AddTensor(name, dims, type, [=](std::span<uint8_t> dst) {
+      return FillRandom(dst, type, rows * count, cols, stddev, seed, threads);
     });
+  };
+  auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows, GgmlType type) -> Status {
+    return add_matrices(name, cols, rows, 1, type);
   };
   auto add_ones = [&](const std::string& name, int64_t n) -> Status {
     return w.AddTensor(name, {n}, GgmlType::kF32, [n](std::span<uint8_t> dst) {
@@ -249,7 +286,7 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_v.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
     }
-    if (arch == "qwen3" || arch == "gemma3") {
+    if (arch == "qwen3" || arch == "gemma3" || arch == "qwen3moe") {
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_q_norm.weight", D, 1.0f, 0.5f));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k_norm.weight", D, 1.0f, 0.5f));
     }
@@ -259,6 +296,13 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "post_ffw_norm.weight", E, 1.0f, 0.5f));
     }
     TRELLIS_RETURN_IF_ERROR(add_ones(p + "ffn_norm.weight", E));
+    if (moe) {
+      TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_gate_inp.weight", E, s.n_expert, 1, GgmlType::kF32, 3.0f));
+      TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_gate_exps.weight", E, F, s.n_expert, tc.main));
+      TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_up_exps.weight", E, F, s.n_expert, tc.main));
+      TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_down_exps.weight", F, E, s.n_expert, vt));
+      continue;
+    }
     if (arch == "phi3") {
       TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", E, 2 * F, tc.main));
     } else {

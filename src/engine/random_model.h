@@ -18,6 +18,8 @@ struct ModelShape {
   float rope_theta, rms_eps;
   int head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length/value_length
   int n_rot = 0;     // rotated dims per head; 0: all of them
+  // Mixtures of experts (arch qwen3moe or mixtral): n_ff is then each expert's width.
+  int n_expert = 0, n_expert_used = 0;
 };
 
 // "tinyllama": TinyLlama-1.1B's dimensions (22 layers, 2048 wide, 32 heads, 4 KV heads,
@@ -27,6 +29,11 @@ struct ModelShape {
 // attention, so its KV is large against its compute (16 KiB per token), as the PTStore
 // evaluation's Mistral-7B's is against an A100 (bench/store_eval.cc says why). "ref-a":
 // tests/data/reference's ref-a (2 layers, 256 wide, 4 heads, 2 KV heads, 768 FFN).
+// Mixtures: "moe-tiny" (tests/data/reference's: 2 layers, 256 wide, 4 heads, 2 KV heads,
+// 8 experts of width 256, 2 used), "qwen3-30b-a3b" (Qwen3-30B-A3B: 48 layers, 2048 wide,
+// 32 heads, 4 KV heads, head dim 128, 128 experts of width 768, 8 used) and
+// "mixtral-small" (Mixtral's routing, 8 experts, 2 used, at 16 layers, 2048 wide, 32
+// heads, 8 KV heads, experts 5632 wide: a 6 B model with ~1.8 B active, for benchmarks).
 Result<ModelShape> ModelShapeByName(const std::string& name);
 
 struct RandomModelOptions {
@@ -48,7 +55,14 @@ struct RandomModelOptions {
   //   "gemma3"    gemma2's layout without the attention soft-cap, plus Q/K norms, window
   //               48 with sliding_window_pattern 2 (layer 0 slides, layer 1 is global),
   //               rope.freq_base_swa 10000 against a global base of 1e6 with linear
-  //               scaling 8 (Gemma 3 4B's).
+  //               scaling 8 (Gemma 3 4B's);
+  //   "qwen3moe"  Qwen3's attention (Q/K norms) and a mixture of the shape's n_expert
+  //               experts, n_expert_used per token; router f32 (llama-quantize never
+  //               quantizes it) with rows of std 3 / sqrt(n_embd), so router logits have
+  //               std ~3: the choice is decisive and the weights far from uniform, so a
+  //               wrong rule (top-k, renormalization) changes the answer, not its last digits;
+  //   "mixtral"   the llama architecture with expert_count (as Mixtral's files are),
+  //               the same router and experts.
   std::string arch = "llama";
   // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k". As llama-quantize
   // does, q4_0, q4_k_m and q5_k_m keep output.weight in q6_K unless `pure`; the K_M types

@@ -77,23 +77,42 @@ double Top2Margin(const float* row, int n) {
   return sorted[0] - sorted[1];
 }
 
-// Compares `rows` rows of ours against ref: every row's rms/std below rms_bound, and the
-// argmax equal wherever llama.cpp's own top-2 margin exceeds margin_bound. Returns the
-// worst rms/std (inf if any row is non-finite).
-double CompareRows(const float* ours, const float* ref, size_t rows, int n_vocab, double rms_bound,
-                   double margin_bound, const std::string& what) {
+// How close ours must be to llama.cpp (tests/data/README.md, tolerances.json: [rms,
+// margin] or [rms, margin, ties]).
+struct Bounds {
+  double rms = 0;     // every row's rms/std below this
+  double margin = 0;  // argmax equal wherever llama.cpp's top-2 margin exceeds this
+  // Mixtures in quantized types: rows per 100 that may exceed `rms` (but not
+  // kRouteTieCeiling) where a router near-tie chose other experts. llama.cpp disagrees
+  // with itself so (1-2 of 67 prompt rows between ubatch 1 and 512, up to 0.30); a wrong
+  // routing rule moves every row, not a few.
+  int ties_per_100 = 0;
+};
+constexpr double kRouteTieCeiling = 0.5;
+
+// Compares `rows` rows of ours against ref by `b`. Returns the worst rms/std (inf if any
+// row is non-finite).
+double CompareRows(const float* ours, const float* ref, size_t rows, int n_vocab, const Bounds& b,
+                   const std::string& what) {
   double worst = 0;
+  const size_t ties_allowed = rows * static_cast<size_t>(b.ties_per_100) / 100;
+  std::vector<size_t> ties;
   for (size_t r = 0; r < rows; ++r) {
-    const float* a = ours + r * n_vocab;
-    const float* b = ref + r * n_vocab;
-    const double rel = RelRms(a, b, n_vocab);
+    const float* x = ours + r * n_vocab;
+    const float* y = ref + r * n_vocab;
+    const double rel = RelRms(x, y, n_vocab);
     KeepWorst(worst, rel);
-    EXPECT_LT(rel, rms_bound) << what << " row " << r;
-    if (Top2Margin(b, n_vocab) > margin_bound) {
-      EXPECT_EQ(Sampler::Greedy({a, static_cast<size_t>(n_vocab)}), Sampler::Greedy({b, static_cast<size_t>(n_vocab)}))
+    if (rel >= b.rms && rel < kRouteTieCeiling && ties.size() < ties_allowed) {
+      ties.push_back(r);  // a router near-tie: neither the bound nor the argmax applies
+      continue;
+    }
+    EXPECT_LT(rel, b.rms) << what << " row " << r;
+    if (Top2Margin(y, n_vocab) > b.margin) {
+      EXPECT_EQ(Sampler::Greedy({x, static_cast<size_t>(n_vocab)}), Sampler::Greedy({y, static_cast<size_t>(n_vocab)}))
           << what << " row " << r;
     }
   }
+  if (!ties.empty()) std::printf("[ref] %s: %zu row(s) over the bound taken as router near-ties\n", what.c_str(), ties.size());
   return worst;
 }
 
@@ -116,7 +135,7 @@ TEST(ReferenceCompare, NonFiniteRowsFail) {
 // One reference case as tests/data/README.md describes it: the tolerances, llama.cpp's
 // prompt, greedy tokens, margins and logits, and the model.
 struct Reference {
-  double rms_bound = 0, margin_bound = 0;
+  Bounds bounds;
   std::string stem;
   std::vector<int32_t> prompt, greedy;
   std::vector<double> margins;
@@ -129,8 +148,9 @@ struct Reference {
 void LoadReference(const Case& tc, Reference* r) {
   std::ifstream tf(kDir + "tolerances.json");
   const nlohmann::json tol = nlohmann::json::parse(tf);
-  r->rms_bound = tol[tc.model][0];
-  r->margin_bound = tol[tc.model][1];
+  r->bounds.rms = tol[tc.model][0];
+  r->bounds.margin = tol[tc.model][1];
+  if (tol[tc.model].size() > 2) r->bounds.ties_per_100 = tol[tc.model][2];
   r->stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
   std::ifstream jf(r->stem + ".json");
   const nlohmann::json ref = nlohmann::json::parse(jf);
@@ -138,9 +158,12 @@ void LoadReference(const Case& tc, Reference* r) {
   r->greedy = ref["greedy"].get<std::vector<int32_t>>();
   r->margins = ref["greedy_top2_margins"].get<std::vector<double>>();
   r->prompt_logits = ReadF32(r->stem + ".all_logits.f32");
-  auto model = Model::Load(kDir + tc.model + ".gguf");
+  const std::string path = testing::ReferenceModelPath(tc.model);
+  ASSERT_FALSE(path.empty()) << tc.model;
+  auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   r->model = std::move(model).value();
+  if (path.rfind(kDir, 0) != 0) std::remove(path.c_str());  // the mapping keeps the data
   r->n_vocab = r->model->config().n_vocab;
   ASSERT_EQ(r->prompt_logits.size(), r->prompt.size() * static_cast<size_t>(r->n_vocab));
 }
@@ -205,7 +228,8 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
   const Case& tc = GetParam();
   Reference r;
   ASSERT_NO_FATAL_FAILURE(LoadReference(tc, &r));
-  const double rms_bound = r.rms_bound, margin_bound = r.margin_bound;
+  const Bounds& bounds = r.bounds;
+  const double rms_bound = bounds.rms, margin_bound = bounds.margin;
   const std::vector<int32_t>& prompt = r.prompt;
   const std::vector<int32_t>& greedy = r.greedy;
   const std::vector<double>& margins = r.margins;
@@ -220,9 +244,8 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
     const Generated* res = &alone;
 
     // Per-position logit agreement.
-    const double worst = CompareRows(res->prompt_logits.data(), ref_logits.data(), prompt.size(), n_vocab, rms_bound,
-                                     margin_bound, "prompt, threads " + std::to_string(threads));
-    EXPECT_LT(worst, rms_bound) << tc.model << " p" << tc.prompt_len << " threads " << threads;
+    const double worst = CompareRows(res->prompt_logits.data(), ref_logits.data(), prompt.size(), n_vocab, bounds,
+                                     "prompt, threads " + std::to_string(threads));
     RecordProperty("worst_rms_over_std_t" + std::to_string(threads), std::to_string(worst));
     std::printf("[ref] %s p%d threads %d, kernels %s: worst rms/std %.5f (bound %.3f)\n", tc.model.c_str(),
                 tc.prompt_len, threads, KernelPathName(), worst, rms_bound);
@@ -256,7 +279,8 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   const Case& tc = GetParam();
   Reference r;
   ASSERT_NO_FATAL_FAILURE(LoadReference(tc, &r));
-  const double rms_bound = r.rms_bound, margin_bound = r.margin_bound;
+  const Bounds& bounds = r.bounds;
+  const double rms_bound = bounds.rms;
   const std::vector<int32_t>& prompt = r.prompt;
   const std::vector<int32_t>& greedy = r.greedy;
   const std::vector<float>& ref_prompt = r.prompt_logits;
@@ -271,8 +295,8 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
     ASSERT_NO_FATAL_FAILURE(GenerateForced(*model, threads, prompt, greedy, &forced));
     const Generated* res = &forced;
     ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
-    const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
-                                     margin_bound, "alone decode, threads " + std::to_string(threads));
+    const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, bounds,
+                                     "alone decode, threads " + std::to_string(threads));
     std::printf("[ref-decode] %s p%d alone threads %d: worst rms/std %.5f over %zu steps (bound %.3f)\n",
                 tc.model.c_str(), tc.prompt_len, threads, worst, greedy.size(), rms_bound);
   }
@@ -312,9 +336,8 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
     (*sched)->RunUntilIdle();
     ASSERT_EQ(rows.size(), (greedy.size() + 1) * static_cast<size_t>(n_vocab)) << what;
     const double w0 = CompareRows(rows.data(), ref_prompt.data() + (prompt.size() - 1) * n_vocab, 1, n_vocab,
-                                  rms_bound, margin_bound, what + " last prompt position");
-    const double worst = CompareRows(rows.data() + n_vocab, ref_decode.data(), greedy.size(), n_vocab, rms_bound,
-                                     margin_bound, what);
+                                  bounds, what + " last prompt position");
+    const double worst = CompareRows(rows.data() + n_vocab, ref_decode.data(), greedy.size(), n_vocab, bounds, what);
     std::printf("[ref-decode] %s p%d %s: worst rms/std %.5f (last prompt row %.5f), %d cached\n", tc.model.c_str(),
                 tc.prompt_len, what.c_str(), worst, w0, result.n_cached);
   };
@@ -360,7 +383,8 @@ TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
   EXPECT_EQ((*tok)->Encode(ref["text"].get<std::string>(), /*add_bos=*/false, /*parse_special=*/true), prompt);
 
   const nlohmann::json tol = nlohmann::json::parse(std::ifstream(kDir + "tolerances.json"));
-  const double rms_bound = tol["ref-qwen3-151k-q8_0"][0], margin_bound = tol["ref-qwen3-151k-q8_0"][1];
+  const Bounds bounds{tol["ref-qwen3-151k-q8_0"][0], tol["ref-qwen3-151k-q8_0"][1]};
+  const double rms_bound = bounds.rms;
   for (int threads : {1, 2}) {
     Generated forced;
     ASSERT_NO_FATAL_FAILURE(GenerateForced(**model, threads, prompt, greedy, &forced));
@@ -368,14 +392,62 @@ TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
     ASSERT_EQ(res->prompt_logits.size(), prompt.size() * static_cast<size_t>(n_vocab));
     const std::string t = " threads " + std::to_string(threads);
     const double wp = CompareRows(res->prompt_logits.data() + (prompt.size() - prompt_rows) * n_vocab,
-                                  ref_prompt.data(), prompt_rows, n_vocab, rms_bound, margin_bound, "prompt" + t);
+                                  ref_prompt.data(), prompt_rows, n_vocab, bounds, "prompt" + t);
     ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
-    const double wd = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, rms_bound,
-                                  margin_bound, "decode" + t);
+    const double wd =
+        CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, bounds, "decode" + t);
     std::printf("[ref] qwen3 151k q8_0 p23%s, kernels %s: worst rms/std prompt %.5f, decode %.5f (bound %.3f)\n",
                 t.c_str(), KernelPathName(), wp, wd, rms_bound);
   }
   std::remove(path.c_str());
+}
+
+// The routing rule is checked, not just the plumbing: on the mixtures' f16 files (router
+// logits of std ~3, so the choice and the weights matter), each wrong rule (weights not
+// renormalized, one expert too many or too few) moves most prompt rows far past the
+// bound, while softmax over the chosen logits, which equals softmax-top-k-renormalize
+// exactly (the normalizer cancels; docs/moe.md), stays within it.
+TEST(MixtureRouting, WrongRulesFailAgainstLlamaCpp) {
+  for (const char* m : {"ref-qwen3moe-f16", "ref-mixtral-f16"}) {
+    Reference r;
+    ASSERT_NO_FATAL_FAILURE(LoadReference({m, 67}, &r));
+    const ModelConfig c = r.model->config();
+    struct Variant {
+      const char* what;
+      ExpertGating gating;
+      bool renormalize;
+      int k;
+      bool wrong;
+    };
+    const Variant variants[] = {
+        {"as llama.cpp", c.expert_gating, c.expert_renorm, c.n_expert_used, false},
+        {"softmax of the chosen, renormalized", ExpertGating::kSoftmaxOfChosen, true, c.n_expert_used, false},
+        {"not renormalized", c.expert_gating, false, c.n_expert_used, true},
+        {"softmax of the chosen (sums to 1 already)", ExpertGating::kSoftmaxOfChosen, false, c.n_expert_used, false},
+        {"k + 1", c.expert_gating, c.expert_renorm, c.n_expert_used + 1, true},
+        {"k - 1", c.expert_gating, c.expert_renorm, c.n_expert_used - 1, true},
+    };
+    for (const Variant& v : variants) {
+      r.model->SetExpertRoutingForTesting(v.gating, v.renormalize, v.k);
+      Generated g;
+      ASSERT_NO_FATAL_FAILURE(RunAlone(*r.model, 2, r.prompt, {}, 1, &g));
+      size_t over = 0;
+      double worst = 0;
+      for (size_t row = 0; row < r.prompt.size(); ++row) {
+        const double rel = RelRms(g.prompt_logits.data() + row * r.n_vocab, r.prompt_logits.data() + row * r.n_vocab,
+                                  r.n_vocab);
+        KeepWorst(worst, rel);
+        over += rel >= r.bounds.rms;
+      }
+      std::printf("[route] %s %s: %zu of %zu rows over the bound, worst rms/std %.4f\n", m, v.what, over,
+                  r.prompt.size(), worst);
+      if (v.wrong) {
+        EXPECT_GT(over, r.prompt.size() / 2) << m << ": " << v.what;
+      } else {
+        EXPECT_EQ(over, 0u) << m << ": " << v.what;
+      }
+    }
+  }
 }
 
 std::vector<Case> AllCases() {
@@ -384,6 +456,13 @@ std::vector<Case> AllCases() {
                         "ref-qwen2-f16", "ref-qwen3-f16", "ref-llama3.2-f16", "ref-phi3-f16", "ref-gemma2-f16",
                         "ref-gemma3-f16"}) {
     for (int p : {8, 67, 300}) v.push_back({m, p});
+  }
+  // Mixtures of experts (generated from MODEL.gen.json): qwen3moe f16 at the long prompt
+  // too (3 prefill chunks, so experts get batches of every size).
+  v.push_back({"ref-qwen3moe-f16", 300});
+  for (const char* m : {"ref-qwen3moe-f16", "ref-qwen3moe-q8_0", "ref-qwen3moe-q4_k_m", "ref-mixtral-f16",
+                        "ref-mixtral-q8_0", "ref-mixtral-q4_k_m"}) {
+    v.push_back({m, 67});
   }
   // The other architectures' quantized files: one prompt each (the f16 files carry the
   // architecture's checks at every length; these add the quantized kernels under it).

@@ -28,13 +28,15 @@ using testing::Greedy;
 using testing::Outcome;
 using testing::RunAll;
 
+// The model the schedulers run: a small dense one, or (MoeModel, for one test) a mixture.
+const Model* g_model = nullptr;
 const Model& TestModel() {
   static std::unique_ptr<Model> m = [] {
     auto r = Model::Load(testing::WriteSmallModel("store_engine_f32.gguf", "f32"));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return std::move(r).value();
   }();
-  return *m;
+  return g_model ? *g_model : *m;
 }
 
 // The in-process tests run on the in-memory transport (TransportOptions::loopback); tests
@@ -107,11 +109,11 @@ void ExpectSameOutput(const Outcome& got, const Outcome& want, const std::string
 // Node A computes prompts sharing system prompts and publishes them; node B, with an
 // empty cache of its own, reads the prefixes from the store (spread over two servers),
 // computes only the rest, and produces what a cold engine without any cache produces.
-TEST(StoreEngine, AnotherNodeReadsThePrefixAndOutputIsUnchanged) {
+void AnotherNodeReadsThePrefix(int rounds) {
   auto s1 = StoreServer(), s2 = StoreServer();
   ThreadPool pool(2);
   std::mt19937 rng(5);
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const int bs = std::vector<int>{8, 16, 32}[static_cast<size_t>(round)];
     SchedulerOptions o;
     o.block_size = bs;
@@ -167,6 +169,19 @@ TEST(StoreEngine, AnotherNodeReadsThePrefixAndOutputIsUnchanged) {
     b.reset();
     a.reset();
   }
+}
+
+TEST(StoreEngine, AnotherNodeReadsThePrefixAndOutputIsUnchanged) { AnotherNodeReadsThePrefix(3); }
+
+// K/V depend on attention only: a mixture of experts' prefixes go through the store as a
+// dense model's do (one round: blocks of 8, prefill chunks of 24).
+TEST(StoreEngine, AMixtureOfExpertsReadsPrefixesFromTheStoreToo) {
+  auto m = Model::Load(testing::ReferenceModelPath("ref-qwen3moe-q8_0"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->config().moe());
+  g_model = m->get();
+  AnotherNodeReadsThePrefix(1);
+  g_model = nullptr;
 }
 
 // A store that goes away is a miss, counted, and the request is computed locally with

@@ -9,6 +9,14 @@
 #include <limits>
 #include <unistd.h>
 
+#include <fstream>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "util/checksum.h"
+#include "util/mapped_file.h"
+
 namespace trellis::testing {
 
 double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -65,6 +73,34 @@ std::string WriteSmallModel(const std::string& name, const std::string& type, co
   const std::string path = TempPath(name);
   Status s = WriteRandomModel(o, *vocab, path);
   EXPECT_TRUE(s.ok()) << s.ToString();
+  return path;
+}
+
+std::string ReferenceModelPath(const std::string& model) {
+  const std::string kDir = std::string(TRELLIS_TEST_DATA) + "/reference/";
+  const std::string recipe_path = kDir + model + ".gen.json";
+  if (!std::ifstream(recipe_path).good()) return kDir + model + ".gguf";
+  const nlohmann::json recipe = nlohmann::json::parse(std::ifstream(recipe_path));
+  auto vocab = GgufFile::Open(std::string(TRELLIS_TEST_DATA) + "/" + recipe["vocab"].get<std::string>());
+  EXPECT_TRUE(vocab.ok()) << vocab.status().ToString();
+  if (!vocab.ok()) return "";
+  RandomModelOptions o;
+  auto shape = ModelShapeByName(recipe["shape"].get<std::string>());
+  EXPECT_TRUE(shape.ok()) << shape.status().ToString();
+  if (!shape.ok()) return "";
+  o.shape = *shape;
+  o.arch = recipe["arch"].get<std::string>();
+  o.type = recipe["type"].get<std::string>();
+  o.seed = recipe["seed"].get<uint64_t>();
+  const std::string path = TempPath(model + ".gguf");
+  const Status st = WriteRandomModel(o, *vocab, path);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  auto f = MappedFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  if (!f.ok()) return "";
+  EXPECT_EQ(fmt::format("{:016x}", Checksum64(f->data(), f->size())), recipe["model_xxh3"].get<std::string>())
+      << "the random-model generator writes other bytes than the file llama.cpp's logits were made from: "
+         "regenerate the reference (tests/data/README.md)";
   return path;
 }
 

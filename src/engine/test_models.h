@@ -39,6 +39,13 @@ std::string TempPath(const std::string& name);
 std::string WriteSmallModel(const std::string& name, const std::string& type = "f32",
                             const std::string& vocab_path = "", const std::string& arch = "llama");
 
+// The model of reference case `model` (tests/data/reference): MODEL.gguf, or, where
+// MODEL.gen.json is there instead, a temp file the random-model generator writes from
+// that recipe (shape, arch, type, seed, vocab: what `trellis gen-model` takes), checked
+// against the XXH3 of the file llama.cpp's outputs were made from (the mixtures' files,
+// 8 MB in f16, are not stored). "" (and a test failure) if it cannot be made.
+std::string ReferenceModelPath(const std::string& model);
+
 struct RewriteHooks {
   // Return false to drop the key / tensor.
   std::function<bool(const std::string& key, GgufValue& value)> metadata = nullptr;

@@ -422,7 +422,8 @@ class GridReferenceTest : public ::testing::TestWithParam<RefCase> {};
 TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
   const RefCase rc = GetParam();
   const std::string dir = std::string(TRELLIS_TEST_DATA) + "/reference/";
-  const std::string path = dir + rc.model + ".gguf";
+  const std::string path = trellis::testing::ReferenceModelPath(rc.model);
+  ASSERT_FALSE(path.empty());
   const nlohmann::json tol = nlohmann::json::parse(std::ifstream(dir + "tolerances.json"));
   const double bound = tol[rc.model][0];
   const nlohmann::json ref = nlohmann::json::parse(std::ifstream(dir + rc.model + ".p67.json"));
@@ -484,7 +485,9 @@ TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, GridReferenceTest,
                          ::testing::Values(RefCase{"ref-a-q4_0", 2, 0}, RefCase{"ref-a-f16", 2, 1},
-                                           RefCase{"ref-b-q6_k", 3, 0}, RefCase{"ref-b-q6_k", 3, 1}),
+                                           RefCase{"ref-b-q6_k", 3, 0}, RefCase{"ref-b-q6_k", 3, 1},
+                                           // Mixtures: a node holds whole layers, experts included.
+                                           RefCase{"ref-qwen3moe-f16", 2, 0}, RefCase{"ref-mixtral-q8_0", 2, 1}),
                          [](const ::testing::TestParamInfo<RefCase>& i) {
                            std::string n = i.param.model + "_" + std::to_string(i.param.n_layer - i.param.head_layers) + "nodes";
                            for (char& c : n) c = (c == '-') ? '_' : c;

@@ -62,6 +62,26 @@ Status ReadGemmaKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
   return Status::Ok();
 }
 
+// expert_count / expert_used_count: both or neither (a dense model), 1 <= used <= count
+// <= 1024 as llama.cpp checks. The gating rule is the architecture's, never the file's.
+Status ReadExpertKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const bool has = g.Has(p + "expert_count");
+  if (has) {
+    auto n = g.GetUint(p + "expert_count");
+    if (!n.ok()) return n.status();
+    if (*n == 0) return Status::Ok();  // some converters write 0 for dense models
+  } else if (c->arch != "qwen3moe") {
+    return Status::Ok();
+  }
+  TRELLIS_ASSIGN_OR_RETURN(c->n_expert, GetPositiveInt(g, p + "expert_count", 1024));
+  TRELLIS_ASSIGN_OR_RETURN(c->n_expert_used, GetPositiveInt(g, p + "expert_used_count", 1024));
+  if (c->n_expert_used > c->n_expert) {
+    return InvalidArgument(fmt::format("{}expert_used_count {} exceeds expert_count {}", p, c->n_expert_used, c->n_expert));
+  }
+  c->expert_renorm = true;  // qwen3moe and Mixtral alike (docs/moe.md)
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
@@ -79,29 +99,41 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     c.post_norms = true;
     c.ffn_gelu = true;
     c.qk_norm = c.arch == "gemma3";
-  } else if (c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "gpt-oss" || c.arch == "mixtral") {
-    return Unsupported(fmt::format("'{}' is a mixture-of-experts architecture, which Trellis does not run yet "
-                                   "(docs/moe.md); dense ones are supported: llama, qwen2, qwen3, phi3, gemma2, gemma3",
+  } else if (c.arch == "qwen3moe") {
+    c.rope_neox = true;
+    c.qk_norm = true;
+  } else if (c.arch == "qwen2moe" || c.arch == "gpt-oss" || c.arch == "mixtral") {
+    return Unsupported(fmt::format("'{}' is a mixture-of-experts architecture Trellis does not run yet (docs/moe.md); "
+                                   "supported: llama (Mixtral too), qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3",
                                    c.arch));
   } else if (c.arch != "llama") {
     return Unsupported(fmt::format("architecture '{}' is not supported (supported: llama (TinyLlama, Llama 2/3, "
-                                   "Mistral, SmolLM), qwen2 (Qwen2, Qwen2.5), qwen3, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
+                                   "Mistral, SmolLM, Mixtral), qwen2 (Qwen2, Qwen2.5), qwen3, qwen3moe, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
                                    "gemma2, gemma3)",
                                    c.arch));
   }
   if (auto n = g.GetString("general.name"); n.ok()) c.name = *n;
   const std::string p = c.arch + ".";
-  // Mixtral and its kin are "llama" files with experts: refused by name, not by a missing
-  // dense FFN tensor further on.
-  if (auto experts = g.GetUint(p + "expert_count"); experts.ok() && *experts > 0) {
-    const auto used = g.GetUint(p + "expert_used_count");
-    return Unsupported(fmt::format("this '{}' model is a mixture of experts ({} experts, {} used per token), which "
-                                   "Trellis does not run yet (docs/moe.md)",
-                                   c.arch, *experts, used.ok() ? std::to_string(*used) : std::string("?")));
-  }
   TRELLIS_ASSIGN_OR_RETURN(c.n_embd, GetPositiveInt(g, p + "embedding_length", 1 << 16));
   TRELLIS_ASSIGN_OR_RETURN(c.n_layer, GetPositiveInt(g, p + "block_count", 1024));
-  TRELLIS_ASSIGN_OR_RETURN(c.n_ff, GetPositiveInt(g, p + "feed_forward_length", 1 << 18));
+  TRELLIS_RETURN_IF_ERROR(ReadExpertKeys(g, p, &c));
+  if (!c.moe() || g.Has(p + "feed_forward_length")) {
+    TRELLIS_ASSIGN_OR_RETURN(c.n_ff, GetPositiveInt(g, p + "feed_forward_length", 1 << 18));
+  }
+  if (c.moe()) {
+    // The expert width: qwen3moe's own key, else (Mixtral) the FFN length, else llama.cpp's
+    // fallback of the FFN length shared among the chosen experts.
+    if (g.Has(p + "expert_feed_forward_length")) {
+      TRELLIS_ASSIGN_OR_RETURN(c.n_ff_exp, GetPositiveInt(g, p + "expert_feed_forward_length", 1 << 18));
+    } else if (c.n_ff > 0) {
+      c.n_ff_exp = c.arch == "llama" ? c.n_ff : c.n_ff / c.n_expert_used;
+    }
+    if (c.n_ff_exp <= 0) {
+      return InvalidArgument(fmt::format("{}: neither {}expert_feed_forward_length nor {}feed_forward_length gives "
+                                         "the experts' width", c.arch, p, p));
+    }
+    c.n_ff = 0;  // every layer is a mixture: no dense FFN
+  }
   TRELLIS_ASSIGN_OR_RETURN(c.n_head, GetPositiveInt(g, p + "attention.head_count", 1024));
   c.n_head_kv = c.n_head;
   if (g.Has(p + "attention.head_count_kv")) {

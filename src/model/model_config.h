@@ -16,11 +16,15 @@
 //   gemma3 Gemma 3: as gemma2 without attention soft-capping (final only if the file
 //          says), plus Q/K norm, 5 sliding-window layers per global one, and a RoPE
 //          base (rope.freq_base_swa, 10000) and scale of their own on the window layers.
+// Mixtures of experts (docs/moe.md): the feed-forward block is n_expert experts of width
+// n_ff_exp, of which a router picks n_expert_used per token:
+//   qwen3moe  Qwen3-30B-A3B, Qwen3-Coder-30B-A3B: Qwen3's attention, softmax gating,
+//             the chosen weights renormalized;
+//   llama     with llama.expert_count: Mixtral, the same rule on llama attention.
 // Optional tensors any of them may carry (biases, a tied output) are the model's
 // business (engine/model.h). Anything else is rejected with an error naming the
-// architecture and listing the supported ones; mixture-of-experts files (qwen3moe,
-// qwen2moe, gpt-oss, or a llama file with expert_count: Mixtral) are refused as such
-// (docs/moe.md).
+// architecture and listing the supported ones; qwen2moe and gpt-oss are refused as
+// mixture-of-experts architectures not run yet.
 //
 // Thread safety: plain value type.
 #pragma once
@@ -33,8 +37,14 @@
 
 namespace trellis {
 
+// How a mixture's router turns its logits into chosen experts and weights (docs/moe.md):
+//   kSoftmax          softmax over every expert, the k most probable chosen (qwen3moe,
+//                     Mixtral, qwen2moe);
+//   kSoftmaxOfChosen  the k largest logits chosen, softmax over those k (gpt-oss).
+enum class ExpertGating { kSoftmax, kSoftmaxOfChosen };
+
 struct ModelConfig {
-  std::string arch;        // general.architecture: llama, qwen2, qwen3, phi3, gemma2, gemma3
+  std::string arch;        // general.architecture: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3
   std::string name;        // general.name, informational
   int n_vocab = 0;
   int n_ctx_train = 0;     // context length the model was trained with
@@ -64,6 +74,12 @@ struct ModelConfig {
   int swa_period = 0;          // with n_swa: layer il is a window layer iff
                                // il % swa_period < swa_period - 1 (0: every layer)
   float rope_freq_base_swa = 10000.0f;  // the window layers' RoPE base (scale 1)
+  // Mixture of experts (n_expert = 0: a dense FFN of width n_ff).
+  int n_expert = 0;         // expert_count
+  int n_expert_used = 0;    // expert_used_count: experts per token, 1..n_expert
+  int n_ff_exp = 0;         // one expert's FFN width
+  ExpertGating expert_gating = ExpertGating::kSoftmax;
+  bool expert_renorm = false;  // the chosen weights divided by their sum (qwen3moe, Mixtral)
 
   // Reads and validates the ARCH.* keys. Errors name the missing or bad key.
   static Result<ModelConfig> FromGguf(const GgufFile& gguf);
@@ -74,6 +90,7 @@ struct ModelConfig {
   bool IsSwaLayer(int il) const {
     return n_swa > 0 && (swa_period == 0 || il % swa_period < swa_period - 1);
   }
+  bool moe() const { return n_expert > 0; }
   // The per-session context when none is asked for: the trained one, at most 4096.
   int DefaultContext() const { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
 };
