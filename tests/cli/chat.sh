@@ -76,11 +76,19 @@ ok "exited"
 
 say "piped, on every architecture with its family's template"
 T=$DATA/templates
+# The mixtures of experts' reference models are generated (tests/data/README.md).
+for arch in qwen3moe mixtral; do
+  "$TRELLIS" gen-model --shape moe-tiny --arch $arch --type f16 --vocab "$DATA/reference/ref-a-f16.gguf" \
+    -o "$tmp/ref-$arch-f16.gguf" 2>/dev/null || die "gen-model $arch"
+done
 for pair in "qwen2:Qwen-Qwen2.5-7B-Instruct" "qwen3:Qwen-Qwen2.5-7B-Instruct" "phi3:microsoft-Phi-3.5-mini-instruct" \
-            "gemma2:google-gemma-2-2b-it" "gemma3:google-gemma-2-2b-it" "llama3.2:meta-llama-Llama-3.1-8B-Instruct"; do
+            "gemma2:google-gemma-2-2b-it" "gemma3:google-gemma-2-2b-it" "llama3.2:meta-llama-Llama-3.1-8B-Instruct" \
+            "qwen3moe:Qwen-Qwen3" "mixtral:mistralai-Mistral-Nemo-Instruct-2407"; do
   arch=${pair%%:*} tmpl=${pair#*:}
+  m=$DATA/reference/ref-$arch-f16.gguf
+  [[ -f $m ]] || m=$tmp/ref-$arch-f16.gguf
   out=$(printf 'What is 2+2?\nAnd 3+3?\n/stats\n' |
-        timeout 60 "$TRELLIS" chat -m "$DATA/reference/ref-$arch-f16.gguf" --chat-template "$T/$tmpl.jinja" -n 4 --temp 0 -t 1 2>&1) ||
+        timeout 60 "$TRELLIS" chat -m "$m" --chat-template "$T/$tmpl.jinja" -n 4 --temp 0 -t 1 2>&1) ||
     die "$arch: $out"
   [[ $(grep -c '^\[prompt' <<<"$out") -eq 2 ]] || die "$arch: $out"
   r2=$(grep '^\[prompt' <<<"$out" | tail -1 | sed -E 's/.*tokens, ([0-9]+) reused.*/\1/')
