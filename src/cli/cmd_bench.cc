@@ -103,6 +103,11 @@ int RunSpeed(const SpeedOpts& o) {
     }
     std::printf("peak RSS: %.1f MiB (weights %.1f MiB mmapped)\n", static_cast<double>(rss) / (1 << 20),
                 static_cast<double>((*model)->WeightBytes()) / (1 << 20));
+    if (const ModelConfig& c = (*model)->config(); c.moe()) {
+      const double active = static_cast<double>((*model)->ActiveWeightBytes());
+      std::printf("mixture of experts: %d of %d experts per token, so a decode step reads %.1f MiB of weights "
+                  "(%.1f GB/s at tg's median)\n", c.n_expert_used, c.n_expert, active / (1 << 20), active * tg_med / 1e9);
+    }
   }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv, std::ios::app);

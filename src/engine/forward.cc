@@ -26,7 +26,7 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   v_.resize(T * c.kv_dim());
   attn_.resize(T * q_dim);
   tmp_.resize(T * c.n_embd);
-  const size_t ff = static_cast<size_t>(std::max(c.n_ff, c.n_ff_exp));
+  const size_t ff = static_cast<size_t>(std::max({c.n_ff, c.n_ff_exp, c.n_ff_shexp}));
   gate_.resize(T * ff);
   up_.resize(T * ff);
   if (c.moe()) {
@@ -37,6 +37,7 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
     exp_count_.resize(NE + 1);
     exp_slots_.resize(T * K);
     route_scratch_.resize(NE);
+    shexp_gate_.resize(T);
     xe_.resize(T * c.n_embd);
     de_.resize(T * c.n_embd);
   }
@@ -78,17 +79,22 @@ namespace {
 constexpr int64_t kMinParallelFloats = 1 << 16;
 }  // namespace
 
+template <class Fn>
+void Forward::ForRange(int64_t n, int64_t floats, Fn&& fn) {
+  if (floats < kMinParallelFloats) {
+    fn(int64_t{0}, n, 0);
+  } else {
+    pool_.ParallelFor(n, fn);
+  }
+}
+
 void Forward::RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows) {
   const int64_t n = model_.config().n_embd;
   const float eps = model_.config().rms_eps;
   auto rows = [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) RmsNorm(in + r * n, w.data(), n, eps, out + r * n);
   };
-  if (n_rows * n < kMinParallelFloats) {
-    rows(0, n_rows, 0);
-  } else {
-    pool_.ParallelFor(n_rows, rows);
-  }
+  ForRange(n_rows, n_rows * n, rows);
 }
 
 void Forward::AddBias(float* x, int64_t width, const std::vector<float>& b, int n_rows) {
@@ -110,22 +116,14 @@ void Forward::HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w,
       }
     }
   };
-  if (static_cast<int64_t>(n_rows) * width < kMinParallelFloats) {
-    rows(0, n_rows, 0);
-  } else {
-    pool_.ParallelFor(n_rows, rows);
-  }
+  ForRange(n_rows, static_cast<int64_t>(n_rows) * width, rows);
 }
 
 void Forward::AddInPlace(float* x, const float* y, int64_t n) {
   auto add = [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x[i] += y[i];
   };
-  if (n < kMinParallelFloats) {
-    add(0, n, 0);
-  } else {
-    pool_.ParallelFor(n, add);
-  }
+  ForRange(n, n, add);
 }
 
 Status Forward::Run(std::span<const SeqBatch> seqs) {
@@ -266,11 +264,7 @@ void Forward::DenseFfn(const LayerWeights& l, int n_rows) {
       SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     }
   };
-  if (n_ff_total < kMinParallelFloats) {
-    act(0, n_ff_total, 0);
-  } else {
-    pool_.ParallelFor(n_ff_total, act);
-  }
+  ForRange(n_ff_total, n_ff_total, act);
   MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
 }
 
@@ -308,21 +302,13 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
     auto gather = [&](int64_t b, int64_t end, int) {
       for (int64_t i = b; i < end; ++i) std::copy_n(xn_.data() + (slots[i] / K) * E, E, xe_.data() + i * E);
     };
-    if (n * E < kMinParallelFloats) {
-      gather(0, n, 0);
-    } else {
-      pool_.ParallelFor(n, gather);
-    }
+    ForRange(n, n * E, gather);
     const MatMulOut gate_up[] = {{&l.exp_gate[static_cast<size_t>(e)], gate_.data(), F},
                                  {&l.exp_up[static_cast<size_t>(e)], up_.data(), F}};
     MatMulShared(gate_up, xe_.data(), E, n, pool_, scratch_);
     const int64_t total = static_cast<int64_t>(n) * F;
     auto act = [&](int64_t b, int64_t end, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, end - b); };
-    if (total < kMinParallelFloats) {
-      act(0, total, 0);
-    } else {
-      pool_.ParallelFor(total, act);
-    }
+    ForRange(total, total, act);
     MatMul(l.exp_down[static_cast<size_t>(e)], gate_.data(), F, n, de_.data(), E, pool_, scratch_);
     // Scatter: a row appears at most once among an expert's slots, so rows do not race.
     auto scatter = [&](int64_t b, int64_t end, int) {
@@ -333,11 +319,27 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
         for (int64_t j = 0; j < E; ++j) out[j] += w * d[j];
       }
     };
-    if (n * E < kMinParallelFloats) {
-      scatter(0, n, 0);
-    } else {
-      pool_.ParallelFor(n, scatter);
-    }
+    ForRange(n, n * E, scatter);
+  }
+  if (c.n_ff_shexp > 0) SharedExpert(l, n_rows);
+}
+
+void Forward::SharedExpert(const LayerWeights& l, int n_rows) {
+  const ModelConfig& c = model_.config();
+  const int64_t E = c.n_embd, F = c.n_ff_shexp;
+  const MatMulOut outs[] = {{&l.shexp_gate, gate_.data(), F}, {&l.shexp_up, up_.data(), F}};
+  MatMulShared(outs, xn_.data(), E, n_rows, pool_, scratch_);
+  MatMul(l.shexp_gate_inp, xn_.data(), E, n_rows, shexp_gate_.data(), 1, pool_, scratch_);
+  const int64_t total = static_cast<int64_t>(n_rows) * F;
+  auto act = [&](int64_t b, int64_t end, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, end - b); };
+  ForRange(total, total, act);
+  MatMul(l.shexp_down, gate_.data(), F, n_rows, de_.data(), E, pool_, scratch_);
+  for (int r = 0; r < n_rows; ++r) {
+    // llama.cpp computes the sigmoid as silu(g) / g; the same value away from g = 0.
+    const float g = 1.0f / (1.0f + std::exp(-shexp_gate_[static_cast<size_t>(r)]));
+    float* out = tmp_.data() + static_cast<int64_t>(r) * E;
+    const float* d = de_.data() + static_cast<int64_t>(r) * E;
+    for (int64_t j = 0; j < E; ++j) out[j] += g * d[j];
   }
 }
 

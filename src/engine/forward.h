@@ -83,6 +83,10 @@ class Forward {
   const Model& model() const { return model_; }
 
  private:
+  // fn(begin, end, thread) over [0, n) on the pool, or all of it on the calling thread
+  // when the work (`floats` touched) is too small for a fork/join to pay.
+  template <class Fn>
+  void ForRange(int64_t n, int64_t floats, Fn&& fn);
   void RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows);
   void AddInPlace(float* x, const float* y, int64_t n);
   // Rows of `width` floats: x[r] += b (nothing if b is empty).
@@ -97,6 +101,8 @@ class Forward {
   // one batch (gathered into xe_, its output scattered back times the row's weight), so
   // a decode step reads only the chosen experts' weights.
   void MoeFfn(const LayerWeights& l, int n_rows);
+  // qwen2moe's shared expert, added to tmp_ (MoeFfn's output).
+  void SharedExpert(const LayerWeights& l, int n_rows);
 
   const Model& model_;
   PagedKv kv_;
@@ -127,6 +133,7 @@ class Forward {
   std::vector<int32_t> exp_count_;  // (n_expert + 1) rows per expert, then offsets
   std::vector<int32_t> exp_slots_;  // (T * k) row * k + slot, grouped by expert
   std::vector<float> route_scratch_;  // (n_expert)
+  std::vector<float> shexp_gate_;   // (T) the shared expert's gate logit per row
   std::vector<float> xe_;           // (T, n_embd) one expert's gathered input rows
   std::vector<float> de_;           // (T, n_embd) its output rows
   std::vector<float> out_in_;  // (L, n_embd) normed rows that want logits

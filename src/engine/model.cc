@@ -99,7 +99,8 @@ WeightMatrix RowSlice(const WeightMatrix& w, int64_t row0, int64_t rows) {
 }  // namespace
 
 std::vector<const WeightMatrix*> LayerWeights::Matrices() const {
-  std::vector<const WeightMatrix*> v = {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down, &router};
+  std::vector<const WeightMatrix*> v = {&wq,     &wk,         &wv,       &wo,         &w_gate,        &w_up,
+                                        &w_down, &router,     &shexp_gate_inp, &shexp_gate, &shexp_up, &shexp_down};
   for (const auto* experts : {&exp_gate, &exp_up, &exp_down}) {
     for (const WeightMatrix& w : *experts) v.push_back(&w);
   }
@@ -209,6 +210,22 @@ Status Model::Init() {
       TRELLIS_ASSIGN_OR_RETURN(l.exp_gate, GetExperts(gguf_, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
       TRELLIS_ASSIGN_OR_RETURN(l.exp_up, GetExperts(gguf_, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
       TRELLIS_ASSIGN_OR_RETURN(l.exp_down, GetExperts(gguf_, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert));
+      if (c.n_ff_shexp > 0) {
+        // The shared expert's gate is a vector ({n_embd}): one output row.
+        const std::string gi = p + "ffn_gate_inp_shexp.weight";
+        const GgufTensorInfo* t = gguf_.FindTensor(gi);
+        if (!t) return NotFound(fmt::format("tensor '{}' is missing", gi));
+        if (t->dims.size() != 1 || t->dims[0] != c.n_embd) {
+          return InvalidArgument(fmt::format("tensor '{}' has shape {}, expected [{}]", gi, Shape(t->dims), c.n_embd));
+        }
+        if (!GetGgmlTypeTraits(t->type).computable) {
+          return Unsupported(fmt::format("tensor '{}' has unsupported type {}", gi, GetGgmlTypeTraits(t->type).name));
+        }
+        l.shexp_gate_inp = WeightMatrix{t->type, t->data, 1, c.n_embd, RowBytes(t->type, c.n_embd)};
+        TRELLIS_ASSIGN_OR_RETURN(l.shexp_gate, GetMatrix(gguf_, p + "ffn_gate_shexp.weight", c.n_embd, c.n_ff_shexp));
+        TRELLIS_ASSIGN_OR_RETURN(l.shexp_up, GetMatrix(gguf_, p + "ffn_up_shexp.weight", c.n_embd, c.n_ff_shexp));
+        TRELLIS_ASSIGN_OR_RETURN(l.shexp_down, GetMatrix(gguf_, p + "ffn_down_shexp.weight", c.n_ff_shexp, c.n_embd));
+      }
     } else if (!gguf_.FindTensor(p + "ffn_gate.weight") && gguf_.FindTensor(p + "ffn_up.weight") &&
                gguf_.FindTensor(p + "ffn_up.weight")->dims.size() == 2 &&
                gguf_.FindTensor(p + "ffn_up.weight")->dims[1] == 2 * c.n_ff) {
@@ -240,7 +257,7 @@ Status Model::Init() {
   // expert_used_count is metadata only: the same tensors routed through another number
   // of experts compute other K/V.
   const int cfg[] = {c.n_vocab, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_expert,
-                     c.n_expert_used, c.n_ff_exp};
+                     c.n_expert_used, c.n_ff_exp, c.n_ff_shexp};
   h = Fnv1a(h, cfg, sizeof(cfg));
   for (const GgufTensorInfo& t : gguf_.tensors()) {
     h = Fnv1a(h, t.name.data(), t.name.size());

@@ -46,6 +46,11 @@ struct LayerWeights {
   std::vector<WeightMatrix> exp_gate;  // [n_expert] (n_ff_exp, n_embd)
   std::vector<WeightMatrix> exp_up;    // [n_expert] (n_ff_exp, n_embd)
   std::vector<WeightMatrix> exp_down;  // [n_expert] (n_embd, n_ff_exp)
+  // qwen2moe's shared expert: a dense SwiGLU FFN of width n_ff_shexp every token runs,
+  // its output times sigmoid(shexp_gate_inp . x) (one row: a scalar per token).
+  WeightMatrix shexp_gate_inp;         // (1, n_embd)
+  WeightMatrix shexp_gate, shexp_up;   // (n_ff_shexp, n_embd)
+  WeightMatrix shexp_down;             // (n_embd, n_ff_shexp)
 
   // Every weight matrix of the layer (the empty ones of the other kind included; their
   // rows are 0): for repacking, sizing scratch and counting bytes.

@@ -139,8 +139,8 @@ TEST(ModelTest, ArchitectureIsPartOfTheFingerprint) {
 
 // Mixture-of-experts files are refused by name (docs/moe.md): a Mixtral is a "llama" file
 // with expert keys (not a dense llama missing its FFN), and the MoE architectures say so.
-// Mixtures of experts: qwen3moe and Mixtral load (their logits: reference_test.cc); the
-// other MoE architectures are refused by name, and bad expert keys and tensors are named.
+// Mixtures of experts: qwen3moe, Mixtral and qwen2moe load (their logits:
+// reference_test.cc); gpt-oss is refused by name, and bad expert keys and tensors are named.
 TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
   const std::string src = WriteSmallModel("moe_src.gguf");
   // A llama file that says it has experts but holds a dense FFN: the router is missing.
@@ -150,23 +150,26 @@ TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
                                w.SetUint32("llama.expert_used_count", 2);
                              }});
   ExpectLoadError(mixtral, StatusCode::kNotFound, "blk.0.ffn_gate_inp.weight");
-  const std::string q2moe = TempPath("moe_q2.gguf");
-  RewriteGguf(src, q2moe, {.metadata = [](const std::string& k, GgufValue& v) {
-                             if (k == "general.architecture") v.str = "qwen2moe";
-                             return true;
-                           }});
-  ExpectLoadError(q2moe, StatusCode::kUnsupported, "'qwen2moe' is a mixture-of-experts architecture");
+  const std::string oss = TempPath("moe_oss.gguf");
+  RewriteGguf(src, oss, {.metadata = [](const std::string& k, GgufValue& v) {
+                           if (k == "general.architecture") v.str = "gpt-oss";
+                           return true;
+                         }});
+  ExpectLoadError(oss, StatusCode::kUnsupported, "'gpt-oss' is a mixture-of-experts architecture");
 
-  const std::string moe = TempPath("moe_ok.gguf");
-  {
+  // A moe-tiny model of `arch` in q8_0.
+  auto write_moe = [](const std::string& name, const std::string& arch) {
     auto vocab = GgufFile::Open(std::string(TRELLIS_TEST_DATA) + "/reference/ref-a-f16.gguf");
-    ASSERT_TRUE(vocab.ok());
+    EXPECT_TRUE(vocab.ok());
     RandomModelOptions o;
     o.shape = *ModelShapeByName("moe-tiny");
-    o.arch = "qwen3moe";
+    o.arch = arch;
     o.type = "q8_0";
-    ASSERT_TRUE(WriteRandomModel(o, *vocab, moe).ok());
-  }
+    const std::string path = TempPath(name);
+    EXPECT_TRUE(WriteRandomModel(o, *vocab, path).ok());
+    return path;
+  };
+  const std::string moe = write_moe("moe_ok.gguf", "qwen3moe");
   {
     auto m = Model::Load(moe);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -200,6 +203,20 @@ TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
                   "blk.0.ffn_gate_inp.weight");
   ExpectLoadError(with_key("moe_width.gguf", "qwen3moe.expert_feed_forward_length", 128), StatusCode::kInvalidArgument,
                   "blk.0.ffn_gate_exps.weight");
+  // qwen2moe's shared expert gate is a vector of n_embd.
+  const std::string q2 = write_moe("moe_q2.gguf", "qwen2moe");
+  {
+    auto m = Model::Load(q2);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->config().n_ff_shexp, 512);
+    EXPECT_FALSE((*m)->config().expert_renorm);
+  }
+  const std::string q2_bad = TempPath("moe_q2_bad.gguf");
+  RewriteGguf(q2, q2_bad, {.tensor = [](GgufTensorInfo& t) {
+                             if (t.name == "blk.1.ffn_gate_inp_shexp.weight") t.dims = {128, 2};
+                             return true;
+                           }});
+  ExpectLoadError(q2_bad, StatusCode::kInvalidArgument, "blk.1.ffn_gate_inp_shexp.weight");
   // Old Mixtral conversions (one tensor per expert) are refused as such.
   const std::string old = TempPath("moe_old.gguf");
   RewriteGguf(moe, old, {.extra = [](GgufWriter& w) {

@@ -144,15 +144,15 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
 
   const std::string& arch = o.arch;
   if (arch != "llama" && arch != "llama3.2" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
-      arch != "gemma2" && arch != "gemma3" && arch != "qwen3moe" && arch != "mixtral") {
+      arch != "gemma2" && arch != "gemma3" && arch != "qwen3moe" && arch != "mixtral" && arch != "qwen2moe") {
     return InvalidArgument(fmt::format("unknown architecture '{}' (llama, llama3.2, qwen2, qwen3, phi3, gemma2, gemma3, "
-                                       "qwen3moe, mixtral)", arch));
+                                       "qwen3moe, mixtral, qwen2moe)", arch));
   }
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  const bool moe = arch == "qwen3moe" || arch == "mixtral";
+  const bool moe = arch == "qwen3moe" || arch == "mixtral" || arch == "qwen2moe";
   if (moe != (s.n_expert > 0)) {
     return InvalidArgument(moe ? fmt::format("architecture {} needs a mixture shape (moe-tiny, qwen3-30b-a3b, mixtral-small)", arch)
-                               : fmt::format("shape {} is a mixture of experts: use --arch qwen3moe or mixtral", s.name));
+                               : fmt::format("shape {} is a mixture of experts: use --arch qwen3moe, mixtral or qwen2moe", s.name));
   }
   const std::string gguf_arch = arch == "llama3.2" || arch == "mixtral" ? "llama" : arch;
   const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
@@ -173,7 +173,8 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
   if (moe) {
     w.SetUint32(k + "expert_count", static_cast<uint32_t>(s.n_expert));
     w.SetUint32(k + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
-    if (arch == "qwen3moe") w.SetUint32(k + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff));
+    if (arch != "mixtral") w.SetUint32(k + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff));
+    if (arch == "qwen2moe") w.SetUint32(k + "expert_shared_feed_forward_length", static_cast<uint32_t>(2 * s.n_ff));
   }
   w.SetUint32(k + "attention.head_count", static_cast<uint32_t>(s.n_head));
   w.SetUint32(k + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
@@ -281,7 +282,7 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", E, KD, tc.main));
       TRELLIS_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", E, KD, vt));
     }
-    if (arch == "qwen2") {
+    if (arch == "qwen2" || arch == "qwen2moe") {
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_q.bias", QD, 0.0f, 0.5f * std::sqrt(3.0f)));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_k.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
       TRELLIS_RETURN_IF_ERROR(add_vector(p + "attn_v.bias", KD, 0.0f, 0.5f * std::sqrt(3.0f)));
@@ -301,6 +302,14 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_gate_exps.weight", E, F, s.n_expert, tc.main));
       TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_up_exps.weight", E, F, s.n_expert, tc.main));
       TRELLIS_RETURN_IF_ERROR(add_matrices(p + "ffn_down_exps.weight", F, E, s.n_expert, vt));
+      if (arch == "qwen2moe") {
+        // The shared expert, twice an expert's width, and its gate (a vector, f32: gate
+        // logits of std ~2, so the sigmoid ranges over most of (0, 1)).
+        TRELLIS_RETURN_IF_ERROR(add_vector(p + "ffn_gate_inp_shexp.weight", E, 0.0f, 2.0f * std::sqrt(3.0f / E)));
+        TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_gate_shexp.weight", E, 2 * F, tc.main));
+        TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_up_shexp.weight", E, 2 * F, tc.main));
+        TRELLIS_RETURN_IF_ERROR(add_matrix(p + "ffn_down_shexp.weight", 2 * F, E, vt));
+      }
       continue;
     }
     if (arch == "phi3") {

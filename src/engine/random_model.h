@@ -62,7 +62,10 @@ struct RandomModelOptions {
   //               std ~3: the choice is decisive and the weights far from uniform, so a
   //               wrong rule (top-k, renormalization) changes the answer, not its last digits;
   //   "mixtral"   the llama architecture with expert_count (as Mixtral's files are),
-  //               the same router and experts.
+  //               the same router and experts;
+  //   "qwen2moe"  qwen2's attention (Q/K/V biases) and the same mixture, plus a shared
+  //               expert twice an expert's width with its f32 gate vector (logits of
+  //               std ~2).
   std::string arch = "llama";
   // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k". As llama-quantize
   // does, q4_0, q4_k_m and q5_k_m keep output.weight in q6_K unless `pure`; the K_M types

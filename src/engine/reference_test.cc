@@ -403,12 +403,13 @@ TEST(LargeVocabulary, Qwen3MatchesLlamaCpp) {
 }
 
 // The routing rule is checked, not just the plumbing: on the mixtures' f16 files (router
-// logits of std ~3, so the choice and the weights matter), each wrong rule (weights not
-// renormalized, one expert too many or too few) moves most prompt rows far past the
-// bound, while softmax over the chosen logits, which equals softmax-top-k-renormalize
-// exactly (the normalizer cancels; docs/moe.md), stays within it.
+// logits of std ~3, so the choice and the weights matter), each wrong rule (the weights
+// renormalized where the architecture does not, or the other way round; one expert too
+// many or too few) moves most prompt rows far past the bound, while softmax over the
+// chosen logits, which equals softmax-top-k-renormalize exactly (the normalizer cancels;
+// docs/moe.md), stays within it for qwen3moe and Mixtral and fails for qwen2moe.
 TEST(MixtureRouting, WrongRulesFailAgainstLlamaCpp) {
-  for (const char* m : {"ref-qwen3moe-f16", "ref-mixtral-f16"}) {
+  for (const char* m : {"ref-qwen3moe-f16", "ref-mixtral-f16", "ref-qwen2moe-f16"}) {
     Reference r;
     ASSERT_NO_FATAL_FAILURE(LoadReference({m, 67}, &r));
     const ModelConfig c = r.model->config();
@@ -419,13 +420,15 @@ TEST(MixtureRouting, WrongRulesFailAgainstLlamaCpp) {
       int k;
       bool wrong;
     };
+    const bool renorm = c.expert_renorm;
     const Variant variants[] = {
-        {"as llama.cpp", c.expert_gating, c.expert_renorm, c.n_expert_used, false},
-        {"softmax of the chosen, renormalized", ExpertGating::kSoftmaxOfChosen, true, c.n_expert_used, false},
-        {"not renormalized", c.expert_gating, false, c.n_expert_used, true},
-        {"softmax of the chosen (sums to 1 already)", ExpertGating::kSoftmaxOfChosen, false, c.n_expert_used, false},
-        {"k + 1", c.expert_gating, c.expert_renorm, c.n_expert_used + 1, true},
-        {"k - 1", c.expert_gating, c.expert_renorm, c.n_expert_used - 1, true},
+        {"as llama.cpp", c.expert_gating, renorm, c.n_expert_used, false},
+        {renorm ? "not renormalized" : "renormalized", c.expert_gating, !renorm, c.n_expert_used, true},
+        // Normalized by construction: the renormalizing rule, and wrong where the
+        // architecture does not renormalize.
+        {"softmax of the chosen", ExpertGating::kSoftmaxOfChosen, false, c.n_expert_used, !renorm},
+        {"k + 1", c.expert_gating, renorm, c.n_expert_used + 1, true},
+        {"k - 1", c.expert_gating, renorm, c.n_expert_used - 1, true},
     };
     for (const Variant& v : variants) {
       r.model->SetExpertRoutingForTesting(v.gating, v.renormalize, v.k);
@@ -461,7 +464,8 @@ std::vector<Case> AllCases() {
   // too (3 prefill chunks, so experts get batches of every size).
   v.push_back({"ref-qwen3moe-f16", 300});
   for (const char* m : {"ref-qwen3moe-f16", "ref-qwen3moe-q8_0", "ref-qwen3moe-q4_k_m", "ref-mixtral-f16",
-                        "ref-mixtral-q8_0", "ref-mixtral-q4_k_m"}) {
+                        "ref-mixtral-q8_0", "ref-mixtral-q4_k_m", "ref-qwen2moe-f16", "ref-qwen2moe-q8_0",
+                        "ref-qwen2moe-q4_k_m"}) {
     v.push_back({m, 67});
   }
   // The other architectures' quantized files: one prompt each (the f16 files carry the

@@ -70,7 +70,7 @@ Status ReadExpertKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
     auto n = g.GetUint(p + "expert_count");
     if (!n.ok()) return n.status();
     if (*n == 0) return Status::Ok();  // some converters write 0 for dense models
-  } else if (c->arch != "qwen3moe") {
+  } else if (c->arch != "qwen3moe" && c->arch != "qwen2moe") {
     return Status::Ok();
   }
   TRELLIS_ASSIGN_OR_RETURN(c->n_expert, GetPositiveInt(g, p + "expert_count", 1024));
@@ -78,7 +78,7 @@ Status ReadExpertKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
   if (c->n_expert_used > c->n_expert) {
     return InvalidArgument(fmt::format("{}expert_used_count {} exceeds expert_count {}", p, c->n_expert_used, c->n_expert));
   }
-  c->expert_renorm = true;  // qwen3moe and Mixtral alike (docs/moe.md)
+  c->expert_renorm = c->arch != "qwen2moe";  // qwen3moe and Mixtral renormalize (docs/moe.md)
   return Status::Ok();
 }
 
@@ -102,13 +102,15 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   } else if (c.arch == "qwen3moe") {
     c.rope_neox = true;
     c.qk_norm = true;
-  } else if (c.arch == "qwen2moe" || c.arch == "gpt-oss" || c.arch == "mixtral") {
+  } else if (c.arch == "qwen2moe") {
+    c.rope_neox = true;
+  } else if (c.arch == "gpt-oss" || c.arch == "mixtral") {
     return Unsupported(fmt::format("'{}' is a mixture-of-experts architecture Trellis does not run yet (docs/moe.md); "
-                                   "supported: llama (Mixtral too), qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3",
+                                   "supported: llama (Mixtral too), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3",
                                    c.arch));
   } else if (c.arch != "llama") {
     return Unsupported(fmt::format("architecture '{}' is not supported (supported: llama (TinyLlama, Llama 2/3, "
-                                   "Mistral, SmolLM, Mixtral), qwen2 (Qwen2, Qwen2.5), qwen3, qwen3moe, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
+                                   "Mistral, SmolLM, Mixtral), qwen2 (Qwen2, Qwen2.5), qwen2moe, qwen3, qwen3moe, phi3 (Phi-3, Phi-3.5, Phi-4-mini), "
                                    "gemma2, gemma3)",
                                    c.arch));
   }
@@ -131,6 +133,17 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     if (c.n_ff_exp <= 0) {
       return InvalidArgument(fmt::format("{}: neither {}expert_feed_forward_length nor {}feed_forward_length gives "
                                          "the experts' width", c.arch, p, p));
+    }
+    if (c.arch == "qwen2moe") {  // the shared expert: its own key, else the FFN length
+      if (g.Has(p + "expert_shared_feed_forward_length")) {
+        TRELLIS_ASSIGN_OR_RETURN(c.n_ff_shexp, GetPositiveInt(g, p + "expert_shared_feed_forward_length", 1 << 18));
+      } else {
+        c.n_ff_shexp = c.n_ff;
+      }
+      if (c.n_ff_shexp <= 0) {
+        return InvalidArgument(fmt::format("qwen2moe: neither {}expert_shared_feed_forward_length nor "
+                                           "{}feed_forward_length gives the shared expert's width", p, p));
+      }
     }
     c.n_ff = 0;  // every layer is a mixture: no dense FFN
   }

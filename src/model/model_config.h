@@ -20,11 +20,14 @@
 // n_ff_exp, of which a router picks n_expert_used per token:
 //   qwen3moe  Qwen3-30B-A3B, Qwen3-Coder-30B-A3B: Qwen3's attention, softmax gating,
 //             the chosen weights renormalized;
-//   llama     with llama.expert_count: Mixtral, the same rule on llama attention.
+//   llama     with llama.expert_count: Mixtral, the same rule on llama attention;
+//   qwen2moe  Qwen1.5-MoE, Qwen2-57B-A14B: Qwen2's attention, softmax gating without
+//             renormalization, plus a shared expert every token runs through, scaled
+//             by a sigmoid gate of its own.
 // Optional tensors any of them may carry (biases, a tied output) are the model's
 // business (engine/model.h). Anything else is rejected with an error naming the
-// architecture and listing the supported ones; qwen2moe and gpt-oss are refused as
-// mixture-of-experts architectures not run yet.
+// architecture and listing the supported ones; gpt-oss is refused as a
+// mixture-of-experts architecture not run yet.
 //
 // Thread safety: plain value type.
 #pragma once
@@ -44,7 +47,7 @@ namespace trellis {
 enum class ExpertGating { kSoftmax, kSoftmaxOfChosen };
 
 struct ModelConfig {
-  std::string arch;        // general.architecture: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3
+  std::string arch;        // general.architecture: llama, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3
   std::string name;        // general.name, informational
   int n_vocab = 0;
   int n_ctx_train = 0;     // context length the model was trained with
@@ -80,6 +83,7 @@ struct ModelConfig {
   int n_ff_exp = 0;         // one expert's FFN width
   ExpertGating expert_gating = ExpertGating::kSoftmax;
   bool expert_renorm = false;  // the chosen weights divided by their sum (qwen3moe, Mixtral)
+  int n_ff_shexp = 0;          // the shared expert's width (qwen2moe); 0: none
 
   // Reads and validates the ARCH.* keys. Errors name the missing or bad key.
   static Result<ModelConfig> FromGguf(const GgufFile& gguf);

@@ -77,13 +77,13 @@ ok "exited"
 say "piped, on every architecture with its family's template"
 T=$DATA/templates
 # The mixtures of experts' reference models are generated (tests/data/README.md).
-for arch in qwen3moe mixtral; do
+for arch in qwen3moe mixtral qwen2moe; do
   "$TRELLIS" gen-model --shape moe-tiny --arch $arch --type f16 --vocab "$DATA/reference/ref-a-f16.gguf" \
     -o "$tmp/ref-$arch-f16.gguf" 2>/dev/null || die "gen-model $arch"
 done
 for pair in "qwen2:Qwen-Qwen2.5-7B-Instruct" "qwen3:Qwen-Qwen2.5-7B-Instruct" "phi3:microsoft-Phi-3.5-mini-instruct" \
             "gemma2:google-gemma-2-2b-it" "gemma3:google-gemma-2-2b-it" "llama3.2:meta-llama-Llama-3.1-8B-Instruct" \
-            "qwen3moe:Qwen-Qwen3" "mixtral:mistralai-Mistral-Nemo-Instruct-2407"; do
+            "qwen3moe:Qwen-Qwen3" "mixtral:mistralai-Mistral-Nemo-Instruct-2407" "qwen2moe:Qwen-Qwen2.5-7B-Instruct"; do
   arch=${pair%%:*} tmpl=${pair#*:}
   m=$DATA/reference/ref-$arch-f16.gguf
   [[ -f $m ]] || m=$tmp/ref-$arch-f16.gguf
