@@ -99,6 +99,23 @@ def render_speed_llamacpp(meta, rows, targets=SPEED_TARGETS):
          "target"], out)
 
 
+def render_speed_moe(meta, rows):
+    """compare_llamacpp.py on mixture-of-experts models (issue 30): one row per model, with
+    issue 30's targets (pp >= 1.5x, tg >= 1.1x)."""
+    if not rows:
+        raise RenderError("no rows")
+    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
+    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    out = [[f"{re.sub(r'[.]gguf$', '', r['model'])}, {int(r['model_bytes']) / 1e9:.1f} GB", f(r[f"trellis_{pp}"], 1),
+            f(r[f"llamacpp_{pp}"], 1), f"**{f(r['pp_ratio'], 2)}**", ">= 1.5", f(r[f"trellis_{tg}"], 1),
+            f(r[f"llamacpp_{tg}"], 1), f"**{f(r['tg_ratio'], 2)}**", ">= 1.1"] for r in rows]
+    env = f" Environment: `{meta['env']}`." if "env" in meta else ""
+    models = f" Models: `{meta['models']}`." if "models" in meta else ""
+    return provenance(meta) + f"Medians of {rows[0]['runs_each']} runs per tool and test (tokens/s).{env}{models}\n\n" + table(
+        ["model", f"trellis {pp}", f"llama.cpp {pp}", "ratio", "target", f"trellis {tg}", f"llama.cpp {tg}", "ratio",
+         "target"], out)
+
+
 def render_speed_depth(meta, rows):
     """compare_llamacpp.py -d D1 D2 ...: the same tests after D cached tokens, one row per
     model and depth."""
@@ -751,6 +768,7 @@ RENDERERS = {
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
     "speed_depth": render_speed_depth,
+    "speed_moe": render_speed_moe,
     "speed_sessions": render_speed_sessions,
     "speed_sessions_avx2": render_speed_sessions_avx2,
     "prefix_throughput": render_prefix_throughput,
