@@ -42,8 +42,9 @@ std::string WriteSmallModel(const std::string& name, const std::string& type = "
 // The model of reference case `model` (tests/data/reference): MODEL.gguf, or, where
 // MODEL.gen.json is there instead, a temp file the random-model generator writes from
 // that recipe (shape, arch, type, seed, vocab: what `trellis gen-model` takes), checked
-// against the XXH3 of the file llama.cpp's outputs were made from (the mixtures' files,
-// 8 MB in f16, are not stored). "" (and a test failure) if it cannot be made.
+// against the XXH3 of the file llama.cpp's outputs were made from (the mixtures' f16 and
+// q8_0 files, up to 8 MB, are not stored; tests/data/README.md says why the q4_k_m ones
+// are). "" (and a test failure) if it cannot be made.
 std::string ReferenceModelPath(const std::string& model);
 
 struct RewriteHooks {
