@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/ops.h"
+
 namespace trellis {
 namespace {
 
@@ -21,32 +23,21 @@ void TopK(const float* v, int n, int k, int32_t* ids) {
   }
 }
 
-// out[i] = exp(v[i] - max) / sum, the sum in double as ggml's soft_max.
-void Softmax(const float* v, int n, float* out) {
-  float mx = v[0];
-  for (int i = 1; i < n; ++i) mx = std::max(mx, v[i]);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) {
-    out[i] = std::exp(v[i] - mx);
-    sum += out[i];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int i = 0; i < n; ++i) out[i] *= inv;
-}
-
 }  // namespace
 
 void RouteExperts(const float* logits, int n_expert, const ExpertRouting& r, int32_t* ids, float* weights,
                   float* scratch) {
   const int k = r.k;
+  // The scalar softmax, its sum in double as ggml's: the same on every ISA.
   if (r.gating == ExpertGating::kSoftmax) {
-    Softmax(logits, n_expert, scratch);
+    std::copy_n(logits, n_expert, scratch);
+    SoftmaxRef(scratch, n_expert);
     TopK(scratch, n_expert, k, ids);
     for (int j = 0; j < k; ++j) weights[j] = scratch[ids[j]];
   } else {
     TopK(logits, n_expert, k, ids);
-    for (int j = 0; j < k; ++j) scratch[j] = logits[ids[j]];
-    Softmax(scratch, k, weights);
+    for (int j = 0; j < k; ++j) weights[j] = logits[ids[j]];
+    SoftmaxRef(weights, k);
   }
   if (r.renormalize) {
     // llama.cpp clamps the sum from below instead of adding an epsilon.

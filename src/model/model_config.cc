@@ -87,9 +87,10 @@ Status ReadExpertKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
 Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
   ModelConfig c;
   TRELLIS_ASSIGN_OR_RETURN(c.arch, g.GetString("general.architecture"));
-  if (c.arch == "qwen2") {
+  // The mixtures share their dense family's attention (qwen3moe Qwen3's, qwen2moe Qwen2's).
+  if (c.arch == "qwen2" || c.arch == "qwen2moe") {
     c.rope_neox = true;
-  } else if (c.arch == "qwen3") {
+  } else if (c.arch == "qwen3" || c.arch == "qwen3moe") {
     c.rope_neox = true;
     c.qk_norm = true;
   } else if (c.arch == "phi3") {
@@ -99,11 +100,6 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     c.post_norms = true;
     c.ffn_gelu = true;
     c.qk_norm = c.arch == "gemma3";
-  } else if (c.arch == "qwen3moe") {
-    c.rope_neox = true;
-    c.qk_norm = true;
-  } else if (c.arch == "qwen2moe") {
-    c.rope_neox = true;
   } else if (c.arch == "gpt-oss" || c.arch == "mixtral") {
     return Unsupported(fmt::format("'{}' is a mixture-of-experts architecture Trellis does not run yet (docs/moe.md); "
                                    "supported: llama (Mixtral too), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3",
