@@ -244,34 +244,34 @@ void Forward::RunLayers() {
     if (c.moe()) {
       MoeFfn(l, n_rows);
     } else {
-      DenseFfn(l, n_rows);
+      GatedFfn(l.w_gate, l.w_up, l.w_down, xn_.data(), n_rows, tmp_.data());
     }
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.ffn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
   }
 }
 
-void Forward::DenseFfn(const LayerWeights& l, int n_rows) {
+void Forward::GatedFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, const float* x,
+                       int n_rows, float* out) {
   const ModelConfig& c = model_.config();
-  const int64_t E = c.n_embd, F = c.n_ff;
-  const MatMulOut gate_up[] = {{&l.w_gate, gate_.data(), F}, {&l.w_up, up_.data(), F}};
-  MatMulShared(gate_up, xn_.data(), E, n_rows, pool_, scratch_);
-  const int64_t n_ff_total = static_cast<int64_t>(n_rows) * F;
-  auto act = [&](int64_t b, int64_t e, int) {
+  const int64_t E = c.n_embd, F = gate.rows;
+  const MatMulOut gate_up[] = {{&gate, gate_.data(), F}, {&up, up_.data(), F}};
+  MatMulShared(gate_up, x, E, n_rows, pool_, scratch_);
+  const int64_t total = static_cast<int64_t>(n_rows) * F;
+  ForRange(total, total, [&](int64_t b, int64_t e, int) {
     if (c.ffn_gelu) {
       GeGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     } else {
       SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     }
-  };
-  ForRange(n_ff_total, n_ff_total, act);
-  MatMul(l.w_down, gate_.data(), F, n_rows, tmp_.data(), E, pool_, scratch_);
+  });
+  MatMul(down, gate_.data(), F, n_rows, out, E, pool_, scratch_);
 }
 
 void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
   const ModelConfig& c = model_.config();
   const int NE = c.n_expert, K = c.n_expert_used;
-  const int64_t E = c.n_embd, F = c.n_ff_exp;
+  const int64_t E = c.n_embd;
   // Route: logits in f32 (the router is kept f32 in GGUF files), then each row's choice.
   MatMul(l.router, xn_.data(), E, n_rows, router_.data(), NE, pool_, scratch_);
   const ExpertRouting routing = ExpertRouting::Of(c);
@@ -282,16 +282,16 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
                  exp_w_.data() + static_cast<ptrdiff_t>(r) * K, route_scratch_.data());
     for (int j = 0; j < K; ++j) ++exp_count_[static_cast<size_t>(ids[j]) + 1];
   }
-  // Group: exp_count_[e] becomes expert e's first slot in exp_slots_ (a counting sort, so
-  // each expert's rows stay in batch order).
+  // Group (a counting sort, so each expert's rows stay in batch order): exp_count_[e + 1]
+  // holds expert e's row count; the prefix sum makes exp_count_[e] e's start; placing the
+  // slots moves each start to its expert's end; shifting by one gives the starts back.
   for (int e = 0; e < NE; ++e) exp_count_[static_cast<size_t>(e) + 1] += exp_count_[static_cast<size_t>(e)];
-  {
-    std::vector<int32_t>& next = exp_count_;
-    for (int slot = 0; slot < n_rows * K; ++slot) exp_slots_[static_cast<size_t>(next[static_cast<size_t>(exp_ids_[static_cast<size_t>(slot)])]++)] = slot;
-    // next[e] now holds expert e's end: shift back to starts.
-    for (int e = NE; e > 0; --e) next[static_cast<size_t>(e)] = next[static_cast<size_t>(e) - 1];
-    next[0] = 0;
+  for (int slot = 0; slot < n_rows * K; ++slot) {
+    int32_t& at = exp_count_[static_cast<size_t>(exp_ids_[static_cast<size_t>(slot)])];
+    exp_slots_[static_cast<size_t>(at++)] = slot;
   }
+  for (int e = NE; e > 0; --e) exp_count_[static_cast<size_t>(e)] = exp_count_[static_cast<size_t>(e) - 1];
+  exp_count_[0] = 0;
   std::fill_n(tmp_.data(), static_cast<int64_t>(n_rows) * E, 0.0f);
   // Each row sums its experts in expert order whatever the batch holds, so a row's result
   // does not depend on the rows batched with it.
@@ -303,13 +303,8 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
       for (int64_t i = b; i < end; ++i) std::copy_n(xn_.data() + (slots[i] / K) * E, E, xe_.data() + i * E);
     };
     ForRange(n, n * E, gather);
-    const MatMulOut gate_up[] = {{&l.exp_gate[static_cast<size_t>(e)], gate_.data(), F},
-                                 {&l.exp_up[static_cast<size_t>(e)], up_.data(), F}};
-    MatMulShared(gate_up, xe_.data(), E, n, pool_, scratch_);
-    const int64_t total = static_cast<int64_t>(n) * F;
-    auto act = [&](int64_t b, int64_t end, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, end - b); };
-    ForRange(total, total, act);
-    MatMul(l.exp_down[static_cast<size_t>(e)], gate_.data(), F, n, de_.data(), E, pool_, scratch_);
+    const size_t ex = static_cast<size_t>(e);
+    GatedFfn(l.exp_gate[ex], l.exp_up[ex], l.exp_down[ex], xe_.data(), n, de_.data());
     // Scatter: a row appears at most once among an expert's slots, so rows do not race.
     auto scatter = [&](int64_t b, int64_t end, int) {
       for (int64_t i = b; i < end; ++i) {
@@ -326,14 +321,9 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
 
 void Forward::SharedExpert(const LayerWeights& l, int n_rows) {
   const ModelConfig& c = model_.config();
-  const int64_t E = c.n_embd, F = c.n_ff_shexp;
-  const MatMulOut outs[] = {{&l.shexp_gate, gate_.data(), F}, {&l.shexp_up, up_.data(), F}};
-  MatMulShared(outs, xn_.data(), E, n_rows, pool_, scratch_);
+  const int64_t E = c.n_embd;
   MatMul(l.shexp_gate_inp, xn_.data(), E, n_rows, shexp_gate_.data(), 1, pool_, scratch_);
-  const int64_t total = static_cast<int64_t>(n_rows) * F;
-  auto act = [&](int64_t b, int64_t end, int) { SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, end - b); };
-  ForRange(total, total, act);
-  MatMul(l.shexp_down, gate_.data(), F, n_rows, de_.data(), E, pool_, scratch_);
+  GatedFfn(l.shexp_gate, l.shexp_up, l.shexp_down, xn_.data(), n_rows, de_.data());
   for (int r = 0; r < n_rows; ++r) {
     // llama.cpp computes the sigmoid as silu(g) / g; the same value away from g = 0.
     const float g = 1.0f / (1.0f + std::exp(-shexp_gate_[static_cast<size_t>(r)]));

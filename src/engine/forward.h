@@ -94,8 +94,11 @@ class Forward {
   // Each head_dim run of each row RMS-normed with weight w (Qwen3's Q/K norm).
   void HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w, int n_heads, int n_rows);
   void ProjectLogits(int n_rows);  // tmp_[0, n_rows) -> logits_
-  // The dense feed-forward block: xn_ -> tmp_.
-  void DenseFfn(const LayerWeights& l, int n_rows);
+  // A gated feed-forward network over n_rows rows of x (n_embd wide): down(act(gate x) *
+  // up x) into out, act SwiGLU (GeGLU for Gemma); width gate.rows. The dense FFN, each
+  // expert and qwen2moe's shared expert. Uses gate_ and up_.
+  void GatedFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down, const float* x,
+                int n_rows, float* out);
   // A mixture of experts' feed-forward block: xn_ -> tmp_. The router picks each row's
   // experts; the rows are grouped by expert and each expert that has rows runs them as
   // one batch (gathered into xe_, its output scattered back times the row's weight), so
