@@ -1,6 +1,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -57,7 +58,8 @@ bool HasType(const json& v, std::string_view t) {
     if (v.is_number_integer()) return true;
     if (!v.is_number_float()) return false;
     const double d = v.get<double>();
-    return d == static_cast<double>(static_cast<int64_t>(d));
+    // Any magnitude: 1e108 is an integer, and casting it to int64 would be undefined.
+    return std::isfinite(d) && std::trunc(d) == d;
   }
   if (t == "number") return v.is_number();
   if (t == "boolean") return v.is_boolean();
