@@ -263,6 +263,9 @@ TEST(JsonSchemaTest, RefusesWhatItDoesNotImplementNamingTheKeyword) {
       {R"~({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}}, {"type": "object"}]})~", "may both match"},
       {R"~({"anyOf": [{"type": "string", "minLength": 2}], "minLength": 1})~", "both beside and inside"},
       {R"~({"allOf": [{"type": "string"}, {"type": "string"}]})~", "more than one part of 'allOf'"},
+      // Found by the grammar fuzzer (UBSan): a count far beyond int64 is an integer too,
+      // and is refused as a count, not cast.
+      {R"~({"type": "array", "items": {"enum": ["x", 1, null]}, "maxItems": 7.77e107})~", "'maxItems' 7.77e+107 at '' is above"},
   };
   for (auto [schema, want] : unsupported) {
     auto g = CompileJsonSchema(schema);
