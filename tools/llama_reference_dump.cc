@@ -25,6 +25,11 @@
 //     token: the same teacher-forced rows the first mode writes) and STEM.json
 //     (prompt, argmax_per_position, min_top2_margin_prompt, greedy, greedy_top2_margins).
 //
+//   reference_dump --kv TYPE_K TYPE_V ...
+//     Any mode above with llama.cpp's K/V cache in these types (f16, q8_0, q4_0; as
+//     -ctk/-ctv, flash attention on, which a quantized V needs): the references of
+//     Trellis's quantized K/V (STEM.json then also says "type_k", "type_v").
+//
 //   reference_dump --make MODEL.gguf STEM PROMPT.json STEPS PROMPT_ROWS
 //     The same with STEPS greedy tokens and decode rows, and only the last PROMPT_ROWS
 //     prompt rows in all_logits.f32 (STEM.json says both: "steps", "prompt_rows"): for
@@ -46,6 +51,17 @@
 namespace {
 
 constexpr int kSteps = 32;
+
+// --kv: the cache types (empty: llama.cpp's defaults, f16).
+std::string g_type_k, g_type_v;
+
+bool KvType(const std::string& name, ggml_type* t) {
+  if (name == "f16") *t = GGML_TYPE_F16;
+  else if (name == "q8_0") *t = GGML_TYPE_Q8_0;
+  else if (name == "q4_0") *t = GGML_TYPE_Q4_0;
+  else return false;
+  return true;
+}
 
 std::vector<float> ReadF32(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -90,6 +106,10 @@ struct Llama {
     cp.n_ubatch = 512;
     cp.n_threads = 1;
     cp.n_threads_batch = 1;
+    if (!g_type_k.empty()) {
+      if (!KvType(g_type_k, &cp.type_k) || !KvType(g_type_v, &cp.type_v)) return false;
+      cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    }
     ctx = llama_init_from_model(model, cp);
     if (!ctx) return false;
     n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
@@ -151,6 +171,10 @@ int Make(const char* model_path, const std::string& stem, const std::string& pro
   out["min_top2_margin_prompt"] = Round5(min_margin);
   out["greedy"] = greedy;
   out["greedy_top2_margins"] = margins;
+  if (!g_type_k.empty()) {
+    out["type_k"] = g_type_k;
+    out["type_v"] = g_type_v;
+  }
   if (steps != kSteps || prompt_rows != n) {
     out["steps"] = steps;
     out["prompt_rows"] = prompt_rows;
@@ -197,6 +221,13 @@ int DecodeOnly(const char* model_path, const std::string& stem) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "--kv") {
+    g_type_k = argv[2];
+    g_type_v = argv[3];
+    argv[3] = argv[0];
+    argv += 3;
+    argc -= 3;
+  }
   if (argc == 5 && std::string(argv[1]) == "--make") return Make(argv[2], argv[3], argv[4]);
   if (argc == 7 && std::string(argv[1]) == "--make") {
     return Make(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]));
@@ -205,6 +236,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: reference_dump MODEL.gguf STEM                        (reads STEM.json, STEM.all_logits.f32)\n"
                "       reference_dump --make MODEL.gguf STEM PROMPT.json     (writes STEM.json and both .f32 files)\n"
-               "       reference_dump --make MODEL.gguf STEM PROMPT.json STEPS PROMPT_ROWS\n");
+               "       reference_dump --make MODEL.gguf STEM PROMPT.json STEPS PROMPT_ROWS\n"
+               "       reference_dump --kv TYPE_K TYPE_V (any of the above)\n");
   return 2;
 }

@@ -21,6 +21,7 @@ Result<SpeedRuns> MeasureSpeed(const Model& model, const SpeedParams& p) {
   if (!model.whole()) return InvalidArgument("the speed benchmark runs a whole model, not a part of one");
   if (p.threads < 1 || p.threads > 256) return InvalidArgument(fmt::format("--threads {} out of range (1..256)", p.threads));
   TRELLIS_RETURN_IF_ERROR(CheckBlockSize(c, p.block_size));
+  TRELLIS_RETURN_IF_ERROR(CheckKvTypes(c, p.kv_type_k, p.kv_type_v));
   if (p.pp < 0 || p.tg < 0 || p.depth < 0 || p.reps < 1 || p.sessions < 1) {
     return InvalidArgument("bench speed: -p, -n, -d must be >= 0; -r and -s >= 1");
   }
@@ -37,7 +38,7 @@ Result<SpeedRuns> MeasureSpeed(const Model& model, const SpeedParams& p) {
   if (total > (int64_t{1} << 30)) return InvalidArgument("KV pool too large");
 
   ThreadPool threads(p.threads);
-  TRELLIS_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool, BlockPool::Create(KvLayoutFor(c, bs), static_cast<int32_t>(total)));
+  TRELLIS_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool, BlockPool::Create(KvLayoutFor(c, bs, p.kv_type_k, p.kv_type_v), static_cast<int32_t>(total)));
   Forward fwd(model, pool->view(), max_batch, std::max(p.sessions, 1), threads, n_ctx);
 
   std::mt19937 rng(42);

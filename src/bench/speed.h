@@ -19,6 +19,7 @@ struct SpeedParams {
   int reps = 5;
   int block_size = 32;
   int sessions = 1;       // > 1: also the batched-decode test
+  KvType kv_type_k = KvType::kF16, kv_type_v = KvType::kF16;  // the cache's element types
 };
 
 // Tokens/s of every repetition, in the order run.

@@ -20,6 +20,7 @@
 #include "bench/store_eval.h"
 #include "bench/store_micro.h"
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "engine/random_model.h"
 #include "bench/speed.h"
 #include "kernels/cpu_features.h"
@@ -35,6 +36,7 @@ struct SpeedOpts {
   int depth = 0;  // tokens already in the KV cache before each pp / tg test (llama-bench's -d)
   std::string threads_how;  // how the default thread count was chosen ("" with -t)
   bool json = false;
+  KvTypeFlags kv_types;
 };
 
 using bench::Median;
@@ -64,6 +66,8 @@ int RunSpeed(const SpeedOpts& o) {
   sp.reps = o.reps;
   sp.block_size = o.block_size;
   sp.sessions = o.sessions;
+  sp.kv_type_k = o.kv_types.K();
+  sp.kv_type_v = o.kv_types.V();
   auto runs = bench::MeasureSpeed(**model, sp);
   if (!runs.ok()) return Fail(runs.status().ToString());
   const std::vector<double>&pp = runs->pp, &tg = runs->tg, &tgb = runs->tg_batched;
@@ -73,8 +77,9 @@ int RunSpeed(const SpeedOpts& o) {
   const int64_t rss = PeakRssBytes();
   const std::string type = (*model)->TypeSummary();
   const std::string isa = KernelPathName(), cpu = CpuModelName();
+  const std::string kv = o.kv_types.k + "/" + o.kv_types.v;
   if (o.json) {
-    nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads}, {"isa", isa}, {"cpu", cpu},
+    nlohmann::json j = {{"model", o.model}, {"type", type}, {"threads", o.threads}, {"isa", isa}, {"cpu", cpu}, {"kv", kv},
                         {"pp_tokens", o.pp}, {"tg_tokens", o.tg}, {"depth", d}, {"reps", o.reps},
                         {"pp_tok_s", pp_med}, {"tg_tok_s", tg_med}, {"peak_rss_bytes", rss},
                         {"pp_runs", pp}, {"tg_runs", tg}};
@@ -86,7 +91,8 @@ int RunSpeed(const SpeedOpts& o) {
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("cpu: %s | kernels: %s | %s\n\n", cpu.c_str(), isa.c_str(), ThreadsText(o.threads, o.threads_how).c_str());
+    std::printf("cpu: %s | kernels: %s | %s | K/V cache %s\n\n", cpu.c_str(), isa.c_str(),
+                ThreadsText(o.threads, o.threads_how).c_str(), kv.c_str());
     std::printf("| model | type | threads | test | tokens/s (median of %d) | min | max |\n|---|---|---|---|---|---|---|\n", o.reps);
     auto row = [&](const char* test, int n, const std::vector<double>& v) {
       if (v.empty()) return;
@@ -111,11 +117,11 @@ int RunSpeed(const SpeedOpts& o) {
   }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv, std::ios::app);
-    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes,isa,cpu,depth\n";
+    if (f.tellp() == 0) f << "model,type,threads,pp_tokens,tg_tokens,pp_tok_s,tg_tok_s,peak_rss_bytes,isa,cpu,depth,kv\n";
     std::string cpu_field = cpu;
     std::replace(cpu_field.begin(), cpu_field.end(), ',', ';');
     f << o.model << "," << type << "," << o.threads << "," << o.pp << "," << o.tg << "," << pp_med << "," << tg_med
-      << "," << rss << "," << isa << "," << cpu_field << "," << d << "\n";
+      << "," << rss << "," << isa << "," << cpu_field << "," << d << "," << kv << "\n";
     if (!f) return Fail("cannot write " + o.csv);
   }
   return 0;
@@ -312,6 +318,7 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
   speed->add_option("-s,--sessions", o->sessions, "also decode this many sessions at once (aggregate tok/s)")->capture_default_str();
   speed->add_flag("--json", o->json, "print one JSON object");
+  AddKvTypeFlags(*speed, &o->kv_types);
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   auto serve = AddServeBench(app);
   auto roofline = AddRooflineBench(app);

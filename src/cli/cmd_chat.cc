@@ -19,6 +19,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "cli/line_editor.h"
 #include "cli/template_flags.h"
 #include "engine/model.h"
@@ -37,6 +38,7 @@ struct ChatOpts {
   float temp = 0.7f, top_p = 0.95f, min_p = 0.05f;
   int top_k = 40;
   uint64_t seed = 0xC0FFEE;
+  KvTypeFlags kv_types;
 };
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -261,6 +263,7 @@ Runner AddChatCommand(CLI::App& app) {
   app.add_option("--system", o->system, "system prompt (also: /system TEXT)");
   app.add_option("-n,--n-predict", o->n_predict, "most tokens per reply")->capture_default_str();
   app.add_option("-c,--ctx-size", o->ctx, "context per conversation (default: the model's, at most 4096)");
+  AddKvTypeFlags(app, &o->kv_types);
   app.add_option("-t,--threads", o->threads, kThreadsHelp);
   app.add_option("--temp", o->temp, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--top-k", o->top_k, "top-k (0: off)")->capture_default_str();
@@ -283,6 +286,8 @@ Runner AddChatCommand(CLI::App& app) {
     SchedulerOptions so;
     so.n_ctx = o->ctx;
     so.max_running = 1;
+    so.kv_type_k = o->kv_types.K();
+    so.kv_type_v = o->kv_types.V();
     auto sched = Scheduler::Create(**model, so, pool);
     if (!sched.ok()) return Fail(sched.status().ToString());
     const ModelConfig& c = (*model)->config();

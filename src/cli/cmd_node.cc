@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "cli/store_flags.h"
 #include "engine/model.h"
 #include "grid/node.h"
@@ -34,6 +35,7 @@ struct NodeOpts {
   int64_t max_kv_memory = 0;
   uint32_t max_batch_tokens = 8192;
   StoreFlags store;
+  KvTypeFlags kv_types;  // empty: the head's
 };
 
 // Keeps "/trellis/grid/nodes/<advertise>" = "FIRST-LAST FINGERPRINT" alive in etcd under a
@@ -103,6 +105,8 @@ int RunNode(const NodeOpts& o) {
   if (o.max_kv_memory < 0) return Fail("--max-kv-memory must be >= 0");
   no.max_kv_bytes = static_cast<uint64_t>(o.max_kv_memory);
   no.max_batch_tokens = o.max_batch_tokens;
+  if (o.kv_types.k.empty() != o.kv_types.v.empty()) return Fail("--cache-type-k and --cache-type-v go together on a node");
+  if (!o.kv_types.k.empty()) no.kv_types = KvLayout{0, 0, 0, 0, o.kv_types.K(), o.kv_types.V()}.TypeCode();
   no.transport.tls = o.tls;
   no.transport.net_devices = o.net_devices;
   no.transport.spin_us = o.spin_us;
@@ -166,6 +170,7 @@ Runner AddNodeCommand(CLI::App& app) {
                  "largest KV pool a head may ask this node for, K/M/G suffixes (0: 90% of available memory)")
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "largest step (tokens) a head may ask for")->capture_default_str();
+  AddKvTypeFlags(app, &o->kv_types, /*node=*/true);
   app.add_option("--etcd", o->etcd, "etcd (http://HOST:PORT): register here, so a head started with --grid-etcd finds this node");
   app.add_option("--advertise", o->advertise, "HOST:PORT the head reaches this node at (default: --listen's)");
   app.add_option("--store", o->store.store,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "cli/store_flags.h"
 #include "engine/run_one.h"
 #include "engine/scheduler.h"
@@ -31,6 +32,7 @@ struct RunOpts {
   uint64_t seed = 0xC0FFEE;
   bool print_ids = false, no_bos = false, ignore_eos = false, quiet = false;
   StoreFlags store;
+  KvTypeFlags kv_types;
 
   SamplerParams Sampling() const {
     SamplerParams p;
@@ -88,6 +90,8 @@ int RunMany(const RunOpts& o, const Model& model, const Tokenizer& tok, std::vec
   SchedulerOptions so;
   so.store = store->get();
   so.block_size = o.block_size;
+  so.kv_type_k = o.kv_types.K();
+  so.kv_type_v = o.kv_types.V();
   so.n_ctx = o.ctx;
   so.kv_memory_bytes = o.kv_memory;
   so.kv_blocks = o.kv_blocks;
@@ -182,6 +186,8 @@ int Run(const RunOpts& o) {
   // context unless --kv-memory / --kv-blocks say otherwise.
   SchedulerOptions so;
   so.block_size = o.block_size;
+  so.kv_type_k = o.kv_types.K();
+  so.kv_type_v = o.kv_types.V();
   so.n_ctx = o.ctx;
   so.kv_memory_bytes = o.kv_memory;
   so.kv_blocks = o.kv_blocks;
@@ -313,6 +319,7 @@ Runner AddRunCommand(CLI::App& app) {
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = one full context)");
   app.add_option("--kv-blocks", o->kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
+  AddKvTypeFlags(app, &o->kv_types);
   app.add_option("-b,--batch", o->batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
   app.add_option("--temp", o->temp, "temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->top_k, "top-k (0 = off)")->capture_default_str();

@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "cli/grid_flags.h"
 #include "cli/store_flags.h"
 #include "grid/prefix_store.h"
@@ -33,6 +34,7 @@ struct ServeOpts {
   int ctx = 0;
   int block_size = 32;
   int64_t kv_memory = 0;
+  KvTypeFlags kv_types;
   int64_t kv_blocks = 0;
   int max_queue = 256;
   int max_running = 16;
@@ -135,6 +137,8 @@ int Serve(const ServeOpts& opts) {
   so.store = grid_store ? static_cast<PrefixStore*>(grid_store.get()) : store->get();
   so.prefix_cache = !o.no_prefix_cache;
   so.block_size = o.block_size;
+  so.kv_type_k = o.kv_types.K();
+  so.kv_type_v = o.kv_types.V();
   so.kv_memory_bytes = o.kv_memory;
   so.kv_blocks = o.kv_blocks;
   so.n_ctx = o.ctx;
@@ -196,10 +200,12 @@ int Serve(const ServeOpts& opts) {
 
   const SchedulerOptions& eo = (*engine)->options();
   std::fprintf(stderr,
-               "trellis serve: listening on http://%s:%d | model %s (%s) | ctx %d | kv %lld blocks of %d | "
-               "template %s (%s), tool calls %s | auth %s | %s\n",
+               "trellis serve: listening on http://%s:%d | model %s (%s) | ctx %d | kv %s/%s, %lld blocks of %d = %lld tokens "
+               "at %.0f bytes each | template %s (%s), tool calls %s | auth %s | %s\n",
                o.host.c_str(), srv.port(), sopt.model_id.c_str(), (*model)->TypeSummary().c_str(), eo.n_ctx,
-               static_cast<long long>(eo.kv_blocks), eo.block_size, std::string(chat->name()).c_str(),
+               KvTypeName(eo.kv_type_k), KvTypeName(eo.kv_type_v), static_cast<long long>(eo.kv_blocks), eo.block_size,
+               static_cast<long long>(eo.kv_blocks) * eo.block_size, (*engine)->metrics().kv_bytes_per_token,
+               std::string(chat->name()).c_str(),
                template_source.c_str(), server::ToolCallFormatName(srv.tool_format()),
                o.api_keys.empty() ? "off" : (std::to_string(o.api_keys.size()) + " key(s)").c_str(),
                ThreadsText(o.threads, threads_how).c_str());
@@ -264,6 +270,7 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--block-size", o->block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--kv-memory", o->kv_memory, "KV pool bytes (0 = four full contexts)");
   app.add_option("--kv-blocks", o->kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
+  AddKvTypeFlags(app, &o->kv_types);
   app.add_option("--max-queue", o->max_queue, "requests waiting for admission before 503")->capture_default_str();
   app.add_option("--max-running", o->max_running, "requests decoded together")->capture_default_str();
   app.add_option("-b,--batch", o->batch, "tokens per engine step")->capture_default_str();

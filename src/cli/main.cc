@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "kernels/cpu_features.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   add("chat", "interactive chat in the terminal (the model's template, prefix cache per turn)", trellis::cli::AddChatCommand);
   add("store", "prefix tensor store server for this node", trellis::cli::AddStoreCommand);
   add("node", "grid node: hold a range of a model's layers for a `serve --grid` head", trellis::cli::AddNodeCommand);
+  trellis::cli::RewriteLlamaShortFlags(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

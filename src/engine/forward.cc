@@ -68,6 +68,8 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   rope_.neox = c.rope_neox;
   rope_.attn_factor = c.rope_attn_factor;
   // Sliding-window layers (Gemma): their own base, no frequency scaling.
+  rot_k_ = KvRotationK(kv.layout);
+  rot_v_ = KvRotationV(kv.layout);
   rope_swa_ = rope_;
   rope_swa_.freq_base = c.rope_freq_base_swa;
   rope_swa_.freq_scale = 1.0f;
@@ -232,9 +234,15 @@ void Forward::RunLayers() {
     }
     Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope);
     Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope);
+    if (rot_k_ > 0) {  // a quantized K: Q and K rotated alike (KvRotationK)
+      HadamardRows(q_.data(), QD, n_rows, QD, rot_k_);
+      HadamardRows(k_.data(), KD, n_rows, KD, rot_k_);
+    }
+    if (rot_v_ > 0) HadamardRows(v_.data(), KD, n_rows, KD, rot_v_);
     KvWrite(kv_, kv_layer, attn_seqs_, k_.data(), KD, v_.data(), KD);
     PagedAttention(kv_, kv_layer, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
                    attn_scratch_.data(), attn_opt);
+    if (rot_v_ > 0) HadamardRows(attn_.data(), QD, n_rows, QD, rot_v_);  // back from V's rotation
     MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.attn_post_norm, tmp_.data(), n_rows);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);

@@ -117,6 +117,7 @@ class Forward {
   int n_rows_ = 0;
   RopeParams rope_{};
   RopeParams rope_swa_{};  // sliding-window layers' RoPE (Gemma)
+  int rot_k_ = 0, rot_v_ = 0;  // Hadamard chunk sizes around a quantized cache (KvRotationK/V), 0: none
 
   // Activations, T = max_batch_tokens rows each.
   std::vector<float> x_;     // (T, n_embd) residual stream

@@ -37,7 +37,22 @@ const std::string kDir = std::string(TRELLIS_TEST_DATA) + "/reference/";
 struct Case {
   std::string model;
   int prompt_len;
+  // K/V cache types "K-V" (e.g. "q8_0-q8_0"): llama.cpp ran with -ctk K -ctv V and so
+  // does Trellis (MODEL.kv-K-V.pN files); empty: f16.
+  std::string kv = "";
+  std::string Name() const { return kv.empty() ? model : model + ".kv-" + kv; }
+  KvType TypeK() const { return Parse(kv.substr(0, kv.find('-'))); }
+  KvType TypeV() const { return Parse(kv.substr(kv.find('-') + 1)); }
+  static KvType Parse(const std::string& s) {
+    KvType t = KvType::kF16;
+    if (!s.empty()) {
+      EXPECT_TRUE(ParseKvType(s, &t)) << s;
+    }
+    return t;
+  }
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.Name() << " p" << c.prompt_len; }
 
 std::vector<float> ReadF32(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -142,16 +157,21 @@ struct Reference {
   std::vector<float> prompt_logits;  // [n_prompt][n_vocab]
   std::unique_ptr<Model> model;
   int n_vocab = 0;
+  KvType k = KvType::kF16, v = KvType::kF16;  // the cache's types
 };
 
 // Fills *r; ASSERTs (so call it through ASSERT_NO_FATAL_FAILURE).
 void LoadReference(const Case& tc, Reference* r) {
   std::ifstream tf(kDir + "tolerances.json");
   const nlohmann::json tol = nlohmann::json::parse(tf);
-  r->bounds.rms = tol[tc.model][0];
-  r->bounds.margin = tol[tc.model][1];
-  if (tol[tc.model].size() > 2) r->bounds.ties_per_100 = tol[tc.model][2];
-  r->stem = kDir + tc.model + ".p" + std::to_string(tc.prompt_len);
+  const nlohmann::json& b = tol[tc.Name()];
+  ASSERT_TRUE(b.is_array()) << tc.Name() << " has no tolerances";
+  r->bounds.rms = b[0];
+  r->bounds.margin = b[1];
+  if (b.size() > 2) r->bounds.ties_per_100 = b[2];
+  r->stem = kDir + tc.Name() + ".p" + std::to_string(tc.prompt_len);
+  r->k = tc.TypeK();
+  r->v = tc.TypeV();
   std::ifstream jf(r->stem + ".json");
   const nlohmann::json ref = nlohmann::json::parse(jf);
   r->prompt = ref["prompt"].get<std::vector<int32_t>>();
@@ -182,9 +202,11 @@ struct Generated {
 // each) or, with `forced` empty, `n_greedy` greedy tokens (blocks of 32). ASSERTs (call it through
 // ASSERT_NO_FATAL_FAILURE).
 void RunAlone(const Model& model, int threads, const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced,
-              int n_greedy, Generated* out) {
+              int n_greedy, Generated* out, KvType kt = KvType::kF16, KvType vt = KvType::kF16) {
   ThreadPool pool(threads);
   SchedulerOptions so;
+  so.kv_type_k = kt;
+  so.kv_type_v = vt;
   so.block_size = forced.empty() ? 32 : 16;
   so.max_batch_tokens = 128;
   so.prefill_chunk = 128;
@@ -218,8 +240,9 @@ void RunAlone(const Model& model, int threads, const std::vector<int32_t>& promp
 }
 
 void GenerateForced(const Model& model, int threads, const std::vector<int32_t>& prompt,
-                    const std::vector<int32_t>& forced, Generated* out) {
-  RunAlone(model, threads, prompt, forced, 0, out);
+                    const std::vector<int32_t>& forced, Generated* out, KvType kt = KvType::kF16,
+                    KvType vt = KvType::kF16) {
+  RunAlone(model, threads, prompt, forced, 0, out, kt, vt);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
@@ -237,10 +260,20 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
   const int n_vocab = r.n_vocab;
   auto& model = r.model;
 
+  if (!tc.kv.empty()) {
+    // What the K/V type moves llama.cpp itself by (its f16-cache reference): the scale the
+    // tolerance of this case is set against (tests/data/README.md).
+    const std::vector<float> f16 = ReadF32(kDir + tc.model + ".p" + std::to_string(tc.prompt_len) + ".all_logits.f32");
+    ASSERT_EQ(f16.size(), ref_logits.size());
+    double spread = 0;
+    for (size_t i = 0; i < prompt.size(); ++i) KeepWorst(spread, RelRms(&ref_logits[i * n_vocab], &f16[i * n_vocab], n_vocab));
+    std::printf("[ref] %s p%d: llama.cpp's own %s-cache vs f16-cache worst rms/std %.5f\n", tc.Name().c_str(), tc.prompt_len,
+                tc.kv.c_str(), spread);
+  }
   for (int threads : {1, 2}) {
     // The 300-token prompt runs as 3 chunks over the paged cache.
     Generated alone;
-    ASSERT_NO_FATAL_FAILURE(RunAlone(*model, threads, prompt, {}, static_cast<int>(greedy.size()), &alone));
+    ASSERT_NO_FATAL_FAILURE(RunAlone(*model, threads, prompt, {}, static_cast<int>(greedy.size()), &alone, r.k, r.v));
     const Generated* res = &alone;
 
     // Per-position logit agreement.
@@ -267,7 +300,7 @@ TEST_P(ReferenceTest, LogitsAndGreedyMatchLlamaCpp) {
       EXPECT_LE(deciding, margin_bound) << "greedy diverged at token " << matched << " where llama.cpp's margin is "
                                         << deciding << " (threads " << threads << ")";
     }
-    std::printf("[ref] %s p%d threads %d: greedy equal for %zu of %zu tokens\n", tc.model.c_str(), tc.prompt_len,
+    std::printf("[ref] %s p%d threads %d: greedy equal for %zu of %zu tokens\n", tc.Name().c_str(), tc.prompt_len,
                 threads, matched, greedy.size());
   }
 }
@@ -292,13 +325,13 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   // 1. One session alone: single-token decode through the paged KV.
   for (int threads : {1, 2}) {
     Generated forced;
-    ASSERT_NO_FATAL_FAILURE(GenerateForced(*model, threads, prompt, greedy, &forced));
+    ASSERT_NO_FATAL_FAILURE(GenerateForced(*model, threads, prompt, greedy, &forced, r.k, r.v));
     const Generated* res = &forced;
     ASSERT_EQ(res->decode_logits.size(), ref_decode.size());
     const double worst = CompareRows(res->decode_logits.data(), ref_decode.data(), greedy.size(), n_vocab, bounds,
                                      "alone decode, threads " + std::to_string(threads));
     std::printf("[ref-decode] %s p%d alone threads %d: worst rms/std %.5f over %zu steps (bound %.3f)\n",
-                tc.model.c_str(), tc.prompt_len, threads, worst, greedy.size(), rms_bound);
+                tc.Name().c_str(), tc.prompt_len, threads, worst, greedy.size(), rms_bound);
   }
 
   // 2. Scheduler: the same forced request batched with two other sessions, then again
@@ -309,19 +342,21 @@ TEST_P(ReferenceTest, DecodeStepsMatchLlamaCpp) {
   so.block_size = 16;
   so.max_batch_tokens = 96;
   so.prefill_chunk = 64;
+  so.kv_type_k = r.k;
+  so.kv_type_v = r.v;
   auto sched = Scheduler::Create(*model, so, pool);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   auto run_forced = [&](const std::string& what, bool with_noise) {
     std::vector<float> rows;
-    Request r;
-    r.prompt = prompt;
-    r.max_tokens = static_cast<int>(greedy.size()) + 1;
-    r.sampling.temperature = 0;
-    r.force_tokens = greedy;
-    r.logits = true;
+    Request req;
+    req.prompt = prompt;
+    req.max_tokens = static_cast<int>(greedy.size()) + 1;
+    req.sampling.temperature = 0;
+    req.force_tokens = greedy;
+    req.logits = true;
     RequestResult result;
     auto id = (*sched)->Submit(
-        r, [&](RequestId, int32_t, std::span<const float> l) { rows.insert(rows.end(), l.begin(), l.end()); },
+        req, [&](RequestId, int32_t, std::span<const float> l) { rows.insert(rows.end(), l.begin(), l.end()); },
         [&](RequestId, const RequestResult& rr) { result = rr; });
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     if (with_noise) {
@@ -469,6 +504,16 @@ std::vector<Case> AllCases() {
                         "ref-qwen2moe-q4_k_m"}) {
     v.push_back({m, 67});
   }
+  // Quantized K/V against llama.cpp run with the same -ctk/-ctv (tests/data/README.md):
+  // llama at 300 positions (3 prefill chunks) in q8_0 and q4_0, K and V mixed, and the
+  // architectures with their own attention (Qwen3's head_dim 128 and norms, Gemma 2's
+  // soft-cap and window, Phi-3's head_dim 96), and quantized weights under a q8_0 cache.
+  for (const char* kv : {"q8_0-q8_0", "q4_0-q4_0"}) v.push_back({"ref-a-f16", 300, kv});
+  v.push_back({"ref-a-f16", 67, "q8_0-q4_0"});
+  v.push_back({"ref-qwen3-f16", 67, "q8_0-q8_0"});
+  v.push_back({"ref-gemma2-f16", 67, "q8_0-q8_0"});
+  v.push_back({"ref-phi3-f16", 67, "q4_0-q4_0"});
+  v.push_back({"ref-a-q4_k_m", 67, "q8_0-q8_0"});
   // The other architectures' quantized files: one prompt each (the f16 files carry the
   // architecture's checks at every length; these add the quantized kernels under it).
   for (const char* m : {"ref-qwen2-q4_k_m", "ref-qwen3-q4_k_m", "ref-llama3.2-q4_k_m", "ref-phi3-q4_k_m",
@@ -482,7 +527,7 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, ReferenceTest, ::testing::ValuesIn(AllCases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           std::string n = i.param.model + "_p" + std::to_string(i.param.prompt_len);
+                           std::string n = i.param.Name() + "_p" + std::to_string(i.param.prompt_len);
                            for (char& c : n) if (c == '-' || c == '.') c = '_';
                            return n;
                          });

@@ -48,6 +48,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   SchedulerOptions o = in;
   const ModelConfig& c = model.config();
   TRELLIS_RETURN_IF_ERROR(CheckBlockSize(c, o.block_size));
+  TRELLIS_RETURN_IF_ERROR(CheckKvTypes(c, o.kv_type_k, o.kv_type_v));
   if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
   if (o.env == nullptr) o.env = Env::Default();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
@@ -56,7 +57,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (o.eviction != "lru" && o.eviction != "lfu") return InvalidArgument(fmt::format("eviction policy '{}' (lru, lfu)", o.eviction));
   // The pool is sized by the whole model's block (a grid's nodes keep a pool of the same
   // ids holding their layers); this process's pool holds its own layers only.
-  const KvLayout layout = KvLayoutFor(c, o.block_size);
+  const KvLayout layout = KvLayoutFor(c, o.block_size, o.kv_type_k, o.kv_type_v);
   const int64_t per_ctx = (o.n_ctx + o.block_size - 1) / o.block_size;
   int64_t blocks = o.kv_blocks;
   if (blocks <= 0 && o.kv_memory_bytes > 0) {
@@ -80,7 +81,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   if (!model.whole() && o.store && !o.store->handles_layer_split()) {
     return Unsupported("this prefix store cannot serve a grid (its blocks' layers are spread over processes)");
   }
-  TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(LocalKvLayoutFor(model, o.block_size), static_cast<int32_t>(blocks)));
+  TRELLIS_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(LocalKvLayoutFor(model, o.block_size, o.kv_type_k, o.kv_type_v), static_cast<int32_t>(blocks)));
   s->cache_ = std::make_unique<RadixCache>(s->pool_.get(), o.block_size, static_cast<int32_t>(blocks),
                                            o.eviction == "lfu" ? MakeLfuPolicy() : MakeLruPolicy());
   if (o.executor) {
@@ -762,6 +763,11 @@ SchedulerMetrics Scheduler::metrics() const {
   m.waiting = static_cast<int32_t>(waiting_.size());
   m.pool_used = pool_->n_used();
   m.pool_total = pool_->n_blocks();
+  m.block_tokens = opts_.block_size;
+  m.kv_type_k = opts_.kv_type_k;
+  m.kv_type_v = opts_.kv_type_v;
+  m.kv_bytes_per_token = static_cast<double>(KvLayoutFor(model_.config(), opts_.block_size, opts_.kv_type_k, opts_.kv_type_v).BlockBytes()) /
+                         opts_.block_size;
   m.tree = cache_->stats();
   m.store_publishes_in_flight = static_cast<int32_t>(pins_.size());
   return m;

@@ -52,6 +52,10 @@ using RequestId = int64_t;
 
 struct SchedulerOptions {
   int block_size = 32;          // tokens per KV block
+  // Element types of K and of V in the pool (docs/kv_layout.md): f16, or q8_0 / q4_0 to
+  // hold about 1.9x / 3.6x the tokens in the same memory (llama.cpp's -ctk / -ctv).
+  KvType kv_type_k = KvType::kF16;
+  KvType kv_type_v = KvType::kF16;
   int64_t kv_blocks = 0;        // pool size in blocks (0: from kv_memory_bytes, else 4 contexts)
   int64_t kv_memory_bytes = 0;
   int n_ctx = 0;                // max positions per session (0: min(trained context, 4096))
@@ -165,6 +169,11 @@ struct SchedulerMetrics {
   double grammar_mask_seconds = 0;  // computing and applying them, on the scheduler thread
   int32_t running = 0, waiting = 0;
   int32_t pool_used = 0, pool_total = 0;
+  // What the pool is: tokens per block, the K/V types, and the bytes one token's K/V
+  // takes over all of the model's layers (on a grid, summed over its processes).
+  int32_t block_tokens = 0;
+  KvType kv_type_k = KvType::kF16, kv_type_v = KvType::kF16;
+  double kv_bytes_per_token = 0;
   RadixCacheStats tree;
   double HitRate() const { return prompt_tokens ? static_cast<double>(cached_tokens) / prompt_tokens : 0.0; }
 };

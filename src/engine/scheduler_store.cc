@@ -17,7 +17,7 @@ StoreNamespace Scheduler::StoreNs(const Session& s) const {
   StoreNamespace ns;
   ns.model_fingerprint = model_.KvFingerprint(opts_.n_ctx);
   ns.block_tokens = static_cast<uint32_t>(opts_.block_size);
-  ns.kv_dtype = 0;  // f16
+  ns.kv_dtype = KvLayoutFor(model_.config(), opts_.block_size, opts_.kv_type_k, opts_.kv_type_v).TypeCode();
   ns.layout_version = 1;
   ns.salt = s.req.cache_salt;
   return ns;
@@ -26,7 +26,7 @@ StoreNamespace Scheduler::StoreNs(const Session& s) const {
 // What the store sees of a block (all layers) and what of it this process's pool holds
 // (a grid head: its own layers, the first ones).
 void Scheduler::SetBlockGeometry(uint64_t& block_bytes, uint32_t& slices, LocalSlice& local) const {
-  const KvLayout whole = KvLayoutFor(model_.config(), opts_.block_size);
+  const KvLayout whole = KvLayoutFor(model_.config(), opts_.block_size, opts_.kv_type_k, opts_.kv_type_v);
   block_bytes = whole.BlockBytes();
   slices = static_cast<uint32_t>(model_.config().n_layer);
   local.offset = block_bytes / slices * static_cast<uint64_t>(model_.part().first_layer);

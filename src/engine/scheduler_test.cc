@@ -327,6 +327,82 @@ TEST(SchedulerTest, ReuseToTheTokenEqualsCacheOff) {
   EXPECT_EQ(mt.running + mt.waiting, 0);
 }
 
+// Quantized K/V (q8_0, q4_0, and mixed with f16) through the whole scheduler: reuse to
+// the token (whole blocks shared, partial blocks copied row by row) gives what a cold
+// run gives; the type takes effect (other logits than f16's, near them); the same
+// --kv-memory holds ~1.9x (q8_0) and ~3.6x (q4_0) the blocks. Quantizing is per row, so
+// only a K/V element whose f32 value moved by a rounding step between batch shapes can
+// land on another code: bound 0.03 of the logits' spread (as for quantized weights,
+// InvarianceBound in engine_test.cc); a wrong layout or dequantization gives ~1.
+TEST(SchedulerTest, QuantizedKvReuseEqualsCacheOff) {
+  const Model& m = SmallModel("f32");
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  std::vector<int32_t> warm(45);
+  for (auto& t : warm) t = static_cast<int32_t>(rng() % 1000) + 3;
+  SchedulerOptions f16;
+  f16.block_size = 8;
+  f16.kv_blocks = 256;
+  f16.n_ctx = 256;
+  auto f16_s = MakeScheduler(m, pool, f16);
+  const Outcome f16_run = RunAll(*f16_s, {Greedy(warm, 8)})[0];
+  for (auto [kt, vt] : {std::pair{KvType::kQ8_0, KvType::kQ8_0}, {KvType::kQ4_0, KvType::kQ4_0}, {KvType::kF16, KvType::kQ4_0}}) {
+    const std::string types = std::string(KvTypeName(kt)) + "/" + KvTypeName(vt);
+    SCOPED_TRACE(types);
+    SchedulerOptions on = f16;
+    on.kv_type_k = kt;
+    on.kv_type_v = vt;
+    SchedulerOptions off = on;
+    off.prefix_cache = false;
+    double worst = 0;
+    auto check = [&](Scheduler& s, const Request& r, int expect_cached, const std::string& what) {
+      auto hot = RunAll(s, {r});
+      EXPECT_EQ(hot[0].result.n_cached, expect_cached) << what;
+      auto cold_s = MakeScheduler(m, pool, off);
+      auto cold = RunAll(*cold_s, {r});
+      ASSERT_EQ(hot[0].logits.size(), cold[0].logits.size()) << what;
+      for (size_t k = 0; k < cold[0].logits.size(); ++k) {
+        const double d = testing::MaxRelDiff(hot[0].logits[k], cold[0].logits[k]);
+        EXPECT_LT(d, 0.03) << what << " step " << k;
+        worst = testing::Worse(worst, d);
+      }
+      EXPECT_EQ(s.cache().CheckInvariants(), "") << what;
+    };
+    auto s = MakeScheduler(m, pool, on);
+    auto first = RunAll(*s, {Greedy(warm, 8)});
+    // The type is used: not f16's logits, but near them.
+    ASSERT_EQ(first[0].logits.size(), f16_run.logits.size());
+    const double vs_f16 = testing::MaxRelDiff(first[0].logits[0], f16_run.logits[0]);
+    EXPECT_GT(vs_f16, 1e-4);
+    EXPECT_LT(vs_f16, 0.2);
+    for (int cut : {9, 15, 20, 33}) {
+      std::vector<int32_t> p(warm.begin(), warm.begin() + cut);
+      p.push_back(999);
+      p.push_back(998);
+      check(*s, Greedy(p, 3), cut, "diverging after " + std::to_string(cut));
+    }
+    std::vector<int32_t> turn2 = warm;
+    turn2.insert(turn2.end(), first[0].tokens.begin(), first[0].tokens.end());
+    for (int t : {11, 12, 13}) turn2.push_back(t);
+    check(*s, Greedy(turn2, 4), static_cast<int>(warm.size() + first[0].tokens.size()) - 1, "second turn");
+    EXPECT_GT(s->metrics().partial_copies, 0);
+    std::printf("[kv %s] first logits vs f16 %.4f, worst hot vs cold %.2e\n", types.c_str(), vs_f16, worst);
+  }
+  // Capacity: the same bytes hold more blocks of the quantized types (head_dim 64: rows
+  // of 128, 68 and 36 bytes).
+  SchedulerOptions mem = f16;
+  mem.kv_blocks = 0;
+  mem.kv_memory_bytes = 64 << 20;
+  const int64_t n_f16 = MakeScheduler(m, pool, mem)->options().kv_blocks;
+  mem.kv_type_k = mem.kv_type_v = KvType::kQ8_0;
+  const int64_t n_q8 = MakeScheduler(m, pool, mem)->options().kv_blocks;
+  mem.kv_type_k = mem.kv_type_v = KvType::kQ4_0;
+  const int64_t n_q4 = MakeScheduler(m, pool, mem)->options().kv_blocks;
+  EXPECT_GE(static_cast<double>(n_q8) / n_f16, 1.8);
+  EXPECT_GE(static_cast<double>(n_q4) / n_f16, 3.5);
+  EXPECT_EQ(MakeScheduler(m, pool, mem)->metrics().kv_bytes_per_token, 2.0 * 2 * 2 * 36);  // 2 layers, K+V, 2 heads
+}
+
 TEST(SchedulerTest, EvictsColdPrefixesUnderPressure) {
   const Model& m = SmallModel("q4_0");
   ThreadPool pool(2);

@@ -98,18 +98,21 @@ std::unique_ptr<Scheduler> Make(ThreadPool& pool, SchedulerOptions o) {
   return std::move(s).value();
 }
 
-void ExpectSameOutput(const Outcome& got, const Outcome& want, const std::string& what) {
+// bound: 1e-4 of the logits' spread (summation order); a quantized cache may land a
+// K/V element on the next code where a rounding step moved it (SchedulerTest's
+// QuantizedKvReuseEqualsCacheOff): 0.03.
+void ExpectSameOutput(const Outcome& got, const Outcome& want, const std::string& what, double bound = 1e-4) {
   ASSERT_EQ(got.tokens, want.tokens) << what;
   ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
   for (size_t k = 0; k < want.logits.size(); ++k) {
-    EXPECT_LT(testing::MaxRelDiff(got.logits[k], want.logits[k]), 1e-4) << what << " step " << k;
+    EXPECT_LT(testing::MaxRelDiff(got.logits[k], want.logits[k]), bound) << what << " step " << k;
   }
 }
 
 // Node A computes prompts sharing system prompts and publishes them; node B, with an
 // empty cache of its own, reads the prefixes from the store (spread over two servers),
 // computes only the rest, and produces what a cold engine without any cache produces.
-void AnotherNodeReadsThePrefix(int rounds) {
+void AnotherNodeReadsThePrefix(int rounds, KvType kt = KvType::kF16, KvType vt = KvType::kF16) {
   auto s1 = StoreServer(), s2 = StoreServer();
   ThreadPool pool(2);
   std::mt19937 rng(5);
@@ -120,6 +123,8 @@ void AnotherNodeReadsThePrefix(int rounds) {
     o.kv_blocks = 160;
     o.n_ctx = 512;
     o.prefill_chunk = std::vector<int>{24, 64, 512}[static_cast<size_t>(round)];
+    o.kv_type_k = kt;
+    o.kv_type_v = vt;
     std::vector<std::vector<int32_t>> systems(2);
     for (auto& sys : systems) {
       sys.resize(static_cast<size_t>(40 + rng() % 100));
@@ -164,7 +169,8 @@ void AnotherNodeReadsThePrefix(int rounds) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       auto cold = Make(pool, off);
       auto want = RunAll(*cold, {reqs[i]});
-      ExpectSameOutput(got[i], want[0], "round " + std::to_string(round) + " request " + std::to_string(i));
+      ExpectSameOutput(got[i], want[0], "round " + std::to_string(round) + " request " + std::to_string(i),
+                       kt == KvType::kF16 && vt == KvType::kF16 ? 1e-4 : 0.03);
     }
     b.reset();
     a.reset();
@@ -172,6 +178,12 @@ void AnotherNodeReadsThePrefix(int rounds) {
 }
 
 TEST(StoreEngine, AnotherNodeReadsThePrefixAndOutputIsUnchanged) { AnotherNodeReadsThePrefix(3); }
+
+// Quantized blocks (smaller: 68- and 36-byte rows) go through the store as f16 ones do.
+TEST(StoreEngine, QuantizedKvPrefixesGoThroughTheStore) {
+  AnotherNodeReadsThePrefix(1, KvType::kQ8_0, KvType::kQ8_0);
+  AnotherNodeReadsThePrefix(1, KvType::kQ4_0, KvType::kQ8_0);
+}
 
 // K/V depend on attention only: a mixture of experts' prefixes go through the store as a
 // dense model's do (one round: blocks of 8, prefill chunks of 24).
@@ -219,7 +231,7 @@ TEST(StoreEngine, ADeadStoreDegradesToLocalCaching) {
   EXPECT_GT(bridge->stats().publishes_failed, 0u);
 }
 
-// Another salt or block size is another namespace: nothing of A's is read.
+// Another salt, block size or K/V type is another namespace: nothing of A's is read.
 TEST(StoreEngine, OtherNamespacesReadNothing) {
   auto s1 = StoreServer();
   ThreadPool pool(2);
@@ -247,6 +259,14 @@ TEST(StoreEngine, OtherNamespacesReadNothing) {
   auto b2 = Make(pool, wider);
   auto g2 = RunAll(*b2, {Greedy(p, 2)});
   EXPECT_EQ(g2[0].result.cache.store, 0);
+  // Another K/V type is another namespace too: f16 blocks are never read as q8_0 ones.
+  SchedulerOptions quantized = o;
+  quantized.store = bb.get();
+  quantized.kv_type_k = quantized.kv_type_v = KvType::kQ8_0;
+  auto b4 = Make(pool, quantized);
+  auto g4 = RunAll(*b4, {Greedy(p, 2)});
+  EXPECT_EQ(g4[0].result.cache.store, 0);
+  EXPECT_GT(g4[0].result.cache.misses[static_cast<int>(StoreMiss::kNotStored)], 0);
   // The same namespace does read it.
   SchedulerOptions same = o;
   same.store = bb.get();

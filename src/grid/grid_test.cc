@@ -77,10 +77,11 @@ struct TestNode {
 };
 
 TestNode StartNode(const std::string& path, int first, int last, uint16_t port = 0, uint64_t max_kv_bytes = 0,
-                   const std::string& store = "") {
+                   const std::string& store = "", int64_t kv_types = -1) {
   TestNode n;
   n.model = Load(path, ModelPart{.first_layer = first, .last_layer = last, .embed = false, .head = false});
   NodeOptions o;
+  o.kv_types = kv_types;
   o.port = port;
   o.max_kv_bytes = max_kv_bytes;
   o.transport = Lo();
@@ -225,6 +226,15 @@ TEST(GridHeadTest, ANodeWithAnotherModelOrOtherLayersIsRefused) {
     auto g = StartHead(1, {Addr(wide, 1, 2)}, threads, 2);
     ASSERT_FALSE(g.ok());
     EXPECT_NE(g.status().message().find("layers"), std::string::npos) << g.status().ToString();
+  }
+  {
+    // A node started with -ctk q8_0 -ctv q8_0 does not take a head keeping f16.
+    TestNode q8 = StartNode(ModelPath(), 1, 2, 0, 0, "", KvLayout{0, 0, 0, 0, KvType::kQ8_0, KvType::kQ8_0}.TypeCode());
+    ASSERT_TRUE(q8.node);
+    auto g = StartHead(1, {Addr(q8, 1, 2)}, threads, 2);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("-ctk q8_0 -ctv q8_0"), std::string::npos) << g.status().ToString();
+    EXPECT_EQ(q8.node->stats().refused_hellos, 1u);
   }
   {
     // Nobody listening: a clear error once the start timeout passes.
@@ -416,6 +426,8 @@ struct RefCase {
   std::string model;  // file stem
   int n_layer;
   int head_layers;    // the nodes take one layer each after these
+  std::string kv = "";  // K/V types "K-V" (reference_test.cc's Case::kv); empty: f16
+  std::string Name() const { return kv.empty() ? model : model + ".kv-" + kv; }
 };
 class GridReferenceTest : public ::testing::TestWithParam<RefCase> {};
 
@@ -425,11 +437,11 @@ TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
   const std::string path = trellis::testing::ReferenceModelPath(rc.model);
   ASSERT_FALSE(path.empty());
   const nlohmann::json tol = nlohmann::json::parse(std::ifstream(dir + "tolerances.json"));
-  const double bound = tol[rc.model][0];
-  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(dir + rc.model + ".p67.json"));
+  const double bound = tol[rc.Name()][0];
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(dir + rc.Name() + ".p67.json"));
   const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
   const auto greedy = ref["greedy"].get<std::vector<int32_t>>();
-  std::ifstream lf(dir + rc.model + ".p67.decode_logits.f32", std::ios::binary);
+  std::ifstream lf(dir + rc.Name() + ".p67.decode_logits.f32", std::ios::binary);
   std::vector<char> raw((std::istreambuf_iterator<char>(lf)), std::istreambuf_iterator<char>());
   std::vector<float> want(raw.size() / 4);
   std::memcpy(want.data(), raw.data(), want.size() * 4);
@@ -451,6 +463,10 @@ TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
   SchedulerOptions o;
   o.block_size = 16;  // decode crosses block boundaries within the 32 steps
   o.prefill_chunk = 24;
+  if (!rc.kv.empty()) {
+    ASSERT_TRUE(ParseKvType(rc.kv.substr(0, rc.kv.find('-')), &o.kv_type_k));
+    ASSERT_TRUE(ParseKvType(rc.kv.substr(rc.kv.find('-') + 1), &o.kv_type_v));
+  }
   o.executor = MakeGridExecutor(*head_model, ho);
   auto sched = Scheduler::Create(*head_model, o, threads);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
@@ -480,17 +496,19 @@ TEST_P(GridReferenceTest, DecodeLogitsMatchLlamaCpp) {
   }
   EXPECT_LT(worst, bound);
   std::printf("[ref-grid] %s over %zu nodes (head runs %d layers): worst rms/std %.5f over %zu decode steps (bound %.3f)\n",
-              rc.model.c_str(), nodes.size(), rc.head_layers, worst, greedy.size() - 1, bound);
+              rc.Name().c_str(), nodes.size(), rc.head_layers, worst, greedy.size() - 1, bound);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, GridReferenceTest,
                          ::testing::Values(RefCase{"ref-a-q4_0", 2, 0}, RefCase{"ref-a-f16", 2, 1},
                                            RefCase{"ref-b-q6_k", 3, 0}, RefCase{"ref-b-q6_k", 3, 1},
                                            // Mixtures: a node holds whole layers, experts included.
-                                           RefCase{"ref-qwen3moe-f16", 2, 0}, RefCase{"ref-mixtral-q8_0", 2, 1}),
+                                           RefCase{"ref-qwen3moe-f16", 2, 0}, RefCase{"ref-mixtral-q8_0", 2, 1},
+                                           // Quantized K/V: the nodes build their pools in the head's types.
+                                           RefCase{"ref-a-f16", 2, 0, "q8_0-q4_0"}),
                          [](const ::testing::TestParamInfo<RefCase>& i) {
-                           std::string n = i.param.model + "_" + std::to_string(i.param.n_layer - i.param.head_layers) + "nodes";
-                           for (char& c : n) c = (c == '-') ? '_' : c;
+                           std::string n = i.param.Name() + "_" + std::to_string(i.param.n_layer - i.param.head_layers) + "nodes";
+                           for (char& c : n) c = (c == '-' || c == '.') ? '_' : c;
                            return n;
                          });
 
@@ -866,6 +884,14 @@ TEST(GridProtocolTest, HostileStepsAreRefusedBeforeUse) {
   EXPECT_FALSE(DecodeHello(EncodeHello(h), back).ok());
   h.last_layer = 2;
   EXPECT_TRUE(DecodeHello(EncodeHello(h), back).ok());
+  // K/V types: known codes pass (and round-trip), others are refused.
+  h.kv_types = 0x0102;
+  ASSERT_TRUE(DecodeHello(EncodeHello(h), back).ok());
+  EXPECT_EQ(back.kv_types, 0x0102u);
+  for (uint32_t bad : {0x0003u, 0x0300u, 0x10000u, 0xFFFFFFFFu}) {
+    h.kv_types = bad;
+    EXPECT_FALSE(DecodeHello(EncodeHello(h), back).ok()) << bad;
+  }
 }
 
 TEST(GridProtocolTest, HostileFetchesAndReadsAreRefusedBeforeUse) {

@@ -318,6 +318,7 @@ Result<std::unique_ptr<GridHead>> GridHead::Create(const Model& model, const Pag
   I.hello.fingerprint = model.fingerprint();
   I.hello.n_layer = static_cast<uint32_t>(n_layer);
   I.hello.block_size = static_cast<uint32_t>(kv.layout.block_size);
+  I.hello.kv_types = kv.layout.TypeCode();
   I.hello.n_blocks = static_cast<uint32_t>(n_blocks);
   I.hello.max_batch_tokens = static_cast<uint32_t>(max_batch_tokens);
   I.hello.max_seqs = static_cast<uint32_t>(std::max(1, std::max(max_logit_rows, options.max_seqs)));

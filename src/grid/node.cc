@@ -176,7 +176,16 @@ struct GridNode::Impl {
     if (st.ok() && (h.block_size * static_cast<uint32_t>(model.config().head_dim)) % 32 != 0) {
       st = InvalidArgument(fmt::format("refused: block size {} does not suit head_dim {}", h.block_size, model.config().head_dim));
     }
-    const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(h.block_size));
+    KvType kt = KvType::kF16, vt = KvType::kF16;
+    KvTypesFromCode(h.kv_types, &kt, &vt);  // checked by DecodeHello
+    if (st.ok() && opt.kv_types >= 0 && h.kv_types != static_cast<uint32_t>(opt.kv_types)) {
+      KvType nk = KvType::kF16, nv = KvType::kF16;
+      KvTypesFromCode(static_cast<uint32_t>(opt.kv_types), &nk, &nv);
+      st = InvalidArgument(fmt::format("refused: the head keeps K/V as {}/{}, this node was started with -ctk {} -ctv {}",
+                                       KvTypeName(kt), KvTypeName(vt), KvTypeName(nk), KvTypeName(nv)));
+    }
+    if (st.ok()) st = CheckKvTypes(model.config(), kt, vt);
+    const KvLayout layout = LocalKvLayoutFor(model, static_cast<int>(h.block_size), kt, vt);
     const uint64_t pool_bytes = static_cast<uint64_t>(h.n_blocks) * layout.BlockBytes();
     if (st.ok() && h.max_batch_tokens > opt.max_batch_tokens) {
       st = ResourceExhausted(fmt::format("refused: steps of {} tokens asked, this node takes at most {}",
@@ -192,7 +201,7 @@ struct GridNode::Impl {
       // one is built aside and swapped in only when all of it exists, so a refused Hello
       // leaves the node as it was.
       const bool same = pool && have_geometry && geometry.block_size == h.block_size && geometry.n_blocks == h.n_blocks &&
-                        geometry.max_batch_tokens == h.max_batch_tokens;
+                        geometry.max_batch_tokens == h.max_batch_tokens && geometry.kv_types == h.kv_types;
       if (!same) {
         forward.reset();  // it borrows the old pool's memory
         try {
@@ -241,8 +250,9 @@ struct GridNode::Impl {
     r.threads = static_cast<uint32_t>(threads.size());
     r.weight_bytes = static_cast<uint64_t>(model.WeightBytes());
     r.kv_pool_bytes = stats.kv_pool_bytes;
-    TRELLIS_LOG_INFO("grid node: head {:016x} connected: {} blocks of {} tokens, {} MiB of KV for layers {}-{}", h.head_id,
-                     h.n_blocks, h.block_size, stats.kv_pool_bytes >> 20, part.first_layer, part.last_layer - 1);
+    TRELLIS_LOG_INFO("grid node: head {:016x} connected: {} blocks of {} tokens, K/V {}/{}, {} MiB of KV for layers {}-{}",
+                     h.head_id, h.n_blocks, h.block_size, KvTypeName(kt), KvTypeName(vt), stats.kv_pool_bytes >> 20,
+                     part.first_layer, part.last_layer - 1);
     Reply(j.conn, j.request_id, EncodeHelloReply(r));
   }
 
@@ -318,7 +328,9 @@ struct GridNode::Impl {
     }
     const ModelPart& part = model.part();
     // This node's layers of a block (the geometry is the accepted Hello's, when serving).
-    const uint64_t local_bytes = serving ? LocalKvLayoutFor(model, static_cast<int>(g.block_size)).BlockBytes() : 0;
+    KvType kt = KvType::kF16, vt = KvType::kF16;
+    KvTypesFromCode(g.kv_types, &kt, &vt);
+    const uint64_t local_bytes = serving ? LocalKvLayoutFor(model, static_cast<int>(g.block_size), kt, vt).BlockBytes() : 0;
     const uint64_t layer_bytes = local_bytes / static_cast<uint64_t>(model.n_local_layers());
     if (j.type == kRead) {
       ReadRequest r;

@@ -40,6 +40,8 @@ struct NodeOptions {
   // the memory available when it asks) and steps of at most this many tokens (each
   // sizes the node's activations).
   uint64_t max_kv_bytes = 0;
+  // The K/V types this node holds (KvLayout::TypeCode()); -1: whichever the head asks.
+  int64_t kv_types = -1;
   uint32_t max_batch_tokens = 8192;
   // The prefix store (docs/store.md), for a head that reads prefixes from it: the node
   // reads its layers of each block itself. Unused when store.servers and store.etcd are

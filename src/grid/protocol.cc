@@ -4,6 +4,7 @@
 
 #include <fmt/core.h>
 
+#include "kernels/attention.h"
 #include "net/wire.h"
 
 namespace trellis::grid {
@@ -14,7 +15,7 @@ std::string EncodeHello(const HelloRequest& h) {
   w.U64(h.head_id);
   w.U64(h.fingerprint);
   for (uint32_t v : {h.n_layer, h.first_layer, h.last_layer, h.block_size, h.n_blocks, h.max_batch_tokens, h.max_seqs, h.n_ctx,
-                     h.store}) {
+                     h.store, h.kv_types}) {
     w.U32(v);
   }
   return w.Take();
@@ -29,7 +30,7 @@ Status DecodeHello(std::string_view body, HelloRequest& h) {
   h.head_id = rd.U64();
   h.fingerprint = rd.U64();
   for (uint32_t* v : {&h.n_layer, &h.first_layer, &h.last_layer, &h.block_size, &h.n_blocks, &h.max_batch_tokens,
-                      &h.max_seqs, &h.n_ctx, &h.store}) {
+                      &h.max_seqs, &h.n_ctx, &h.store, &h.kv_types}) {
     *v = rd.U32();
   }
   if (!rd.Done()) return Corrupt("malformed grid hello");
@@ -41,6 +42,8 @@ Status DecodeHello(std::string_view body, HelloRequest& h) {
       h.n_ctx > (1u << 24) || h.store > 1) {
     return InvalidArgument("grid hello: geometry out of range");
   }
+  KvType k, v;
+  if (!KvTypesFromCode(h.kv_types, &k, &v)) return InvalidArgument(fmt::format("grid hello: K/V type code {:#x} is unknown", h.kv_types));
   return Status::Ok();
 }
 

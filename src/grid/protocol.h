@@ -33,7 +33,7 @@ enum MsgType : uint16_t {
   kRead = 0x105,
 };
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: Fetch and Read (the store)
+inline constexpr uint32_t kProtocolVersion = 3;  // 2: Fetch and Read (the store); 3: K/V types in Hello
 inline constexpr uint32_t kMaxSeqs = 4096;           // sequences in one step
 inline constexpr uint32_t kMaxCopies = 1 << 16;      // block copies carried by one step
 inline constexpr uint32_t kMaxTableBlocks = 1 << 20;  // one sequence's block table
@@ -51,6 +51,7 @@ struct HelloRequest {
   uint32_t max_seqs = 0;
   uint32_t n_ctx = 0;        // positions per sequence
   uint32_t store = 0;        // 1: the head reads prefixes from a store, so must the node
+  uint32_t kv_types = 0;     // KvLayout::TypeCode() of the pool: the node's must be the same
 };
 
 struct HelloReply {

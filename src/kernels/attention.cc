@@ -11,46 +11,140 @@
 #include <vector>
 
 #include "kernels/attention_internal.h"
+#include "kernels/quant.h"
 #include "util/fp16.h"
 #include "util/status.h"
 
 namespace trellis {
 
-size_t KvLayout::BlockBytes() const {
-  return static_cast<size_t>(n_layer) * 2 * n_head_kv * block_size * head_dim * 2;
+const char* KvTypeName(KvType t) {
+  switch (t) {
+    case KvType::kF16: return "f16";
+    case KvType::kQ8_0: return "q8_0";
+    case KvType::kQ4_0: return "q4_0";
+  }
+  return "?";
 }
 
-size_t KvLayout::ElementOffset(int layer, int kv, int head, int slot) const {
-  return ((static_cast<size_t>(layer * 2 + kv) * n_head_kv + head) * block_size + slot) *
-         head_dim;
+bool ParseKvType(std::string_view name, KvType* t) {
+  for (KvType k : {KvType::kF16, KvType::kQ8_0, KvType::kQ4_0}) {
+    if (name == KvTypeName(k)) {
+      *t = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool KvTypesFromCode(uint32_t code, KvType* k, KvType* v) {
+  const uint32_t kc = code & 0xFF, vc = code >> 8;
+  if (kc > 2 || vc > 2) return false;
+  *k = static_cast<KvType>(kc);
+  *v = static_cast<KvType>(vc);
+  return true;
+}
+
+size_t KvRowBytes(KvType t, int head_dim) {
+  const size_t hd = static_cast<size_t>(head_dim);
+  switch (t) {
+    case KvType::kF16: return hd * 2;
+    case KvType::kQ8_0: return hd / 32 * sizeof(BlockQ8_0);
+    case KvType::kQ4_0: return hd / 32 * sizeof(BlockQ4_0);
+  }
+  return 0;
+}
+
+size_t KvLayout::LayerBytes() const {
+  const size_t raw = static_cast<size_t>(n_head_kv) * (TileBytes(0) + TileBytes(1));
+  return (raw + 63) / 64 * 64;
+}
+
+size_t KvLayout::BlockBytes() const { return static_cast<size_t>(n_layer) * LayerBytes(); }
+
+size_t KvLayout::ByteOffset(int layer, int kv, int head, int slot) const {
+  return static_cast<size_t>(layer) * LayerBytes() + (kv == 0 ? 0 : static_cast<size_t>(n_head_kv) * TileBytes(0)) +
+         static_cast<size_t>(head) * TileBytes(kv) + static_cast<size_t>(slot) * RowBytes(kv);
+}
+
+int KvRotationK(const KvLayout& l) {
+  if (l.k_type == KvType::kF16 || l.head_dim % 64 != 0) return 0;
+  int n = 64;
+  while (l.head_dim % (2 * n) == 0) n *= 2;
+  return n;
+}
+
+int KvRotationV(const KvLayout& l) { return l.v_type == KvType::kF16 || l.head_dim % 64 != 0 ? 0 : 64; }
+
+void HadamardRows(float* x, int64_t stride, int64_t n_rows, int64_t width, int n) {
+  TRELLIS_CHECK(n > 0 && (n & (n - 1)) == 0 && width % n == 0);
+  // As llama.cpp multiplies by its matrix of +-1/sqrt(n) in f32: the butterflies
+  // (exact up to rounding), then that factor.
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t c0 = 0; c0 < width; c0 += n) {
+      float* v = x + r * stride + c0;
+      for (int h = 1; h < n; h *= 2) {
+        for (int i = 0; i < n; i += 2 * h) {
+          for (int j = i; j < i + h; ++j) {
+            const float a = v[j], b = v[j + h];
+            v[j] = a + b;
+            v[j + h] = a - b;
+          }
+        }
+      }
+      for (int j = 0; j < n; ++j) v[j] *= norm;
+    }
+  }
 }
 
 namespace {
 
-uint16_t* BlockPtr(const PagedKv& kv, int32_t block) {
-  return reinterpret_cast<uint16_t*>(kv.base + static_cast<size_t>(block) *
-                                                   kv.layout.BlockBytes());
+uint8_t* BlockPtr(const PagedKv& kv, int32_t block) {
+  return kv.base + static_cast<size_t>(block) * kv.layout.BlockBytes();
 }
 
 void F32ToF16Scalar(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }
 
-template <typename Convert>
+// One row of n floats into type t at dst; f16 by `to_f16`, the quantized types by the
+// reference quantizers llama.cpp's cache uses (quantize_row_q8_0 / q4_0).
+template <typename ToF16>
+void WriteRow(KvType t, const float* x, uint8_t* dst, int n, ToF16 to_f16) {
+  switch (t) {
+    case KvType::kF16: to_f16(x, reinterpret_cast<uint16_t*>(dst), n); break;
+    case KvType::kQ8_0: QuantizeRowQ8_0(x, reinterpret_cast<BlockQ8_0*>(dst), n); break;
+    case KvType::kQ4_0: TRELLIS_CHECK(QuantizeRow(GgmlType::kQ4_0, x, dst, n).ok()); break;
+  }
+}
+
+template <typename ToF16>
 void KvWriteWith(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs, const float* k,
-                 int64_t k_stride, const float* v, int64_t v_stride, Convert convert) {
+                 int64_t k_stride, const float* v, int64_t v_stride, ToF16 to_f16) {
   const KvLayout& L = kv.layout;
   for (const AttnSeq& s : seqs) {
     for (int32_t i = 0; i < s.n_tokens; ++i) {
       const int32_t p = s.pos0 + i;
-      uint16_t* blk = BlockPtr(kv, s.block_table[p / L.block_size]);
+      uint8_t* blk = BlockPtr(kv, s.block_table[p / L.block_size]);
       const int slot = p % L.block_size;
       const int64_t row = s.q_row0 + i;
       for (int h = 0; h < L.n_head_kv; ++h) {
         const int64_t col = static_cast<int64_t>(h) * L.head_dim;
-        convert(k + row * k_stride + col, blk + L.ElementOffset(layer, 0, h, slot), L.head_dim);
-        convert(v + row * v_stride + col, blk + L.ElementOffset(layer, 1, h, slot), L.head_dim);
+        WriteRow(L.k_type, k + row * k_stride + col, blk + L.ByteOffset(layer, 0, h, slot), L.head_dim, to_f16);
+        WriteRow(L.v_type, v + row * v_stride + col, blk + L.ByteOffset(layer, 1, h, slot), L.head_dim, to_f16);
       }
+    }
+  }
+}
+
+// n rows of K or V (type t, row_bytes apart) -> f32 [n][head_dim].
+void LoadRowsScalar(KvType t, const uint8_t* src, size_t row_bytes, int n, int hd, float* dst) {
+  for (int r = 0; r < n; ++r, src += row_bytes, dst += hd) {
+    if (t == KvType::kF16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      for (int d = 0; d < hd; ++d) dst[d] = Fp16ToFp32(h[d]);
+    } else {
+      internal::DequantKvRow(t, src, dst, hd);
     }
   }
 }
@@ -91,8 +185,10 @@ void AttnTileScalar(const AttnTile& t) {
   float* acc = s + max_q * bs;   // [max_q][hd]
   float* m = acc + max_q * hd;   // [max_q]
   float* l = m + max_q;          // [max_q]
+  float q8[kKvMaxQuantizedHeadDim];
   for (int qi = 0; qi < nq; ++qi) {
     const float* src = t.q + (qi / t.n_heads) * t.q_stride + (qi % t.n_heads) * hd;
+    if (t.k_type != KvType::kF16) src = QueryThroughQ8_0(src, hd, q8);
     for (int d = 0; d < hd; ++d) {
       qs[qi * hd + d] = src[d] * t.scale;
       acc[qi * hd + d] = 0.0f;
@@ -102,13 +198,10 @@ void AttnTileScalar(const AttnTile& t) {
   }
   const int32_t kv_end = t.pos_first + t.n_rows;  // exclusive, of the last row
   for (int32_t p0 = AttnTileFirstPos(t) / bs * bs; p0 < kv_end; p0 += bs) {
-    const uint16_t* blk = reinterpret_cast<const uint16_t*>(
-        t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
+    const uint8_t* blk = t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes;
     const int nvalid = std::min(bs, kv_end - p0);
-    for (int i = 0; i < nvalid * hd; ++i) {
-      kt[i] = Fp16ToFp32(blk[t.k_off + i]);
-      vt[i] = Fp16ToFp32(blk[t.v_off + i]);
-    }
+    LoadRowsScalar(t.k_type, blk + t.k_off, t.k_row, nvalid, hd, kt);
+    LoadRowsScalar(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
     for (int qi = 0; qi < nq; ++qi) {
       const int n = std::min(bs, t.pos_first + qi / t.n_heads + 1 - p0);
       const int lo = AttnRowFirstSlot(t, qi / t.n_heads, p0);
@@ -210,8 +303,12 @@ void PagedAttentionAt(SimdLevel level, const PagedKv& kv, int layer,
       AttnTile t;
       t.base = kv.base;
       t.block_bytes = block_bytes;
-      t.k_off = L.ElementOffset(layer, 0, kv_head, 0);
-      t.v_off = L.ElementOffset(layer, 1, kv_head, 0);
+      t.k_off = L.ByteOffset(layer, 0, kv_head, 0);
+      t.v_off = L.ByteOffset(layer, 1, kv_head, 0);
+      t.k_type = L.k_type;
+      t.v_type = L.v_type;
+      t.k_row = L.RowBytes(0);
+      t.v_row = L.RowBytes(1);
       t.head_dim = hd;
       t.block_size = bs;
       t.block_table = s.block_table;
@@ -240,6 +337,15 @@ void PagedAttention(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                              scale, out, out_stride, pool, scratch, opt);
 }
 
+namespace {
+
+void DequantRef(KvType t, const uint8_t* src, float* dst, int n) {
+  const GgmlType g = t == KvType::kF16 ? GgmlType::kF16 : t == KvType::kQ8_0 ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
+  TRELLIS_CHECK(DequantizeRow(g, src, dst, n).ok());
+}
+
+}  // namespace
+
 void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> seqs,
                        const float* q, int64_t q_stride, int n_head, float scale, float* out,
                        int64_t out_stride, const AttnOptions& opt) {
@@ -257,16 +363,20 @@ void PagedAttentionRef(const PagedKv& kv, int layer, std::span<const AttnSeq> se
         vf.resize(static_cast<size_t>(n_kv) * hd);
         p.resize(n_kv);
         for (int32_t pos = 0; pos < n_kv; ++pos) {
-          const uint16_t* blk = BlockPtr(kv, s.block_table[pos / L.block_size]);
+          const uint8_t* blk = BlockPtr(kv, s.block_table[pos / L.block_size]);
           const int slot = pos % L.block_size;
-          const uint16_t* kp = blk + L.ElementOffset(layer, 0, kvh, slot);
-          const uint16_t* vp = blk + L.ElementOffset(layer, 1, kvh, slot);
-          for (int d = 0; d < hd; ++d) {
-            kf[static_cast<size_t>(pos) * hd + d] = Fp16ToFp32(kp[d]);
-            vf[static_cast<size_t>(pos) * hd + d] = Fp16ToFp32(vp[d]);
-          }
+          DequantRef(L.k_type, blk + L.ByteOffset(layer, 0, kvh, slot), &kf[static_cast<size_t>(pos) * hd], hd);
+          DequantRef(L.v_type, blk + L.ByteOffset(layer, 1, kvh, slot), &vf[static_cast<size_t>(pos) * hd], hd);
         }
         const float* qh = q + row * q_stride + static_cast<int64_t>(h) * hd;
+        std::vector<float> q8;
+        if (L.k_type != KvType::kF16) {  // Q through q8_0, as the kernels (QueryThroughQ8_0)
+          std::vector<BlockQ8_0> b(static_cast<size_t>(hd / 32));
+          q8.resize(static_cast<size_t>(hd));
+          QuantizeRowQ8_0(qh, b.data(), hd);
+          TRELLIS_CHECK(DequantizeRow(GgmlType::kQ8_0, b.data(), q8.data(), hd).ok());
+          qh = q8.data();
+        }
         double mx = -std::numeric_limits<double>::infinity();
         // Positions outside a sliding window get probability 0 (masked as -inf).
         const int32_t first = opt.window > 0 ? std::max(0, n_kv - opt.window) : 0;

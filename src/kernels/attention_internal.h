@@ -7,10 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "util/fp16.h"
 
 namespace trellis::internal {
 
@@ -36,7 +39,9 @@ inline size_t AttentionScratchFloatsPerThread(int head_dim, int block_size) {
 struct AttnTile {
   const uint8_t* base;      // pool base
   size_t block_bytes;       // bytes per block
-  size_t k_off, v_off;      // f16 element offset in a block of (layer, K|V, kv head, slot 0)
+  size_t k_off, v_off;      // byte offset in a block of (layer, K|V, kv head, slot 0)
+  KvType k_type, v_type;    // element types of K and V rows
+  size_t k_row, v_row;      // bytes of one slot's K / V row (KvRowBytes)
   int head_dim, block_size;
   const int32_t* block_table;  // the sequence's block table
   int32_t pos_first;           // position of row 0
@@ -57,6 +62,45 @@ struct AttnTile {
   //   m   [Q], l [Q]      running max and sum
   float* scratch;
 };
+
+// One K or V row of head_dim elements in a quantized type (q8_0, q4_0) -> f32, as ggml's
+// dequantizers compute it (d * q). Inline, so each ISA's translation unit compiles (and
+// vectorizes) its own copy.
+inline void DequantKvRow(KvType type, const uint8_t* src, float* dst, int head_dim) {
+  if (type == KvType::kQ8_0) {
+    for (int b = 0; b < head_dim / 32; ++b, src += 34, dst += 32) {
+      uint16_t h;
+      std::memcpy(&h, src, 2);
+      const float d = Fp16ToFp32(h);
+      const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+      for (int j = 0; j < 32; ++j) dst[j] = d * static_cast<float>(q[j]);
+    }
+  } else {  // q4_0: element j of a block is the low nibble of qs[j], j + 16 the high one; minus 8
+    for (int b = 0; b < head_dim / 32; ++b, src += 18, dst += 32) {
+      uint16_t h;
+      std::memcpy(&h, src, 2);
+      const float d = Fp16ToFp32(h);
+      const uint8_t* q = src + 2;
+      for (int j = 0; j < 16; ++j) {
+        dst[j] = d * static_cast<float>((q[j] & 0x0F) - 8);
+        dst[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
+      }
+    }
+  }
+}
+
+// Quantized types hold rows of at most this many values (a query row's q8_0 copy is on
+// the stack).
+inline constexpr int kKvMaxQuantizedHeadDim = 512;
+
+// A query row as llama.cpp's flash attention takes it against a quantized K: through
+// q8_0 (its K.Q is a q8_0 x K-type dot product) and back, into out[head_dim]. Returns out.
+inline const float* QueryThroughQ8_0(const float* q, int head_dim, float* out) {
+  BlockQ8_0 b[kKvMaxQuantizedHeadDim / 32];
+  QuantizeRowQ8_0(q, b, head_dim);
+  DequantKvRow(KvType::kQ8_0, reinterpret_cast<const uint8_t*>(b), out, head_dim);
+  return out;
+}
 
 void AttnTileScalar(const AttnTile& t);
 // REQUIRES: head_dim % 8 == 0 and block_size % 8 == 0.

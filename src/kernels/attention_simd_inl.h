@@ -6,10 +6,11 @@
 // ops_simd_inl.h).
 //
 // Per block of block_size positions the kernel:
-//   1. converts the K tile f16 -> f32 *transposed* into kt[d][t] (8x8 tiles), so a
+//   1. converts the K tile (f16, or q8_0 / q4_0 rows dequantized first) -> f32
+//      *transposed* into kt[d][t] (8x8 tiles), so a
 //      query's scores for W slots are W-lane FMAs of broadcast q[d] with kt[d][...] and
 //      need no horizontal sums; all queries of the tile (rows x GQA heads) reuse it;
-//   2. converts the V tile f16 -> f32 into vt[t][d];
+//   2. converts (dequantizes) the V tile -> f32 into vt[t][d];
 //   3. per query: masks slots past its causal end, online-softmax update of (m, l) and
 //      acc = acc * exp(m_old - m_new) + sum_t p_t * v_t.
 // Thread safety: touches only the tile's output rows and its scratch.
@@ -159,8 +160,10 @@ void AttnTileT(const internal::AttnTile& t) {
   int qn[kMaxQ];                // this block's causal end per query
 
   const F vscale = V::Set1(t.scale);
+  float q8[internal::kKvMaxQuantizedHeadDim];
   for (int qi = 0; qi < nq; ++qi) {
     const float* src = t.q + (qi / t.n_heads) * t.q_stride + (qi % t.n_heads) * hd;
+    if (t.k_type != KvType::kF16) src = internal::QueryThroughQ8_0(src, hd, q8);
     for (int d = 0; d < hd; d += W) {
       V::Store(qs + qi * hd + d, V::Mul(V::Load(src + d), vscale));
       V::Store(acc + qi * hd + d, V::Zero());
@@ -173,20 +176,31 @@ void AttnTileT(const internal::AttnTile& t) {
   const F vcap = V::Set1(t.softcap), vinv_cap = V::Set1(t.softcap > 0 ? 1.0f / t.softcap : 0.0f);
   const F one = V::Set1(1.0f), two = V::Set1(2.0f);
   for (int32_t p0 = internal::AttnTileFirstPos(t) / bs * bs; p0 < kv_end; p0 += bs) {
-    const uint16_t* blk = reinterpret_cast<const uint16_t*>(
-        t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes);
+    const uint8_t* blk = t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes;
     const int nvalid = std::min(bs, kv_end - p0);
     // K slots converted (<= bs, whole 8x8 tiles and whole vectors); extra are masked.
     constexpr int kSlots = W > 8 ? W : 8;
     const int nkt = (nvalid + kSlots - 1) / kSlots * kSlots;
-    // 1. K tile -> kt[d][t], transposed 8x8 at a time.
-    const uint16_t* kblk = blk + t.k_off;
-    for (int t0 = 0; t0 < nkt; t0 += 8) {
-      for (int d0 = 0; d0 < hd; d0 += 8) V::KTile8x8(kblk + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
+    // 1. K tile -> kt[d][t], transposed 8x8 at a time; quantized rows are dequantized
+    //    into vt first (free until step 2).
+    if (t.k_type == KvType::kF16) {
+      const uint16_t* kblk = reinterpret_cast<const uint16_t*>(blk + t.k_off);
+      for (int t0 = 0; t0 < nkt; t0 += 8) {
+        for (int d0 = 0; d0 < hd; d0 += 8) V::KTile8x8(kblk + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
+      }
+    } else {
+      for (int j = 0; j < nkt; ++j) internal::DequantKvRow(t.k_type, blk + t.k_off + j * t.k_row, vt + j * hd, hd);
+      for (int t0 = 0; t0 < nkt; t0 += 8) {
+        for (int d0 = 0; d0 < hd; d0 += 8) V::Transpose8x8F32(vt + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
+      }
     }
     // 2. V tile -> vt[t][d] (valid slots only: unwritten slots may hold NaN bits).
-    const uint16_t* vblk = blk + t.v_off;
-    for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
+    if (t.v_type == KvType::kF16) {
+      const uint16_t* vblk = reinterpret_cast<const uint16_t*>(blk + t.v_off);
+      for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
+    } else {
+      for (int j = 0; j < nvalid; ++j) internal::DequantKvRow(t.v_type, blk + t.v_off + j * t.v_row, vt + j * hd, hd);
+    }
 
     // 3a. Raw scores of all queries.
     const int n_chunks = nkt / W;

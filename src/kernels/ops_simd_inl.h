@@ -123,6 +123,15 @@ struct V256 {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * dst_stride, r[j]);
   }
+  // The same for an 8x8 tile of f32 rows (dequantized K).
+  static void Transpose8x8F32(const float* src, int src_stride, float* dst, int dst_stride) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    Transpose8x8(r);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * dst_stride, r[j]);
+  }
 };
 
 #ifdef __AVX512F__
@@ -163,6 +172,9 @@ struct V512 {
   static void KTile8x8(const uint16_t* src, int src_stride, float* dst, int dst_stride) {
     V256::KTile8x8(src, src_stride, dst, dst_stride);
   }
+  static void Transpose8x8F32(const float* src, int src_stride, float* dst, int dst_stride) {
+    V256::Transpose8x8F32(src, src_stride, dst, dst_stride);
+  }
 };
 #endif
 
@@ -200,13 +212,22 @@ struct V128 {
   }
   // As V256::KTile8x8: four 4x4 transposes.
   static void KTile8x8(const uint16_t* src, int src_stride, float* dst, int dst_stride) {
+    Tile8x8(src, src_stride, dst, dst_stride);
+  }
+  static void Transpose8x8F32(const float* src, int src_stride, float* dst, int dst_stride) {
+    Tile8x8(src, src_stride, dst, dst_stride);
+  }
+  static F LoadRow(const uint16_t* p) { return LoadHalf(p); }
+  static F LoadRow(const float* p) { return Load(p); }
+  template <typename T>
+  static void Tile8x8(const T* src, int src_stride, float* dst, int dst_stride) {
 #pragma GCC unroll 2
     for (int bi = 0; bi < 2; ++bi) {
 #pragma GCC unroll 2
       for (int bj = 0; bj < 2; ++bj) {
         F r[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) r[i] = LoadHalf(src + (4 * bi + i) * src_stride + 4 * bj);
+        for (int i = 0; i < 4; ++i) r[i] = LoadRow(src + (4 * bi + i) * src_stride + 4 * bj);
         const F t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
         const F t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
         float* d = dst + 4 * bj * dst_stride + 4 * bi;

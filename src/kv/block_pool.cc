@@ -57,12 +57,12 @@ void BlockPool::CopySlots(int32_t src, int32_t dst, int32_t n_slots) {
   if (n_slots == 0) return;
   const uint8_t* from = BlockData(src);
   uint8_t* to = BlockData(dst);
-  // Each (layer, K/V, kv head) is a [block_size][head_dim] f16 run: copy its first n_slots rows.
-  const size_t bytes = static_cast<size_t>(n_slots) * static_cast<size_t>(layout_.head_dim) * sizeof(uint16_t);
+  // Each (layer, K/V, kv head) is a [block_size] run of rows: copy its first n_slots rows.
   for (int l = 0; l < layout_.n_layer; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
+      const size_t bytes = static_cast<size_t>(n_slots) * layout_.RowBytes(kv);
       for (int h = 0; h < layout_.n_head_kv; ++h) {
-        const size_t off = layout_.ElementOffset(l, kv, h, 0) * sizeof(uint16_t);
+        const size_t off = layout_.ByteOffset(l, kv, h, 0);
         std::memcpy(to + off, from + off, bytes);
       }
     }

@@ -29,7 +29,7 @@ namespace trellis {
 struct StoreNamespace {
   uint64_t model_fingerprint = 0;
   uint32_t block_tokens = 32;
-  uint32_t kv_dtype = 0;        // 0: f16 (the only KV type yet)
+  uint32_t kv_dtype = 0;        // KvLayout::TypeCode(): K type | V type << 8 (0: both f16)
   uint32_t layout_version = 1;  // docs/kv_layout.md
   uint64_t salt = 0;
 };

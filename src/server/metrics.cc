@@ -78,6 +78,13 @@ std::string ServerMetrics::Render(const SchedulerMetrics& m, size_t queue_depth)
   Metric(out, "trellis_kv_blocks_total", "gauge", "KV pool blocks", m.pool_total);
   Metric(out, "trellis_kv_pool_usage_ratio", "gauge", "KV pool blocks in use / total",
          m.pool_total ? static_cast<double>(m.pool_used) / m.pool_total : 0.0);
+  Metric(out, "trellis_kv_pool_tokens", "gauge", "tokens the KV pool holds (blocks x tokens per block)",
+         static_cast<double>(m.pool_total) * m.block_tokens);
+  Metric(out, "trellis_kv_bytes_per_token", "gauge", "bytes of K/V one token takes over all of the model's layers",
+         m.kv_bytes_per_token);
+  out += fmt::format("# HELP trellis_kv_cache_type The K and V cache element types\n# TYPE trellis_kv_cache_type gauge\n"
+                     "trellis_kv_cache_type{{k=\"{}\",v=\"{}\"}} 1\n",
+                     KvTypeName(m.kv_type_k), KvTypeName(m.kv_type_v));
   Metric(out, "trellis_queue_depth", "gauge", "requests waiting to be admitted", static_cast<double>(queue_depth));
   Metric(out, "trellis_requests_running", "gauge", "requests admitted and running", m.running);
   Metric(out, "trellis_partial_block_copies_total", "counter",

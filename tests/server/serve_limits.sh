@@ -137,4 +137,22 @@ used=$(metric trellis_kv_blocks_used) cached=$(metric trellis_kv_blocks_cached)
 ok "the long one cancelled too; every block left is the cache's; the server still answers"
 stop_server
 
+say "-ctk/-ctv q8_0: the same --kv-memory holds ~1.9x the tokens, and the banner and /metrics say so"
+start_server kvf16 --kv-memory 8388608
+f16_tokens=$(metric trellis_kv_pool_tokens) f16_bpt=$(metric trellis_kv_bytes_per_token)
+[[ $(metric trellis_kv_cache_type'{k="f16",v="f16"}') == 1 ]] || die "f16 server: no trellis_kv_cache_type{k=\"f16\",v=\"f16\"}"
+stop_server
+start_server kvq8 --kv-memory 8388608 -ctk q8_0 -ctv q8_0
+q8_tokens=$(metric trellis_kv_pool_tokens) q8_bpt=$(metric trellis_kv_bytes_per_token)
+[[ $(metric trellis_kv_cache_type'{k="q8_0",v="q8_0"}') == 1 ]] || die "q8_0 server: no trellis_kv_cache_type{k=\"q8_0\",v=\"q8_0\"}"
+grep -q "kv q8_0/q8_0, .* = $q8_tokens tokens at $q8_bpt bytes each" "$tmp/kvq8.log" || die "banner: $(head -1 "$tmp/kvq8.log")"
+python3 -c "import sys; a, b, c, d = map(float, sys.argv[1:]); sys.exit(0 if b / a >= 1.8 and c / d >= 1.8 else 1)" \
+  "$f16_tokens" "$q8_tokens" "$f16_bpt" "$q8_bpt" || die "q8_0 holds $q8_tokens tokens ($q8_bpt B each) against f16's $f16_tokens ($f16_bpt B)"
+[[ $(post /v1/chat/completions "$chat" "$tmp/q8.json") == 200 ]] || die "q8_0 chat: $(cat "$tmp/q8.json")"
+stop_server
+ok "8 MiB of KV: $f16_tokens tokens at $f16_bpt B (f16), $q8_tokens at $q8_bpt B (q8_0); q8_0 answers"
+"$TRELLIS" serve -m "$model" --port 0 -ctk q5_0 >"$tmp/bad.log" 2>&1 && die "serve took -ctk q5_0"
+grep -q "cache-type-k" "$tmp/bad.log" || die "-ctk q5_0: $(cat "$tmp/bad.log")"
+ok "-ctk q5_0 refused by name"
+
 echo "PASS server_limits: $n_checks checks"
