@@ -9,7 +9,8 @@ namespace trellis::cli {
 Runner AddGenModelCommand(CLI::App& app) {
   struct Opts {
     std::string shape = "tiny", type = "q4_0", arch = "llama", vocab, out;
-    int head_dim = 0, rope_dims = 0, layers = 0;
+    int head_dim = 0, rope_dims = 0, layers = 0, yarn_orig_ctx = 0;
+    float yarn = 0;
     bool pure = false;
     uint64_t seed = 1;
     int threads = 0;
@@ -20,6 +21,8 @@ Runner AddGenModelCommand(CLI::App& app) {
   app.add_option("--head-dim", o->head_dim, "head dim other than n_embd / n_head (written as attention.key_length)");
   app.add_option("--layers", o->layers, "another layer count than the shape's (a benchmark model with a large model's layers, fewer of them)");
   app.add_option("--rope-dims", o->rope_dims, "rotated dims per head, fewer than the head dim for partial rotary");
+  app.add_option("--yarn", o->yarn, "YaRN rope scaling by this factor (rope.scaling.type yarn), with --yarn-orig-ctx");
+  app.add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "YaRN's original context (rope.scaling.original_context_length)");
   app.add_option("--type", o->type, "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k")->capture_default_str();
   app.add_option("--vocab", o->vocab, "GGUF whose tokenizer.* metadata is copied (default: the shipped LLaMA SPM vocab)");
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
@@ -41,6 +44,8 @@ Runner AddGenModelCommand(CLI::App& app) {
     ro.type = o->type;
     ro.pure = o->pure;
     ro.seed = o->seed;
+    ro.yarn_factor = o->yarn;
+    ro.yarn_orig_ctx = o->yarn_orig_ctx;
     ro.n_threads = ResolveThreads(o->threads);
     const double t0 = NowSeconds();
     Status s = WriteRandomModel(ro, *vocab, o->out);

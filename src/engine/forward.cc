@@ -67,6 +67,10 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
   rope_.freq_factors = model.RopeFactors(n_ctx > 0 ? n_ctx : c.DefaultContext());
   rope_.neox = c.rope_neox;
   rope_.attn_factor = c.rope_attn_factor;
+  if (c.rope_yarn_ext_factor != 0.0f) {
+    rope_.ext_factor = c.rope_yarn_ext_factor;
+    RopeYarnCorrDims(c.n_rot, c.n_ctx_orig, c.rope_freq_base, c.rope_yarn_beta_fast, c.rope_yarn_beta_slow, rope_.corr_dims);
+  }
   // Sliding-window layers (Gemma): their own base, no frequency scaling.
   rot_k_ = KvRotationK(kv.layout);
   rot_v_ = KvRotationV(kv.layout);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 
 #include "engine/run_one.h"
 #include "engine/test_models.h"
@@ -141,6 +143,49 @@ TEST(ModelTest, ArchitectureIsPartOfTheFingerprint) {
 // with expert keys (not a dense llama missing its FFN), and the MoE architectures say so.
 // Mixtures of experts: qwen3moe, Mixtral and qwen2moe load (their logits:
 // reference_test.cc); gpt-oss is refused by name, and bad expert keys and tensors are named.
+// YaRN's keys: read as llama.cpp reads them (its answers: reference_test's
+// ref-qwen2yarn-f16), out-of-range values named, other scaling types refused by name.
+TEST(ModelTest, YarnKeysAreReadAndChecked) {
+  const std::string src = WriteSmallModel("yarn_src.gguf");
+  auto with = [&](const std::string& name, std::function<void(GgufWriter&)> extra) {
+    const std::string dst = TempPath(name);
+    RewriteGguf(src, dst, {.extra = std::move(extra)});
+    return dst;
+  };
+  auto yarn = [](float factor) {
+    return [factor](GgufWriter& w) {
+      w.SetString("llama.rope.scaling.type", "yarn");
+      w.SetFloat32("llama.rope.scaling.factor", factor);
+      w.SetUint32("llama.rope.scaling.original_context_length", 128);
+    };
+  };
+  auto m = Model::Load(with("yarn_ok.gguf", yarn(4.0f)));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_FLOAT_EQ(c.rope_freq_scale, 0.25f);
+  EXPECT_FLOAT_EQ(c.rope_yarn_ext_factor, 1.0f);
+  EXPECT_FLOAT_EQ(c.rope_yarn_beta_fast, 32.0f);
+  EXPECT_FLOAT_EQ(c.rope_yarn_beta_slow, 1.0f);
+  EXPECT_EQ(c.n_ctx_orig, 128);
+  EXPECT_NEAR(c.rope_attn_factor, 1.0 + 0.1 * std::log(4.0), 1e-6);  // llama.cpp's net magnitude
+  auto deepseek = Model::Load(with("yarn_log_mul.gguf", [&](GgufWriter& w) {
+    yarn(4.0f)(w);
+    w.SetFloat32("llama.rope.scaling.yarn_log_multiplier", 0.1f);
+    w.SetFloat32("llama.rope.scaling.yarn_beta_fast", 16.0f);
+  }));
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status().ToString();
+  EXPECT_NEAR((*deepseek)->config().rope_attn_factor, (1.0 + 0.1 * std::log(4.0)) / (1.0 + 0.01 * std::log(4.0)), 1e-6);
+  EXPECT_FLOAT_EQ((*deepseek)->config().rope_yarn_beta_fast, 16.0f);
+  ExpectLoadError(with("yarn_bad.gguf", yarn(-2.0f)), StatusCode::kInvalidArgument, "rope.scaling.factor -2");
+  ExpectLoadError(with("yarn_ext.gguf", [&](GgufWriter& w) {
+                    yarn(4.0f)(w);
+                    w.SetFloat32("llama.rope.scaling.yarn_ext_factor", 3.0f);
+                  }),
+                  StatusCode::kInvalidArgument, "yarn_ext_factor 3 above 1");
+  ExpectLoadError(with("longrope.gguf", [](GgufWriter& w) { w.SetString("llama.rope.scaling.type", "longrope"); }),
+                  StatusCode::kUnsupported, "rope scaling type 'longrope'");
+}
+
 TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
   const std::string src = WriteSmallModel("moe_src.gguf");
   // A llama file that says it has experts but holds a dense FFN: the router is missing.

@@ -200,6 +200,14 @@ Status WriteRandomModel(const RandomModelOptions& o, const GgufFile& vocab, cons
       w.SetFloat32(k + "rope.scaling.factor", 8.0f);
     }
   }
+  if (o.yarn_factor > 0) {
+    if (o.yarn_orig_ctx <= 0 || gemma || arch == "phi3" || arch == "llama3.2") {
+      return InvalidArgument("YaRN needs an original context (and a family without its own rope scaling)");
+    }
+    w.SetString(k + "rope.scaling.type", "yarn");
+    w.SetFloat32(k + "rope.scaling.factor", o.yarn_factor);
+    w.SetUint32(k + "rope.scaling.original_context_length", static_cast<uint32_t>(o.yarn_orig_ctx));
+  }
   w.SetFloat32(k + "rope.freq_base", s.rope_theta);
   w.SetFloat32(k + "attention.layer_norm_rms_epsilon", s.rms_eps);
   for (const auto& [key, value] : vocab.metadata()) {

@@ -72,6 +72,10 @@ struct RandomModelOptions {
   // also use q6_K for attn_v and ffn_down in the layers llama.cpp gives more bits.
   std::string type = "q4_0";
   bool pure = false;
+  // > 0: YaRN rope scaling (rope.scaling.type "yarn") by this factor over an original
+  // context of yarn_orig_ctx positions, as the converter writes Qwen's long-context files.
+  float yarn_factor = 0.0f;
+  int yarn_orig_ctx = 0;
   uint64_t seed = 1;
   int n_threads = 2;
 };

@@ -504,6 +504,9 @@ std::vector<Case> AllCases() {
                         "ref-qwen2moe-q4_k_m"}) {
     v.push_back({m, 67});
   }
+  // YaRN (Qwen2.5's long-context files): qwen2 with rope scaling yarn, factor 4 over an
+  // original context of 64, so both prompts run far past it.
+  for (int p : {67, 300}) v.push_back({"ref-qwen2yarn-f16", p});
   // Quantized K/V against llama.cpp run with the same -ctk/-ctv (tests/data/README.md):
   // llama at 300 positions (3 prefill chunks) in q8_0 and q4_0, K and V mixed, and the
   // architectures with their own attention (Qwen3's head_dim 128 and norms, Gemma 2's

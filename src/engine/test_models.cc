@@ -92,6 +92,10 @@ std::string ReferenceModelPath(const std::string& model) {
   o.arch = recipe["arch"].get<std::string>();
   o.type = recipe["type"].get<std::string>();
   o.seed = recipe["seed"].get<uint64_t>();
+  if (recipe.contains("yarn")) {  // gen-model --yarn F --yarn-orig-ctx N
+    o.yarn_factor = recipe["yarn"].get<float>();
+    o.yarn_orig_ctx = recipe["yarn_orig_ctx"].get<int>();
+  }
   const std::string path = TempPath(model + ".gguf");
   const Status st = WriteRandomModel(o, *vocab, path);
   EXPECT_TRUE(st.ok()) << st.ToString();

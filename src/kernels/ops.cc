@@ -101,6 +101,28 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
 
 // ---- RoPE ----
 
+void RopeYarnCorrDims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float dims[2]) {
+  auto corr_dim = [&](float n_rot) {
+    return static_cast<float>(n_dims) * std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2 * static_cast<float>(M_PI))) /
+           (2 * std::log(freq_base));
+  };
+  dims[0] = std::max(0.0f, std::floor(corr_dim(beta_fast)));
+  dims[1] = std::min(static_cast<float>(n_dims - 1), std::ceil(corr_dim(beta_slow)));
+}
+
+namespace {
+
+// What pair i's angle is multiplied by beside base^(-2i/n) / ff: freq_scale, or YaRN's mix
+// of it and 1.
+double RopeScale(const RopeParams& p, int i) {
+  if (p.ext_factor == 0.0f) return p.freq_scale;
+  const double y = (i - p.corr_dims[0]) / std::max(0.001, static_cast<double>(p.corr_dims[1] - p.corr_dims[0]));
+  const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * p.ext_factor;
+  return p.freq_scale * (1.0 - mix) + mix;
+}
+
+}  // namespace
+
 void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
              int head_dim, const RopeParams& p) {
   TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim);
@@ -108,7 +130,7 @@ void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int
     for (int h = 0; h < n_head; ++h) {
       float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
       for (int i = 0; i < p.n_dims / 2; ++i) {
-        double theta = static_cast<double>(pos[t]) * p.freq_scale *
+        double theta = static_cast<double>(pos[t]) * RopeScale(p, i) *
                        std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
         if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
         const double c = std::cos(theta) * p.attn_factor, s = std::sin(theta) * p.attn_factor;
@@ -131,8 +153,8 @@ void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_
   float cos_t[kMaxPairs];     // [n_pairs] for the current token
   float sin_t[kMaxPairs];     // [n_pairs]
   for (int i = 0; i < n_pairs; ++i) {
-    float f = p.freq_scale * std::pow(p.freq_base, -2.0f * static_cast<float>(i) /
-                                                       static_cast<float>(p.n_dims));
+    float f = static_cast<float>(RopeScale(p, i)) * std::pow(p.freq_base, -2.0f * static_cast<float>(i) /
+                                                                               static_cast<float>(p.n_dims));
     if (p.freq_factors != nullptr) f /= p.freq_factors[i];
     inv_freq[i] = f;
   }

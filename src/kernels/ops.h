@@ -31,13 +31,24 @@ struct RopeParams {
   // true (GPT-NeoX mode: Qwen2/3, Gemma, Phi-3) rotates (x[i], x[i + n_dims/2]).
   bool neox = false;
   // Multiplies cos and sin (so both rotated halves): LongRoPE's magnitude correction
-  // (Phi-3's rope.scaling.attn_factor, ggml's attn_factor / mscale). 1 elsewhere.
+  // (Phi-3's rope.scaling.attn_factor, ggml's attn_factor / mscale), YaRN's. 1 elsewhere.
   float attn_factor = 1.0f;
+  // YaRN (ggml's rope_yarn): pair i's angle mixes the interpolated (freq_scale) and the
+  // original frequency by ramp_i * ext_factor, ramp_i = 1 - clamp((i - corr_dims[0]) /
+  // max(0.001, corr_dims[1] - corr_dims[0]), 0, 1): the fast dims keep their frequency,
+  // the slow ones are interpolated. ext_factor 0: plain scaling by freq_scale.
+  float ext_factor = 0.0f;
+  float corr_dims[2] = {0.0f, 0.0f};
 };
+
+// YaRN's correction dims (ggml_rope_yarn_corr_dims): the pairs whose wavelength passes
+// beta_fast and beta_slow rotations over the original context.
+void RopeYarnCorrDims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float dims[2]);
 
 // Rotates x in place: x is [n_tokens] rows (row stride `stride` floats), each
 // [n_head][head_dim]; token t is at position pos[t] (pos: [n_tokens]).
-// theta_i = pos * freq_scale * freq_base^(-2i/n_dims) / ff[i]; pair i is (x[2i], x[2i+1]),
+// theta_i = pos * freq_scale * freq_base^(-2i/n_dims) / ff[i] (YaRN: freq_scale mixed
+// with 1 as RopeParams says); pair i is (x[2i], x[2i+1]),
 // or (x[i], x[i + n_dims/2]) with p.neox;
 // (x0,x1) -> (x0 cos - x1 sin, x0 sin + x1 cos), cos and sin times p.attn_factor.
 // Dims >= n_dims are left unchanged (partial rotary, e.g. Phi-4-mini).

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -141,6 +142,50 @@ TEST(RopeTest, MatchesRef) {
     RopeRef(ref.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
     Rope(x.data(), stride, n_tokens, pos.data(), n_head, head_dim, p);
     for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], ref[i], 2e-3f) << variant << " " << i;
+  }
+}
+
+// YaRN (ggml's rope_yarn): the correction dims as ggml computes them, and each pair's
+// angle: below corr_dims[0] the original frequency, above corr_dims[1] the interpolated
+// one (freq_scale), a linear ramp between; Rope against RopeRef with it.
+TEST(RopeTest, YarnMixesOriginalAndInterpolatedFrequenciesByTheRamp) {
+  float dims[2];
+  // 64 dims, original context 4096, base 10000: 64 ln(4096 / (32 * 2 pi)) / (2 ln 10000) =
+  // 10.47 -> 10; 64 ln(4096 / (2 pi)) / (2 ln 10000) = 22.5 -> 23.
+  RopeYarnCorrDims(64, 4096, 10000.0f, 32.0f, 1.0f, dims);
+  EXPECT_EQ(dims[0], 10.0f);
+  EXPECT_EQ(dims[1], 23.0f);
+  RopeYarnCorrDims(64, 64, 10000.0f, 32.0f, 1.0f, dims);  // a short original context
+  EXPECT_EQ(dims[0], 0.0f);                               // clamped at 0
+  EXPECT_EQ(dims[1], 9.0f);                               // 64 ln(64 / 2 pi) / 18.42 = 8.06
+  const int head_dim = 64;
+  RopeParams p{head_dim, 10000.0f};
+  p.freq_scale = 0.25f;
+  p.ext_factor = 1.0f;
+  p.corr_dims[0] = 10;
+  p.corr_dims[1] = 23;
+  const int32_t pos[1] = {1000};
+  for (int i : {0, 5, 10, 16, 23, 31}) {
+    std::vector<float> x(head_dim, 0.0f);
+    x[2 * i] = 1.0f;
+    RopeRef(x.data(), head_dim, 1, pos, 1, head_dim, p);
+    const double ramp = 1.0 - std::min(1.0, std::max(0.0, (i - 10.0) / 13.0));
+    const double scale = 0.25 * (1.0 - ramp) + ramp;
+    const double theta = 1000.0 * scale * std::pow(10000.0, -2.0 * i / head_dim);
+    EXPECT_NEAR(x[2 * i], std::cos(theta), 1e-6) << i;
+    EXPECT_NEAR(x[2 * i + 1], std::sin(theta), 1e-6) << i;
+  }
+  std::mt19937 rng(8);
+  const int64_t n_tokens = 6, stride = 2 * head_dim;
+  std::vector<int32_t> many(n_tokens);
+  for (int64_t t = 0; t < n_tokens; ++t) many[t] = static_cast<int32_t>(t * 911 % 5000);
+  for (bool neox : {false, true}) {
+    p.neox = neox;
+    auto x = RandomVec(n_tokens * stride, rng);
+    auto ref = x;
+    RopeRef(ref.data(), stride, n_tokens, many.data(), 2, head_dim, p);
+    Rope(x.data(), stride, n_tokens, many.data(), 2, head_dim, p);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], ref[i], 2e-3f) << neox << " " << i;
   }
 }
 

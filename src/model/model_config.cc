@@ -22,6 +22,26 @@ Result<double> GetPositiveFloat(const GgufFile& g, const std::string& key, doubl
 }
 
 // Gemma 2/3's keys, with llama.cpp's defaults where a key is absent.
+// YaRN (rope.scaling.type "yarn"): the factor and llama.cpp's optional overrides of its
+// defaults (ext_factor 1, beta_fast 32, beta_slow 1).
+Status ReadYarnKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.factor"));
+  if (!(f > 0 && f <= 1024)) return InvalidArgument(fmt::format("rope.scaling.factor {} must be in (0, 1024] for yarn", f));
+  c->rope_freq_scale = static_cast<float>(1.0 / f);
+  c->rope_yarn_ext_factor = 1.0f;
+  const std::pair<const char*, float*> keys[] = {{"rope.scaling.yarn_ext_factor", &c->rope_yarn_ext_factor},
+                                                 {"rope.scaling.yarn_beta_fast", &c->rope_yarn_beta_fast},
+                                                 {"rope.scaling.yarn_beta_slow", &c->rope_yarn_beta_slow}};
+  for (auto [key, dst] : keys) {
+    if (!g.Has(p + key)) continue;
+    TRELLIS_ASSIGN_OR_RETURN(double v, g.GetFloat(p + key));
+    if (!(v >= 0 && v <= 1024)) return InvalidArgument(fmt::format("{} {} out of range [0, 1024]", key, v));
+    *dst = static_cast<float>(v);
+  }
+  if (c->rope_yarn_ext_factor > 1) return InvalidArgument(fmt::format("rope.scaling.yarn_ext_factor {} above 1", c->rope_yarn_ext_factor));
+  return Status::Ok();
+}
+
 Status ReadGemmaKeys(const GgufFile& g, const std::string& p, ModelConfig* c) {
   const bool g2 = c->arch == "gemma2";
   c->embd_scale = std::sqrt(static_cast<float>(c->n_embd));
@@ -188,8 +208,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
       TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.factor"));
       if (!(f > 0) || !std::isfinite(f)) return InvalidArgument(fmt::format("rope.scaling.factor {} must be finite and > 0", f));
       c.rope_freq_scale = static_cast<float>(1.0 / f);
+    } else if (type == "yarn") {
+      TRELLIS_RETURN_IF_ERROR(ReadYarnKeys(g, p, &c));
     } else if (type != "none") {
-      return Unsupported(fmt::format("rope scaling type '{}' (supported: none, linear, and llama3 via rope_freqs)", type));
+      return Unsupported(fmt::format("rope scaling type '{}' (supported: none, linear, yarn, and llama3 via rope_freqs)", type));
     }
   } else if (g.Has(p + "rope.scale_linear")) {
     TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scale_linear"));
@@ -203,6 +225,19 @@ Result<ModelConfig> ModelConfig::FromGguf(const GgufFile& g) {
     TRELLIS_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.attn_factor"));
     if (!(f > 0 && f < 16)) return InvalidArgument(fmt::format("rope.scaling.attn_factor {} out of range (0, 16)", f));
     c.rope_attn_factor = static_cast<float>(f);
+  }
+  if (c.rope_yarn_ext_factor != 0.0f) {
+    // llama.cpp's net magnitude for YaRN (llama-context.cpp: its yarn_attn_factor, then
+    // rope_yarn's mscale): get_mscale(factor, 1) [/ get_mscale(factor, log_mul)].
+    const float factor = 1.0f / c.rope_freq_scale;
+    auto get_mscale = [](float scale, float mscale) { return scale <= 1.0f ? 1.0f : 0.1f * mscale * std::log(scale) + 1.0f; };
+    float m = get_mscale(factor, 1.0f);
+    if (g.Has(p + "rope.scaling.yarn_log_multiplier")) {
+      TRELLIS_ASSIGN_OR_RETURN(double lm, g.GetFloat(p + "rope.scaling.yarn_log_multiplier"));
+      if (!(lm >= 0 && lm < 100)) return InvalidArgument(fmt::format("rope.scaling.yarn_log_multiplier {} out of range [0, 100)", lm));
+      if (lm != 0) m /= get_mscale(factor, static_cast<float>(lm));
+    }
+    c.rope_attn_factor *= m;
   }
   if (g.Has(p + "attention.layer_norm_rms_epsilon")) {
     TRELLIS_ASSIGN_OR_RETURN(double e, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));

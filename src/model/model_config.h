@@ -61,10 +61,18 @@ struct ModelConfig {
   bool rope_neox = false;  // RoPE pairs dim i with i + n_rot/2 (qwen2, qwen3, phi3)
   bool qk_norm = false;    // per-head RMSNorm of Q and K (attn_q_norm / attn_k_norm)
   float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;  // 1 / llama.rope.scaling.factor for "linear" scaling
-  float rope_attn_factor = 1.0f; // rope.scaling.attn_factor (LongRoPE), multiplies cos/sin
+  float rope_freq_scale = 1.0f;  // 1 / llama.rope.scaling.factor for "linear" and "yarn" scaling
+  // Multiplies cos/sin: rope.scaling.attn_factor (LongRoPE), times YaRN's magnitude
+  // correction (1 + 0.1 ln factor, as llama.cpp nets it) for a YaRN model.
+  float rope_attn_factor = 1.0f;
   int n_ctx_orig = 0;            // rope.scaling.original_context_length, else n_ctx_train:
-                                 // a context longer than this selects rope_factors_long
+                                 // a context longer than this selects rope_factors_long;
+                                 // YaRN's original context
+  // YaRN (rope.scaling.type "yarn"): 1 (rope.scaling.yarn_ext_factor) mixes each pair's
+  // interpolated and original frequency by its ramp between the beta_fast and beta_slow
+  // correction dims; 0: not YaRN.
+  float rope_yarn_ext_factor = 0.0f;
+  float rope_yarn_beta_fast = 32.0f, rope_yarn_beta_slow = 1.0f;
   float rms_eps = 1e-5f;
   // Gemma 2/3 (all off elsewhere).
   float embd_scale = 0.0f;     // token embeddings times this (sqrt(n_embd)); 0: none
