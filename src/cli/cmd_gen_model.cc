@@ -9,7 +9,7 @@ namespace trellis::cli {
 Runner AddGenModelCommand(CLI::App& app) {
   struct Opts {
     std::string shape = "tiny", type = "q4_0", arch = "llama", vocab, out;
-    int head_dim = 0, rope_dims = 0, layers = 0, yarn_orig_ctx = 0;
+    int head_dim = 0, rope_dims = 0, layers = 0, yarn_orig_ctx = 0, ctx = 0;
     float yarn = 0;
     bool pure = false;
     uint64_t seed = 1;
@@ -21,6 +21,7 @@ Runner AddGenModelCommand(CLI::App& app) {
   app.add_option("--head-dim", o->head_dim, "head dim other than n_embd / n_head (written as attention.key_length)");
   app.add_option("--layers", o->layers, "another layer count than the shape's (a benchmark model with a large model's layers, fewer of them)");
   app.add_option("--rope-dims", o->rope_dims, "rotated dims per head, fewer than the head dim for partial rotary");
+  app.add_option("--ctx", o->ctx, "another trained context than the shape's (llama.context_length)");
   app.add_option("--yarn", o->yarn, "YaRN rope scaling by this factor (rope.scaling.type yarn), with --yarn-orig-ctx");
   app.add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "YaRN's original context (rope.scaling.original_context_length)");
   app.add_option("--type", o->type, "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k")->capture_default_str();
@@ -40,6 +41,7 @@ Runner AddGenModelCommand(CLI::App& app) {
     if (o->head_dim > 0) ro.shape.head_dim = o->head_dim;
     if (o->rope_dims > 0) ro.shape.n_rot = o->rope_dims;
     if (o->layers > 0) ro.shape.n_layer = o->layers;
+    if (o->ctx > 0) ro.shape.n_ctx = o->ctx;
     ro.arch = o->arch;
     ro.type = o->type;
     ro.pure = o->pure;

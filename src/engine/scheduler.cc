@@ -50,6 +50,11 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, const S
   TRELLIS_RETURN_IF_ERROR(CheckBlockSize(c, o.block_size));
   TRELLIS_RETURN_IF_ERROR(CheckKvTypes(c, o.kv_type_k, o.kv_type_v));
   if (o.n_ctx <= 0) o.n_ctx = c.DefaultContext();
+  if (o.n_ctx > c.MaxContext()) {
+    TRELLIS_LOG_WARN("scheduler: a context of {} positions is past the {} this model was trained for: answers past "
+                     "position {} may degrade",
+                     o.n_ctx, c.MaxContext(), c.MaxContext());
+  }
   if (o.env == nullptr) o.env = Env::Default();
   if (o.max_batch_tokens < 1) return InvalidArgument("max batch tokens must be >= 1");
   if (o.prefill_chunk < 1) return InvalidArgument("prefill chunk must be >= 1");

@@ -32,6 +32,7 @@
 // Thread safety: plain value type.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -105,6 +106,14 @@ struct ModelConfig {
   bool moe() const { return n_expert > 0; }
   // The per-session context when none is asked for: the trained one, at most 4096.
   int DefaultContext() const { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
+  // The longest context the model is made for: the trained one, or YaRN's original
+  // context times its factor when that is longer (Qwen's files name 32k trained and
+  // scale 4x past it). Longer contexts run, as in llama.cpp, with a warning.
+  int MaxContext() const {
+    if (rope_yarn_ext_factor == 0.0f || rope_freq_scale <= 0.0f) return n_ctx_train;
+    const double scaled = static_cast<double>(n_ctx_orig) / rope_freq_scale;
+    return scaled > n_ctx_train ? static_cast<int>(std::min(scaled, 1073741824.0)) : n_ctx_train;
+  }
 };
 
 }  // namespace trellis
