@@ -10,7 +10,8 @@ and pass --llama-bench PATH.
       --models tinyllama-q4_0.gguf tinyllama-q4_k_m.gguf --rounds 3 --csv results/compare.csv
 
 With -d N both run their tests after N cached tokens (long contexts: attention over the
-cache dominates there).
+cache dominates there). With --kv T both keep K and V as T (trellis -ctk/-ctv, llama-bench
+-ctk/-ctv; give llama.cpp '-fa 1' too, which a quantized V needs).
 """
 import argparse, csv, json, os, statistics, subprocess, sys
 
@@ -19,18 +20,20 @@ import argparse, csv, json, os, statistics, subprocess, sys
 TRELLIS_INFO = {}
 
 
-def run_trellis(trellis, model, threads, pp, tg, reps, depth, extra):
+def run_trellis(trellis, model, threads, pp, tg, reps, depth, extra, kv):
     out = subprocess.run([trellis, "bench", "speed", "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg),
-                          "-r", str(reps), "-d", str(depth), "--json"], check=True, capture_output=True, text=True).stdout
+                          "-r", str(reps), "-d", str(depth), "--cache-type-k", kv, "--cache-type-v", kv, "--json"],
+                         check=True, capture_output=True, text=True).stdout
     j = json.loads(out.strip().splitlines()[-1])
     TRELLIS_INFO.update({"cpu": j.get("cpu", "?"), "isa": j.get("isa", "?")})
     return j["pp_runs"], j["tg_runs"]
 
 
-def run_llamacpp(llama_bench, model, threads, pp, tg, reps, depth, extra):
+def run_llamacpp(llama_bench, model, threads, pp, tg, reps, depth, extra, kv):
     pp_runs, tg_runs = [], []
     out = subprocess.run([llama_bench, "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
-                          "-d", str(depth), "-o", "json", *extra], check=True, capture_output=True, text=True).stdout
+                          "-d", str(depth), "-ctk", kv, "-ctv", kv, "-o", "json", *extra],
+                         check=True, capture_output=True, text=True).stdout
     for rec in json.loads(out):
         samples = rec.get("samples_ts") or [rec["avg_ts"]]
         if rec.get("n_prompt", 0) > 0 and rec.get("n_gen", 0) == 0:
@@ -51,26 +54,27 @@ def main():
     ap.add_argument("-d", "--depth", type=int, nargs="+", default=[0],
                     help="tokens already in the KV cache before each test (llama-bench -d; trellis bench speed -d); "
                          "several give one row per depth")
+    ap.add_argument("--kv", nargs="+", default=["f16"], help="K/V cache types (f16, q8_0, q4_0): one row per type")
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments, space-separated (e.g. '-fa 1')")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per tool per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--csv")
     a = ap.parse_args()
     rows = []
-    for model, depth in [(m, d) for m in a.models for d in a.depth]:
+    for model, kv, depth in [(m, k, d) for m in a.models for k in a.kv for d in a.depth]:
         runs = {"trellis": ([], []), "llama.cpp": ([], [])}
         for r in range(a.rounds):
             order = [("trellis", run_trellis, a.trellis), ("llama.cpp", run_llamacpp, a.llama_bench)]
             if r % 2:
                 order.reverse()
             for name, fn, exe in order:
-                pp, tg = fn(exe, model, a.threads, a.p, a.n, a.reps, depth, a.llama_args.split())
+                pp, tg = fn(exe, model, a.threads, a.p, a.n, a.reps, depth, a.llama_args.split(), kv)
                 runs[name][0].extend(pp)
                 runs[name][1].extend(tg)
-                print(f"# {os.path.basename(model)} d{depth} round {r + 1} {name}: pp {statistics.median(pp):.1f} "
+                print(f"# {os.path.basename(model)} kv {kv} d{depth} round {r + 1} {name}: pp {statistics.median(pp):.1f} "
                       f"tg {statistics.median(tg):.1f}", file=sys.stderr)
         med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in runs.items()}
-        rows.append({"model": os.path.basename(model), "threads": a.threads, "depth": depth,
+        rows.append({"model": os.path.basename(model), "threads": a.threads, "depth": depth, "kv": kv,
                      "llama_args": a.llama_args or "-",
                      "cpu": TRELLIS_INFO.get("cpu", "?"), "trellis_isa": TRELLIS_INFO.get("isa", "?"),
                      "trellis_isa_env": " ".join(f"{k}={os.environ[k]}" for k in ("TRELLIS_ISA", "TRELLIS_AVXVNNI")
