@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/attention_internal.h"
@@ -137,6 +138,35 @@ inline void AccumulateVGroup(float* a, const float* corr, const float* p, int bs
   for (; q < nq; ++q) AccumulateV<V, 1, G>(a + q * hd, hd, corr + q, p + q * bs, bs, j0, j1, vt, hd);
 }
 
+// n rows of a quantized type (q8_0, q4_0; row_bytes apart) -> f32 [n][hd], W lanes at a
+// time: the values DequantKvRow gives (d * q), without its scalar loop.
+template <typename V>
+inline void DequantRows(KvType type, const uint8_t* src, size_t row_bytes, int n, int hd, float* dst) {
+  constexpr int W = V::kW;
+  alignas(64) int8_t q[32];
+  for (int r = 0; r < n; ++r, src += row_bytes, dst += hd) {
+    const uint8_t* b = src;
+    for (int c = 0; c < hd; c += 32) {
+      uint16_t h;
+      std::memcpy(&h, b, 2);
+      const typename V::F d = V::Set1(Fp16ToFp32(h));
+      const int8_t* codes;
+      if (type == KvType::kQ8_0) {
+        codes = reinterpret_cast<const int8_t*>(b + 2);
+        b += 34;
+      } else {
+        for (int j = 0; j < 16; ++j) {
+          q[j] = static_cast<int8_t>((b[2 + j] & 0x0F) - 8);
+          q[j + 16] = static_cast<int8_t>((b[2 + j] >> 4) - 8);
+        }
+        codes = q;
+        b += 18;
+      }
+      for (int j = 0; j < 32; j += W) V::Store(dst + c + j, V::Mul(d, V::LoadI8(codes + j)));
+    }
+  }
+}
+
 // REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
 template <typename V>
 void AttnTileT(const internal::AttnTile& t) {
@@ -189,7 +219,7 @@ void AttnTileT(const internal::AttnTile& t) {
         for (int d0 = 0; d0 < hd; d0 += 8) V::KTile8x8(kblk + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
       }
     } else {
-      for (int j = 0; j < nkt; ++j) internal::DequantKvRow(t.k_type, blk + t.k_off + j * t.k_row, vt + j * hd, hd);
+      DequantRows<V>(t.k_type, blk + t.k_off, t.k_row, nkt, hd, vt);
       for (int t0 = 0; t0 < nkt; t0 += 8) {
         for (int d0 = 0; d0 < hd; d0 += 8) V::Transpose8x8F32(vt + t0 * hd + d0, hd, kt + d0 * bs + t0, bs);
       }
@@ -199,7 +229,7 @@ void AttnTileT(const internal::AttnTile& t) {
       const uint16_t* vblk = reinterpret_cast<const uint16_t*>(blk + t.v_off);
       for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
     } else {
-      for (int j = 0; j < nvalid; ++j) internal::DequantKvRow(t.v_type, blk + t.v_off + j * t.v_row, vt + j * hd, hd);
+      DequantRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
     }
 
     // 3a. Raw scores of all queries.

@@ -80,6 +80,10 @@ struct V256 {
   static F LoadHalf(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // p: [8] int8 -> f32 (quantized K/V rows).
+  static F LoadI8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static F Set1(float x) { return _mm256_set1_ps(x); }
   static F Zero() { return _mm256_setzero_ps(); }
   static F Add(F a, F b) { return _mm256_add_ps(a, b); }
@@ -143,6 +147,9 @@ struct V512 {
   static F LoadHalf(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  static F LoadI8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static F Set1(float x) { return _mm512_set1_ps(x); }
   static F Zero() { return _mm512_setzero_ps(); }
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
@@ -187,6 +194,11 @@ struct V128 {
   static void Store(float* p, F v) { vst1q_f32(p, v); }
   // p: [4] IEEE f16.
   static F LoadHalf(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  // p: [4] int8.
+  static F LoadI8(const int8_t* p) {
+    int8_t b[8] = {p[0], p[1], p[2], p[3], 0, 0, 0, 0};
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8(b)))));
+  }
   static F Set1(float x) { return vdupq_n_f32(x); }
   static F Zero() { return vdupq_n_f32(0.0f); }
   static F Add(F a, F b) { return vaddq_f32(a, b); }
