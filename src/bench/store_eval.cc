@@ -169,7 +169,7 @@ class Nodes {
       std::vector<std::string> a = {o.trellis, "serve", "-m", o.model, "--host", cl.host(i), "--port",
                                     std::to_string(kServePort + cl.port_offset(i)), "-t", std::to_string(o.threads), "-c",
                                     std::to_string(s.ctx), "--kv-blocks", std::to_string(s.kv_blocks), "--max-running",
-                                    "8"};
+                                    "8", "--cache-type-k", o.kv_type, "--cache-type-v", o.kv_type};
       if (!c.prefix_cache) a.push_back("--no-prefix-cache");
       if (c.store) {
         std::string peers;

@@ -18,6 +18,7 @@ struct StoreEvalOptions {
   bool loopback = false;        // no namespaces: nodes on 127.0.0.1 (ports apart), links not shaped
   int threads = 2;              // compute threads per node
   int kv_contexts = 2;          // each node's KV pool holds this many full contexts
+  std::string kv_type = "f16";  // every node's K and V cache type (serve -ctk / -ctv)
   int question_tokens = 24;
   int answer_tokens = 8;
   int single_flight_reps = 3;   // new contexts sent to every node at once

@@ -253,6 +253,9 @@ Runner AddBenchCommand(CLI::App& app) {
   st->add_flag("--loopback", seo->loopback, "no network namespaces: nodes on 127.0.0.1 (ports apart), links not shaped (no root needed)");
   st->add_option("-t,--threads", seo->threads, "compute threads per node")->capture_default_str();
   st->add_option("--kv-contexts", seo->kv_contexts, "full contexts each node's KV pool holds")->capture_default_str();
+  st->add_option("--kv-type", seo->kv_type, "every node's K and V cache type (f16, q8_0, q4_0)")
+      ->check(CLI::IsMember({"f16", "q8_0", "q4_0"}))
+      ->capture_default_str();
   st->add_option("--single-flight-reps", seo->single_flight_reps, "new contexts sent to every node at once")->capture_default_str();
   st->add_option("--phi-rounds", seo->phi_rounds, "alternating rounds of the phi 0.9 comparison")->capture_default_str();
   st->add_flag("--quick", seo->quick, "the tiny model, short contexts, 2 nodes, small traces: about a minute (CI)");
