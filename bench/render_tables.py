@@ -133,6 +133,28 @@ def render_speed_depth(meta, rows):
          "ratio"], out)
 
 
+def render_speed_long(meta, rows):
+    """compare_llamacpp.py --kv T1 T2 -d D1 D2 ... (issue 31): pp and tg after D cached
+    tokens, both tools with K/V in the row's type, with the issue's targets at 16k and
+    beyond (pp >= 1.5x, tg >= 1.2x)."""
+    if not rows:
+        raise RenderError("no rows")
+    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
+    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    out = []
+    for r in rows:
+        long = int(r["depth"]) >= 16384
+        out.append([r.get("kv", "f16"), r["depth"], f(r[f"trellis_{pp}"], 1), f(r[f"llamacpp_{pp}"], 1),
+                    f"**{f(r['pp_ratio'], 2)}**", ">= 1.5" if long else "", f(r[f"trellis_{tg}"], 1),
+                    f(r[f"llamacpp_{tg}"], 1), f"**{f(r['tg_ratio'], 2)}**", ">= 1.2" if long else ""])
+    args = rows[0].get("llama_args", "-")
+    model = f" Model: {meta['model']}." if "model" in meta else ""
+    return provenance(meta) + (f"Medians of {rows[0]['runs_each']} runs per tool, test, type and depth (tokens/s); "
+                               f"llama-bench arguments beyond the test's: `{args}`.{model}\n\n") + table(
+        ["K/V", "cached tokens", f"trellis {pp}", f"llama.cpp {pp}", "ratio", "target", f"trellis {tg}",
+         f"llama.cpp {tg}", "ratio", "target"], out)
+
+
 def render_speed_sessions(meta, rows, target8=">= 5"):
     """`trellis bench speed -s N --json` rows: one session's tg against N decoding together."""
     out = []
@@ -768,6 +790,7 @@ RENDERERS = {
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,
     "speed_depth": render_speed_depth,
+    "speed_long": render_speed_long,
     "speed_moe": render_speed_moe,
     "speed_sessions": render_speed_sessions,
     "speed_sessions_avx2": render_speed_sessions_avx2,
