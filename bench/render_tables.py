@@ -79,11 +79,17 @@ SPEED_LABELS = {"q4_0": "Q4_0 (Q6_K output)", "q4_k_m": "Q4_K_M", "f16": "F16", 
 SPEED_TARGETS_AVX2 = {k: (">= 1.5", ">= 1.05") for k in ("q4_0", "q4_k_m", "q5_k_m", "q8_0", "f16")}
 
 
+def test_names(rows):
+    """The pp and tg test names (e.g. "pp512", "tg64") of compare_llamacpp.py's columns."""
+    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
+    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    return pp, tg
+
+
 def render_speed_llamacpp(meta, rows, targets=SPEED_TARGETS):
     if not rows:
         raise RenderError("no rows")
-    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
-    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    pp, tg = test_names(rows)
     out = []
     for r in rows:
         kind = re.sub(r"\.gguf$", "", r["model"]).split("-")[-1]
@@ -104,8 +110,7 @@ def render_speed_moe(meta, rows):
     issue 30's targets (pp >= 1.5x, tg >= 1.1x)."""
     if not rows:
         raise RenderError("no rows")
-    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
-    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    pp, tg = test_names(rows)
     out = [[f"{re.sub(r'[.]gguf$', '', r['model'])}, {int(r['model_bytes']) / 1e9:.1f} GB", f(r[f"trellis_{pp}"], 1),
             f(r[f"llamacpp_{pp}"], 1), f"**{f(r['pp_ratio'], 2)}**", ">= 1.5", f(r[f"trellis_{tg}"], 1),
             f(r[f"llamacpp_{tg}"], 1), f"**{f(r['tg_ratio'], 2)}**", ">= 1.1"] for r in rows]
@@ -121,8 +126,7 @@ def render_speed_depth(meta, rows):
     model and depth."""
     if not rows:
         raise RenderError("no rows")
-    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
-    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    pp, tg = test_names(rows)
     out = [[re.sub(r"\.gguf$", "", r["model"]), r["depth"], f(r[f"trellis_{pp}"], 1), f(r[f"llamacpp_{pp}"], 1),
             f"**{f(r['pp_ratio'], 2)}**", f(r[f"trellis_{tg}"], 1), f(r[f"llamacpp_{tg}"], 1),
             f"**{f(r['tg_ratio'], 2)}**"] for r in rows]
@@ -139,8 +143,7 @@ def render_speed_long(meta, rows):
     beyond (pp >= 1.5x, tg >= 1.2x)."""
     if not rows:
         raise RenderError("no rows")
-    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
-    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    pp, tg = test_names(rows)
     out = []
     for r in rows:
         long = int(r["depth"]) >= 16384
@@ -596,8 +599,7 @@ GLANCE_SPEED_TYPES = ("q4_0", "q4_k_m", "q8_0", "f16")
 
 
 def speed_tests(rows):
-    pp = next(k for k in rows[0] if k.startswith("trellis_pp"))[len("trellis_"):]
-    tg = next(k for k in rows[0] if k.startswith("trellis_tg") and not k.endswith("_runs"))[len("trellis_"):]
+    pp, tg = test_names(rows)
     return pp, tg
 
 

@@ -272,6 +272,31 @@ TEST(SchedulerTest, DifferentSaltsShareNothing) {
 // blocks, prompts that continue P past a block boundary, and the continuation of a
 // finished session (P + its reply + more): each must reuse every cached position but the
 // last, and give the logits and tokens of a cold run.
+// Prompts that leave a cached prompt P (`warm`) inside a block, so the shared part is
+// reused to the token, then P's next turn (P, the reply the first session generated, more):
+// each request with the tokens it should find cached and a name.
+struct ReuseCase {
+  Request req;
+  int cached;
+  std::string what;
+};
+std::vector<ReuseCase> DivergingAndNextTurn(const std::vector<int32_t>& warm, const std::vector<int32_t>& reply,
+                                            int next_turn_tokens) {
+  std::vector<ReuseCase> v;
+  for (int cut : {9, 15, 20, 33}) {
+    std::vector<int32_t> p(warm.begin(), warm.begin() + cut);
+    p.push_back(999);
+    p.push_back(998);
+    v.push_back({Greedy(p, 3), cut, "diverging after " + std::to_string(cut)});
+  }
+  // Everything the first session computed (all of P and its reply but the last token).
+  std::vector<int32_t> turn2 = warm;
+  turn2.insert(turn2.end(), reply.begin(), reply.end());
+  for (int t : {11, 12, 13}) turn2.push_back(t);
+  v.push_back({Greedy(turn2, next_turn_tokens), static_cast<int>(warm.size() + reply.size()) - 1, "second turn"});
+  return v;
+}
+
 TEST(SchedulerTest, ReuseToTheTokenEqualsCacheOff) {
   const Model& m = SmallModel("f32");
   ThreadPool pool(2);
@@ -309,19 +334,7 @@ TEST(SchedulerTest, ReuseToTheTokenEqualsCacheOff) {
     std::vector<int32_t> p(warm.begin(), warm.begin() + len);
     check(*s, Greedy(p, 3), len - 1, "prefix of " + std::to_string(len));
   }
-  // Prompts that leave P inside a block: the shared part is reused to the token.
-  for (int cut : {9, 15, 20, 33}) {
-    std::vector<int32_t> p(warm.begin(), warm.begin() + cut);
-    p.push_back(999);
-    p.push_back(998);
-    check(*s, Greedy(p, 3), cut, "diverging after " + std::to_string(cut));
-  }
-  // The next turn: P, the reply (the first session computed all of it but its last token),
-  // then more. Everything the first session computed is reused.
-  std::vector<int32_t> turn2 = warm;
-  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
-  for (int t : {11, 12, 13}) turn2.push_back(t);
-  check(*s, Greedy(turn2, 4), static_cast<int>(warm.size() + first.tokens.size()) - 1, "second turn");
+  for (const ReuseCase& c : DivergingAndNextTurn(warm, first.tokens, 4)) check(*s, c.req, c.cached, c.what);
   const SchedulerMetrics mt = s->metrics();
   EXPECT_GT(mt.partial_copies, 0);
   EXPECT_EQ(mt.running + mt.waiting, 0);
@@ -375,16 +388,7 @@ TEST(SchedulerTest, QuantizedKvReuseEqualsCacheOff) {
     const double vs_f16 = testing::MaxRelDiff(first[0].logits[0], f16_run.logits[0]);
     EXPECT_GT(vs_f16, 1e-4);
     EXPECT_LT(vs_f16, 0.2);
-    for (int cut : {9, 15, 20, 33}) {
-      std::vector<int32_t> p(warm.begin(), warm.begin() + cut);
-      p.push_back(999);
-      p.push_back(998);
-      check(*s, Greedy(p, 3), cut, "diverging after " + std::to_string(cut));
-    }
-    std::vector<int32_t> turn2 = warm;
-    turn2.insert(turn2.end(), first[0].tokens.begin(), first[0].tokens.end());
-    for (int t : {11, 12, 13}) turn2.push_back(t);
-    check(*s, Greedy(turn2, 4), static_cast<int>(warm.size() + first[0].tokens.size()) - 1, "second turn");
+    for (const ReuseCase& c : DivergingAndNextTurn(warm, first[0].tokens, 4)) check(*s, c.req, c.cached, c.what);
     EXPECT_GT(s->metrics().partial_copies, 0);
     std::printf("[kv %s] first logits vs f16 %.4f, worst hot vs cold %.2e\n", types.c_str(), vs_f16, worst);
   }
