@@ -36,14 +36,6 @@ bool ParseKvType(std::string_view name, KvType* t) {
   return false;
 }
 
-bool KvTypesFromCode(uint32_t code, KvType* k, KvType* v) {
-  const uint32_t kc = code & 0xFF, vc = code >> 8;
-  if (kc > 2 || vc > 2) return false;
-  *k = static_cast<KvType>(kc);
-  *v = static_cast<KvType>(vc);
-  return true;
-}
-
 size_t KvRowBytes(KvType t, int head_dim) {
   const size_t hd = static_cast<size_t>(head_dim);
   switch (t) {

@@ -25,8 +25,15 @@ const char* KvTypeName(KvType t);
 // "f16", "q8_0", "q4_0" -> the type; false for any other name.
 bool ParseKvType(std::string_view name, KvType* t);
 // The inverse of KvLayout::TypeCode; false for a code that names no types (it may come
-// from a peer).
-bool KvTypesFromCode(uint32_t code, KvType* k, KvType* v);
+// from a peer). Inline: the grid's wire decoder (and its fuzzer) use it without the
+// kernels.
+inline bool KvTypesFromCode(uint32_t code, KvType* k, KvType* v) {
+  const uint32_t kc = code & 0xFF, vc = code >> 8;
+  if (kc > static_cast<uint32_t>(KvType::kQ4_0) || vc > static_cast<uint32_t>(KvType::kQ4_0)) return false;
+  *k = static_cast<KvType>(kc);
+  *v = static_cast<KvType>(vc);
+  return true;
+}
 // Bytes of one slot's row of head_dim elements. REQUIRES: head_dim % 32 == 0 unless f16.
 size_t KvRowBytes(KvType t, int head_dim);
 

@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "grid/protocol.h"
+#include "kernels/attention.h"
 
 namespace trellis::grid {
 namespace {
@@ -82,6 +83,8 @@ void CheckHello(std::string_view body) {
     return;
   }
   FUZZ_CHECK(h.version == kProtocolVersion);
+  trellis::KvType k, v;
+  FUZZ_CHECK(trellis::KvTypesFromCode(h.kv_types, &k, &v));  // a pool the node can lay out
   FUZZ_CHECK(h.first_layer < h.last_layer && h.last_layer <= h.n_layer);
   FUZZ_CHECK(h.block_size >= 1 && h.block_size <= 4096 && h.n_blocks >= 1 && h.n_blocks <= (1u << 30));
   FUZZ_CHECK(h.max_batch_tokens >= 1 && h.max_batch_tokens <= kMaxBatchTokens && h.max_seqs >= 1 && h.max_seqs <= kMaxSeqs);
