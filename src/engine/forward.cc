@@ -71,9 +71,9 @@ Forward::Forward(const Model& model, const PagedKv& kv, int max_batch_tokens, in
     rope_.ext_factor = c.rope_yarn_ext_factor;
     RopeYarnCorrDims(c.n_rot, c.n_ctx_orig, c.rope_freq_base, c.rope_yarn_beta_fast, c.rope_yarn_beta_slow, rope_.corr_dims);
   }
-  // Sliding-window layers (Gemma): their own base, no frequency scaling.
   rot_k_ = KvRotationK(kv.layout);
   rot_v_ = KvRotationV(kv.layout);
+  // Sliding-window layers (Gemma): their own base, no frequency scaling.
   rope_swa_ = rope_;
   rope_swa_.freq_base = c.rope_freq_base_swa;
   rope_swa_.freq_scale = 1.0f;
