@@ -69,6 +69,8 @@ class Generation {
   // node down or too slow) or the server is shutting down, 500 otherwise.
   int error_status() const { return error_status_; }
   std::string finish_reason() const;
+  // The stop string that ended the answer, "" if none did.
+  const std::string& stop_string() const { return stop_.matched(); }
   Usage usage() const;
 
  private:

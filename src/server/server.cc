@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "grammar/stacks.h"
+#include "server/answer_writer.h"
 #include "server/generation.h"
 
 namespace trellis::server {
@@ -41,21 +42,16 @@ uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
 
 std::string RandomHex(uint64_t x) { return fmt::format("{:016x}", Mix64(x)); }
 
-// A tool call's id: "call_" and 24 random letters and digits, as OpenAI's; nine letters
+// A tool call's id: a prefix ("call_", Anthropic's "toolu_") and 24 random letters and
+// digits, as OpenAI's; nine letters
 // and digits for Mistral, whose templates refuse any other id when the call comes back.
-std::string CallId(ToolCallFormat f) {
+std::string CallId(ToolCallFormat f, const std::string& prefix) {
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());
   const bool mistral = f == ToolCallFormat::kMistral;
-  std::string id = mistral ? "" : "call_";
+  std::string id = mistral ? "" : prefix;
   for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlphabet[rng() % 62];
   return id;
-}
-
-std::string_view TrimSpace(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\n' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
 }
 
 int64_t UnixNow() {
@@ -125,6 +121,8 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
 
 Server::~Server() = default;
 
+std::string Server::NewId() { return RandomHex(next_id_.fetch_add(1)); }
+
 GrammarCache& Server::grammars() {
   std::call_once(grammars_once_, [this] { grammars_ = std::make_unique<GrammarCache>(MakeTokenVocabulary(tok_, marker_tokens_)); });
   return *grammars_;
@@ -156,13 +154,7 @@ std::string Server::ErrorBody(int status, const std::string& message) const {
 
 namespace {
 
-HttpResponse ErrorResponse(const ApiError& e) {
-  HttpResponse r;
-  r.status = e.status;
-  r.body = ErrorJson(e);
-  if (e.status == 503) r.headers.emplace_back("Retry-After", "1");
-  return r;
-}
+HttpResponse ErrorResponse(const ApiError& e) { return OpenAiErrorResponse(e); }
 
 // The credentials of `Authorization: Bearer <token>`; the scheme is case-insensitive
 // (RFC 9110 11.1), one or more spaces follow it.
@@ -366,6 +358,14 @@ void Server::HandleDetokenize(const HttpRequest& req, HttpExchange& ex) {
 void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
   auto r = ParseChatCompletionRequest(req.body, limits_);
   if (!r.ok()) return SendError(ex, r.error());
+  OpenAiWriter w(Endpoint::kChat, "chatcmpl-" + NewId(), UnixNow(), opts_.model_id, r->gen, "");
+  ServeChat(*r, salt, "messages", ex, w);
+}
+
+void Server::ServeChat(ChatCompletionRequest& req, uint64_t salt, const char* prompt_param, HttpExchange& ex,
+                       AnswerWriter& w) {
+  ChatCompletionRequest* r = &req;
+  auto fail = [&](const ApiError& e) { ex.Respond(w.Error(e)); };
   // Template text is tokenized with special tokens recognized; message contents never are,
   // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
   std::string prompt_text;
@@ -375,7 +375,7 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
   if (!ids.ok()) {
     ApiError e = MakeError(400, ids.status().message());
     e.param = ids.status().message().starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages";
-    return SendError(ex, e);
+    return fail(e);
   }
   std::vector<int32_t> prompt = std::move(*ids);
   const bool opens = ReasoningSplitter::PromptOpensReasoning(prompt_text);
@@ -407,14 +407,14 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
     if (!g.ok()) {
       ApiError e = MakeError(400, "the tools and output constraint make too large a grammar: " + g.status().message());
       e.param = calls ? "tools" : gen.grammar_param;
-      return SendError(ex, e);
+      return fail(e);
     }
     gen.grammar = *g;
     if (gen.grammar_param.empty()) gen.grammar_param = "tools";
   }
   const std::string& format = r->reasoning_format.empty() ? opts_.reasoning_format : r->reasoning_format;
   const bool split = (format == "deepseek" || !r->include_reasoning) && chat_.thinks();
-  Generate(Endpoint::kChat, std::move(prompt), gen, salt, "", ex,
+  Generate(std::move(prompt), gen, salt, prompt_param, ex, w,
            ReasoningSplitter(split, split && opens, /*keep_reasoning=*/r->include_reasoning),
            calls ? ToolCallStream(tool_format_) : ToolCallStream());
 }
@@ -428,16 +428,17 @@ void Server::HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchang
                      : r->prompt_tokens;
   std::string echo;
   if (r->echo) echo = r->prompt_text ? *r->prompt_text : tok_.Decode(r->prompt_tokens);
-  Generate(Endpoint::kCompletion, std::move(prompt), r->gen, salt, echo, ex);
+  OpenAiWriter w(Endpoint::kCompletion, "cmpl-" + NewId(), UnixNow(), opts_.model_id, r->gen, std::move(echo));
+  Generate(std::move(prompt), r->gen, salt, "prompt", ex, w);
 }
 
-void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                      const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning,
-                      ToolCallStream tools) {
-  if (stopping_) return SendError(ex, MakeError(503, "the server is shutting down", "server_error"));
+void Server::Generate(std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt, const char* prompt_param,
+                      HttpExchange& ex, AnswerWriter& w, ReasoningSplitter reasoning, ToolCallStream tools) {
+  auto fail = [&](const ApiError& e) { ex.Respond(w.Error(e)); };
+  if (stopping_) return fail(MakeError(503, "the server is shutting down", "server_error"));
   Generation::Params p;
   p.prompt = std::move(prompt);
-  p.prompt_param = ep == Endpoint::kChat ? "messages" : "prompt";
+  p.prompt_param = prompt_param;
   p.gen = gen;
   if (gen.grammar) p.grammar = grammars().Get(*gen.grammar);
   if (gen.ignore_eos) {
@@ -448,7 +449,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     if (banned + grammars().vocab().eog().size() >= static_cast<size_t>(model_.config().n_vocab)) {
       ApiError e = MakeError(400, "'logit_bias' with 'ignore_eos' bans every token of the vocabulary");
       e.param = "logit_bias";
-      return SendError(ex, e);
+      return fail(e);
     }
   }
   // A request's own cache_salt narrows the API key's: blocks are shared only where both match.
@@ -456,7 +457,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
   p.rendered = marker_tokens_;
   p.seed = Mix64(next_seed_.fetch_add(1));
   auto g = std::make_shared<Generation>(engine_, tok_, metrics_, std::move(p));
-  if (auto err = g->Start()) return SendError(ex, *err);
+  if (auto err = g->Start()) return fail(*err);
   Track(g->id(), true);
   if (stopping_) g->Cancel();  // Stop() ran between the check above and Track
   struct Untrack {
@@ -465,8 +466,6 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     ~Untrack() { s->Track(id, false); }
   } untrack{this, g->id()};
 
-  const std::string id = (ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(next_id_.fetch_add(1));
-  const int64_t created = UnixNow();
   auto account = [&] {
     if (!g->failed()) {
       const Usage u = g->usage();
@@ -475,16 +474,11 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       ex.access().completion_tokens = u.completion_tokens;
     }
   };
+  auto failure = [&] { return MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error"); };
+  auto call_id = [&] { return CallId(tool_format_, w.CallIdPrefix()); };
 
   if (!gen.stream) {
-    CompletionResponse out;
-    out.endpoint = ep;
-    out.id = id;
-    out.created = created;
-    out.model = opts_.model_id;
-    out.text = echo;
-    out.text_offset_base = echo.size();
-    out.with_logprobs = gen.logprobs;
+    WholeAnswer out;
     // The body is written only at the end (with its Content-Length and the final status),
     // so a closed connection cannot show up as a failed write as it does for streams:
     // look at the socket every kPeerCheckInterval instead, and cancel when it is gone.
@@ -503,7 +497,7 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       if (d.done) {
         ToolCallStream::End end = tools.Finish();
         out.text += end.content;
-        for (ParsedToolCall& c : end.calls) out.tool_calls.push_back({CallId(tool_format_), std::move(c.name), std::move(c.arguments)});
+        for (ParsedToolCall& c : end.calls) out.tool_calls.push_back({call_id(), std::move(c.name), std::move(c.arguments)});
         break;
       }
       if (!client_gone && ex.ClientGone()) {
@@ -514,45 +508,31 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
     }
     if (client_gone) {
       // Nobody reads this; 499 (nginx's "client closed request") labels it in the metrics.
-      return SendError(ex, MakeError(499, "the client closed the connection", "invalid_request_error",
-                                     "client_closed_request"));
+      ex.Respond(w.Error(MakeError(499, "the client closed the connection", "invalid_request_error", "client_closed_request")));
+      return;
     }
-    if (g->failed()) return SendError(ex, MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error"));
-    out.finish_reason = g->finish_reason();
+    if (g->failed()) {
+      ex.Respond(w.Error(failure()));
+      return;
+    }
+    out.end.finish_reason = g->finish_reason();
+    out.end.stop_string = g->stop_string();
     if (!out.tool_calls.empty()) {
-      out.finish_reason = "tool_calls";
+      out.end.finish_reason = "tool_calls";
       out.text = std::string(TrimSpace(out.text));
     }
-    out.usage = g->usage();
+    out.end.usage = g->usage();
     account();
-    HttpResponse res;
-    res.body = ResponseJson(out);
-    ex.Respond(res);
+    ex.Respond(w.Whole(out));
     return;
   }
 
-  // Streaming: one SSE event per batch of new text; a comment line when nothing was
-  // written for a second (clients ignore it; a closed connection shows up at the write).
-  auto send = [&](const std::string& payload) { return ex.WriteChunk("data: " + payload + "\n\n"); };
-  bool ok = ex.BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
-  StreamChunk c;
-  c.endpoint = ep;
-  c.id = id;
-  c.created = created;
-  c.model = opts_.model_id;
-  c.with_logprobs = gen.logprobs;
-  c.usage_null = gen.include_usage;
-  if (ok && ep == Endpoint::kChat) {
-    c.role = true;
-    ok = send(ChunkJson(c));
-    c.role = false;
-  } else if (ok && !echo.empty()) {
-    c.text = echo;
-    ok = send(ChunkJson(c));
-    c.text.clear();
-  }
+  // Streaming: the writer's events as text arrives; its keep-alive when nothing was
+  // written for a second (a closed connection shows up at the write).
+  auto send = [&](const std::string& bytes) { return bytes.empty() || ex.WriteChunk(bytes); };
+  bool ok = ex.BeginStream(200, w.ContentType(), {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  if (ok) ok = send(w.Open());
   auto last_write = std::chrono::steady_clock::now();
-  size_t text_offset = echo.size();  // legacy logprobs: offsets run on across chunks
   bool any_calls = false;
   while (ok) {
     GenerationDelta d = g->Next(250ms);
@@ -562,11 +542,12 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       parts.reasoning += rest.reasoning;
       parts.content += rest.content;
     }
-    std::string content = tools.Feed(parts.content);
+    AnswerDelta delta;
+    delta.content = tools.Feed(parts.content);
     if (d.done) {
       ToolCallStream::End end = tools.Finish();
-      content += end.content;
-      for (ParsedToolCall& call : end.calls) c.tool_calls.push_back({CallId(tool_format_), std::move(call.name), std::move(call.arguments)});
+      delta.content += end.content;
+      for (ParsedToolCall& call : end.calls) delta.calls.push_back({call_id(), std::move(call.name), std::move(call.arguments)});
       any_calls = any_calls || !end.calls.empty();
     }
     // Calls stream as OpenAI's do: the name once known, then pieces of the arguments.
@@ -575,42 +556,35 @@ void Server::Generate(Endpoint ep, std::vector<int32_t> prompt, const Generation
       out.index = p.index;
       out.first = p.first;
       if (p.first) {
-        out.id = CallId(tool_format_);
+        out.id = call_id();
         out.name = std::move(p.name);
       }
       out.arguments = std::move(p.arguments);
-      c.tool_calls.push_back(std::move(out));
+      delta.calls.push_back(std::move(out));
     }
     any_calls = any_calls || tools.streamed_calls_complete();
-    const bool made_calls = !c.tool_calls.empty();
-    if (!content.empty() || !parts.reasoning.empty() || !d.logprobs.empty() || made_calls) {
-      c.text = std::move(content);
-      c.reasoning = std::move(parts.reasoning);
-      c.logprobs = std::move(d.logprobs);
-      c.text_offset_base = text_offset;
-      text_offset = NextTextOffset(c);
-      ok = send(ChunkJson(c));
-      c.text.clear();
-      c.reasoning.clear();
-      c.logprobs.clear();
-      c.tool_calls.clear();
+    delta.reasoning = std::move(parts.reasoning);
+    delta.logprobs = std::move(d.logprobs);
+    if (!delta.empty()) {
+      ok = send(w.Delta(delta));
       last_write = std::chrono::steady_clock::now();
     }
     if (ok && d.done) {
       if (g->failed()) {
-        ok = send(ErrorJson(MakeError(stopping_ ? 503 : g->error_status(), g->error_message(), "server_error")));
+        ok = send(w.Failed(failure()));
       } else {
-        c.finish_reason = any_calls ? "tool_calls" : g->finish_reason();  // a call cut short: "length"
-        ok = send(ChunkJson(c));
-        if (ok && gen.include_usage) ok = send(UsageChunkJson(ep, id, created, opts_.model_id, g->usage()));
+        AnswerEnd end;
+        end.finish_reason = any_calls ? "tool_calls" : g->finish_reason();  // a call cut short: "length"
+        end.stop_string = g->stop_string();
+        end.usage = g->usage();
+        ok = send(w.Close(end));
       }
-      if (ok) ok = ex.WriteChunk("data: [DONE]\n\n");
       if (ok) ex.EndStream();
       account();
       return;
     }
     if (ok && std::chrono::steady_clock::now() - last_write > 1s) {
-      ok = ex.WriteChunk(": ping\n\n");
+      ok = send(w.KeepAlive());
       last_write = std::chrono::steady_clock::now();
     }
   }

@@ -36,6 +36,7 @@
 #include "engine/engine_loop.h"
 #include "engine/model.h"
 #include "model/tokenizer.h"
+#include "server/answer_writer.h"
 #include "server/api.h"
 #include "server/chat_template.h"
 #include "server/tool_calls.h"
@@ -117,12 +118,17 @@ class Server : public HttpHandler {
   void HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
   void HandleTokenize(const HttpRequest& req, HttpExchange& ex);
   void HandleDetokenize(const HttpRequest& req, HttpExchange& ex);
-  // Checks the prompt against the context, runs it and answers (streamed or not).
-  // reasoning: how the answer's text is split (a default one: all content); tools: where
-  // its calls are found (a default one: none).
-  void Generate(Endpoint ep, std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt,
-                const std::string& echo, HttpExchange& ex, ReasoningSplitter reasoning = {},
-                ToolCallStream tools = {});
+  // Renders a chat request with the template, builds the grammar its tools and output
+  // constraint hold the answer to, and runs it (every chat dialect ends here).
+  // prompt_param: the request field the prompt came from, for errors.
+  void ServeChat(ChatCompletionRequest& r, uint64_t salt, const char* prompt_param, HttpExchange& ex, AnswerWriter& w);
+  // Checks the prompt against the context, runs it and answers through `w` (streamed or
+  // not). reasoning: how the answer's text is split (a default one: all content); tools:
+  // where its calls are found (a default one: none).
+  void Generate(std::vector<int32_t> prompt, const GenerationParams& gen, uint64_t salt, const char* prompt_param,
+                HttpExchange& ex, AnswerWriter& w, ReasoningSplitter reasoning = {}, ToolCallStream tools = {});
+  // A fresh id suffix (16 hex digits) for answers and stored responses.
+  std::string NewId();
   void SendError(HttpExchange& ex, const ApiError& e) const;
   void Track(RequestId id, bool add);
 

@@ -15,6 +15,7 @@ std::string StopMatcher::Push(std::string_view piece) {
   // The stop string that completes first wins (earliest end; on a tie the longer one),
   // which is what checking after every byte would give, however the text is split.
   size_t first = std::string::npos, best_end = std::string::npos;
+  const std::string* best = nullptr;
   for (const std::string& s : stops_) {
     const size_t pos = held_.find(s);
     if (pos == std::string::npos) continue;
@@ -22,10 +23,12 @@ std::string StopMatcher::Push(std::string_view piece) {
     if (end < best_end || (end == best_end && pos < first)) {
       best_end = end;
       first = pos;
+      best = &s;
     }
   }
   if (first != std::string::npos) {
     stopped_ = true;
+    matched_ = *best;
     std::string out = held_.substr(0, first);
     held_.clear();
     return out;

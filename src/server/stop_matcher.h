@@ -26,6 +26,8 @@ class StopMatcher {
   std::string Push(std::string_view piece);
   std::string Flush();
   bool stopped() const { return stopped_; }
+  // The stop string that matched ("" until one did): Anthropic's stop_sequence.
+  const std::string& matched() const { return matched_; }
   // Bytes currently held back.
   size_t held() const { return held_.size(); }
 
@@ -33,6 +35,7 @@ class StopMatcher {
   std::vector<std::string> stops_;
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace trellis::server

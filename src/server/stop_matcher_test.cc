@@ -37,6 +37,7 @@ TEST(StopMatcher, StopSpanningPieces) {
   EXPECT_EQ(m.held(), 4u);
   EXPECT_EQ(m.Push("er: hi"), "");
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "\n\nUser:");
 }
 
 TEST(StopMatcher, FalseStartIsReleased) {
@@ -80,11 +81,13 @@ TEST(StopMatcher, RandomSplitsMatchReference) {
       stops.push_back(st);
     }
     size_t first = std::string::npos, best_end = std::string::npos;
+    std::string matched;
     for (const auto& s : stops) {
       const size_t pos = text.find(s);
       if (pos != std::string::npos && (pos + s.size() < best_end || (pos + s.size() == best_end && pos < first))) {
         best_end = pos + s.size();
         first = pos;
+        matched = s;
       }
     }
     const std::string want = first == std::string::npos ? text : text.substr(0, first);
@@ -97,6 +100,7 @@ TEST(StopMatcher, RandomSplitsMatchReference) {
     StopMatcher m(stops);
     ASSERT_EQ(Feed(m, pieces), want) << "text '" << text << "' stop0 '" << stops[0] << "'";
     ASSERT_EQ(m.stopped(), first != std::string::npos);
+    ASSERT_EQ(m.matched(), matched);
   }
 }
 

@@ -6,11 +6,6 @@
 #include <nlohmann/json.hpp>
 
 namespace trellis::server {
-namespace {
-
-using ojson = nlohmann::ordered_json;  // a call's arguments keep the model's key order
-
-bool Contains(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
 
 std::string_view TrimSpace(std::string_view s) {
   const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
@@ -18,6 +13,12 @@ std::string_view TrimSpace(std::string_view s) {
   while (!s.empty() && ws(s.back())) s.remove_suffix(1);
   return s;
 }
+
+namespace {
+
+using ojson = nlohmann::ordered_json;  // a call's arguments keep the model's key order
+
+bool Contains(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
 
 ojson Parse(std::string_view text) { return ojson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false); }
 

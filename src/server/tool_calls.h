@@ -24,6 +24,9 @@
 
 namespace trellis::server {
 
+// s without its leading and trailing spaces, tabs and line ends.
+std::string_view TrimSpace(std::string_view s);
+
 enum class ToolCallFormat { kGeneric, kHermes, kLlama3, kMistral, kPhi4 };
 
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
