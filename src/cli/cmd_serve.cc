@@ -153,6 +153,10 @@ int Serve(const ServeOpts& opts) {
   sopt.host = o.host;
   sopt.port = o.port;
   sopt.model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
+  sopt.model_path = o.model;
+  std::error_code size_error;
+  sopt.model_bytes = std::filesystem::file_size(o.model, size_error);
+  if (size_error) sopt.model_bytes = 0;
   sopt.api_keys = o.api_keys;
   sopt.share_cache = o.share_cache;
   sopt.http_threads = o.http_threads;

@@ -53,6 +53,8 @@ class AnswerWriter {
   // The prefix of the ids given to tool calls ("call_", Anthropic's "toolu_"); Mistral's
   // templates take only 9 letters and digits, which the server then uses whatever this says.
   virtual std::string CallIdPrefix() const { return "call_"; }
+  // The prompt's length in tokens, once it is known (before Open).
+  virtual void OnPrompt(int tokens) {}
   // An error answered before or instead of the answer (status and body).
   virtual http::HttpResponse Error(const ApiError& e) const = 0;
   // The non-streamed answer.

@@ -156,6 +156,7 @@ Parsed<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ApiLim
     if (!r.Get("content")) return Bad("content", "'content' is required");
     r.String("content", req.content);
     r.Bool("add_special", req.add_special);
+    r.Bool("parse_special", req.parse_special);
     r.Bool("with_pieces", req.with_pieces);
     r.RefuseUnread();
     if (!r.ok()) return r.error();

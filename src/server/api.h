@@ -109,6 +109,9 @@ struct GenerationParams {
   std::string grammar_param;      // the field it came from, for messages
   bool ignore_eos = false;        // llama.cpp: end tokens are never sampled
   int repeat_last_n = 64;         // llama.cpp (alias penalty_last_n): -1 = the whole context
+  // A context smaller than the server's for this request (Ollama's options.num_ctx): the
+  // prompt must fit it and the answer ends ("length") where it is full. 0: the server's.
+  int context_cap = 0;
 };
 inline constexpr size_t kMaxGrammarBytes = 256 * 1024;  // GBNF text or schema JSON
 inline constexpr size_t kMaxChoices = 256;              // guided_choice entries
@@ -162,6 +165,7 @@ struct CompletionRequest {
 struct TokenizeRequest {
   std::string content;
   bool add_special = false;
+  bool parse_special = true;  // control-token texts become control tokens (llama-server's default)
   bool with_pieces = false;
 };
 
@@ -266,7 +270,8 @@ size_t NextTextOffset(const StreamChunk& c);
 std::string UsageChunkJson(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                            const Usage& u);
 
-std::string ModelsJson(const std::string& model_id, int64_t created, int n_ctx);
+// n_ctx: the server's context; n_ctx_train: the model's trained one.
+std::string ModelsJson(const std::string& model_id, int64_t created, int n_ctx, int n_ctx_train);
 std::string TokenizeJson(const std::vector<int32_t>& ids, const std::vector<std::string>* pieces);
 std::string DetokenizeJson(const std::string& content);
 

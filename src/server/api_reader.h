@@ -54,26 +54,28 @@ inline std::string Clip(std::string_view s) {
 }
 
 // A client value in an error message. Never dump() it: a deep value would recurse and a
-// large one bloat the message.
-inline std::string Describe(const json& v) {
+// large one bloat the message. (J: json, or ordered_json for the dialects that keep key order.)
+template <typename J>
+std::string Describe(const J& v) {
   switch (v.type()) {
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-    case json::value_t::number_float:
-    case json::value_t::boolean:
-    case json::value_t::null: return v.dump();  // bounded: at most ~25 characters
-    case json::value_t::string: return "the string '" + Clip(v.get_ref<const std::string&>()) + "'";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
+    case J::value_t::number_integer:
+    case J::value_t::number_unsigned:
+    case J::value_t::number_float:
+    case J::value_t::boolean:
+    case J::value_t::null: return v.dump();  // bounded: at most ~25 characters
+    case J::value_t::string: return "the string '" + Clip(v.template get_ref<const std::string&>()) + "'";
+    case J::value_t::array: return "an array";
+    case J::value_t::object: return "an object";
     default: return std::string("a ") + v.type_name();
   }
 }
 
 // Reads optional fields of one JSON object with type and range checks. The first error
 // sticks; later reads are no-ops. null counts as absent (the OpenAI API allows it).
-class Reader {
+template <typename json>
+class BasicReader {
  public:
-  explicit Reader(const json& obj) : obj_(obj) {}
+  explicit BasicReader(const json& obj) : obj_(obj) {}
   bool ok() const { return !error_.has_value(); }
   ApiError error() const { return *error_; }
   void Fail(std::string param, std::string msg, std::string code = "") {
@@ -89,20 +91,20 @@ class Reader {
   void Bool(const char* key, bool& out) {
     if (const json* v = Get(key)) {
       if (!v->is_boolean()) return Fail(key, std::string("'") + key + "' must be a boolean, got " + Describe(*v));
-      out = v->get<bool>();
+      out = v->template get<bool>();
     }
   }
   void String(const char* key, std::string& out) {
     if (const json* v = Get(key)) {
       if (!v->is_string()) return Fail(key, std::string("'") + key + "' must be a string, got " + Describe(*v));
-      out = v->get<std::string>();
+      out = v->template get<std::string>();
     }
   }
   // A float in [lo, hi] (lo excluded if lo_open).
   void Float(const char* key, float& out, double lo, double hi, bool lo_open = false) {
     if (const json* v = Get(key)) {
       if (!v->is_number()) return Fail(key, std::string("'") + key + "' must be a number, got " + Describe(*v));
-      const double d = v->get<double>();
+      const double d = v->template get<double>();
       if (!std::isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo)) {
         return Fail(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) +
                              "], got " + Describe(*v));
@@ -124,11 +126,11 @@ class Reader {
         Fail(key, std::string("'") + key + "' must be an integer, got " + Describe(*v));
         return false;
       }
-      if (v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(hi) : v->get<int64_t>() > hi) {
+      if (v->is_number_unsigned() ? v->template get<uint64_t>() > static_cast<uint64_t>(hi) : v->template get<int64_t>() > hi) {
         Fail(key, std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + Describe(*v));
         return false;
       }
-      const int64_t x = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+      const int64_t x = v->is_number_unsigned() ? static_cast<int64_t>(v->template get<uint64_t>()) : v->template get<int64_t>();
       if (x < lo) {
         Fail(key, std::string("'") + key + "' must be at least " + std::to_string(lo) + ", got " + Describe(*v));
         return false;
@@ -165,6 +167,7 @@ class Reader {
   std::vector<std::string> read_;  // keys asked for, present or not
   std::optional<ApiError> error_;
 };
+using Reader = BasicReader<json>;
 
 // The shape check, then the DOM. Parse errors are reported by position, never with the
 // parser's message (it quotes the last token read, which may be megabytes long).
@@ -209,5 +212,23 @@ Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string&
 // was parsed), or empty if absent. A key written with escapes is not found (the caller
 // then falls back to the parsed value).
 std::string_view RawMember(std::string_view obj, std::string_view key);
+
+// ---- the other dialects (api_dialects.cc) ----
+
+// Objects keep the client's key order (schemas are written in it; templates see it).
+using ojson = nlohmann::ordered_json;
+using OReader = BasicReader<ojson>;
+inline std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+// The shape check, then an ordered DOM of an object, as ParseObject.
+std::optional<ApiError> ParseOrdered(std::string_view body, const JsonShapeLimits& shape, ojson& out);
+// An error's field renamed from the OpenAI chat body's to the dialect's: the first
+// (OpenAI prefix, dialect prefix) pair that matches, in param and message.
+using Renames = std::vector<std::pair<std::string, std::string>>;
+ApiError Rename(ApiError e, const Renames& renames);
+// The chat request an OpenAI body built by a dialect translates to; errors renamed.
+Parsed<ChatCompletionRequest> ChatFromOpenAi(const ojson& body, const ApiLimits& limits, const Renames& renames);
+// Text of a dialect's content: a string, or an array of {"type": one of `types`, "text"}
+// parts, joined. Other part types are refused, naming them.
+Result<std::string> TextParts(const ojson& c, std::initializer_list<const char*> types);
 
 }  // namespace trellis::server::api_detail

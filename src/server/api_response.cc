@@ -142,9 +142,10 @@ std::string UsageChunkJson(Endpoint endpoint, const std::string& id, int64_t cre
   return Dump(j);
 }
 
-std::string ModelsJson(const std::string& model_id, int64_t created, int n_ctx) {
+std::string ModelsJson(const std::string& model_id, int64_t created, int n_ctx, int n_ctx_train) {
+  // max_model_len: vLLM's name for the context a request may fill; meta: llama-server's.
   json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "trellis"},
-            {"meta", {{"n_ctx", n_ctx}}}};
+            {"max_model_len", n_ctx}, {"meta", {{"n_ctx", n_ctx}, {"n_ctx_train", n_ctx_train}}}};
   return Dump(json{{"object", "list"}, {"data", json::array({m})}});
 }
 

@@ -12,6 +12,7 @@
 
 #include "grammar/stacks.h"
 #include "server/answer_writer.h"
+#include "server/dialects.h"
 #include "server/generation.h"
 
 namespace trellis::server {
@@ -92,7 +93,8 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
       opts_(std::move(opts)),
       created_(UnixNow()),
       next_seed_(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())),
-      next_id_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {
+      next_id_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
+      responses_(opts_.responses_max, opts_.responses_max_bytes, std::chrono::seconds(opts_.responses_ttl_s)) {
   for (std::string_view marker : ToolCallMarkers(tool_format_)) {
     const std::vector<int32_t> ids = tok_.Encode(marker, /*add_bos=*/false, /*parse_special=*/true);
     if (ids.size() == 1 && tok_.TokenToPiece(ids[0]).empty() && tok_.TokenToPiece(ids[0], true) == marker) {
@@ -166,7 +168,13 @@ std::string_view BearerToken(std::string_view auth) {
   return auth;
 }
 
-enum class Route { kNone, kHealth, kMetrics, kModels, kChat, kCompletion, kTokenize, kDetokenize };
+enum class Route {
+  kNone, kHealth, kMetrics, kModels, kChat, kCompletion, kTokenize, kDetokenize, kApplyTemplate, kProps,
+  kResponses, kResponseById, kMessages, kCountTokens,
+  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaVersion, kOllamaPs,
+};
+
+constexpr std::string_view kResponsesPrefix = "/v1/responses/";
 
 Route FindRoute(std::string_view path) {
   if (path == "/health") return Route::kHealth;
@@ -176,10 +184,53 @@ Route FindRoute(std::string_view path) {
   if (path == "/v1/completions" || path == "/completions") return Route::kCompletion;
   if (path == "/tokenize") return Route::kTokenize;
   if (path == "/detokenize") return Route::kDetokenize;
+  if (path == "/apply-template") return Route::kApplyTemplate;
+  if (path == "/props") return Route::kProps;
+  if (path == "/v1/responses" || path == "/responses") return Route::kResponses;
+  if (path.starts_with(kResponsesPrefix) && path.size() > kResponsesPrefix.size()) return Route::kResponseById;
+  if (path == "/v1/messages") return Route::kMessages;
+  if (path == "/v1/messages/count_tokens") return Route::kCountTokens;
+  if (path == "/api/chat") return Route::kOllamaChat;
+  if (path == "/api/generate") return Route::kOllamaGenerate;
+  if (path == "/api/tags") return Route::kOllamaTags;
+  if (path == "/api/show") return Route::kOllamaShow;
+  if (path == "/api/version") return Route::kOllamaVersion;
+  if (path == "/api/ps") return Route::kOllamaPs;
   return Route::kNone;
 }
 
-bool IsGet(Route r) { return r == Route::kHealth || r == Route::kMetrics || r == Route::kModels; }
+// The methods a route takes (answered in Allow with a 405).
+std::string_view Methods(Route r) {
+  switch (r) {
+    case Route::kHealth:
+    case Route::kMetrics:
+    case Route::kModels:
+    case Route::kProps:
+    case Route::kOllamaTags:
+    case Route::kOllamaVersion:
+    case Route::kOllamaPs: return "GET, HEAD";
+    case Route::kResponseById: return "GET, DELETE";
+    default: return "POST";
+  }
+}
+
+bool MethodAllowed(Route r, std::string_view method) {
+  const std::string_view m = Methods(r);
+  if (method.empty() || method.find(',') != std::string_view::npos || method.find(' ') != std::string_view::npos) return false;
+  for (size_t pos = 0; (pos = m.find(method, pos)) != std::string_view::npos; pos += method.size()) {
+    const bool start = pos == 0 || m[pos - 1] == ' ';
+    const bool end = pos + method.size() == m.size() || m[pos + method.size()] == ',';
+    if (start && end) return true;
+  }
+  return false;
+}
+
+// Errors in the shape of the dialect a path belongs to.
+HttpResponse ErrorFor(std::string_view path, const ApiError& e) {
+  if (path.starts_with("/v1/messages")) return AnthropicErrorResponse(e);
+  if (path.starts_with("/api/")) return OllamaErrorResponse(e);
+  return OpenAiErrorResponse(e);
+}
 
 // A path for the log: printable ASCII only, at most 200 bytes.
 std::string LogSafe(std::string_view s) {
@@ -199,15 +250,17 @@ void Server::SendError(HttpExchange& ex, const ApiError& e) const { ex.Respond(E
 std::optional<HttpResponse> Server::Authorize(const HttpRequest& req, uint64_t& salt) const {
   salt = 0;
   if (opts_.api_keys.empty()) return std::nullopt;
-  const std::string_view given = BearerToken(req.Header("Authorization"));
+  // Bearer, or Anthropic's x-api-key.
+  std::string_view given = BearerToken(req.Header("Authorization"));
+  if (given.empty()) given = TrimSpace(req.Header("x-api-key"));
   int match = -1;
   for (size_t i = 0; i < opts_.api_keys.size(); ++i) {  // no early exit: every key is compared
     if (ConstantTimeEquals(given, opts_.api_keys[i]) && !given.empty()) match = static_cast<int>(i);
   }
   if (match < 0) {
-    HttpResponse r = ErrorResponse(MakeError(401, given.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                                                : "incorrect API key provided",
-                                             "invalid_request_error", "invalid_api_key"));
+    HttpResponse r = ErrorFor(req.path, MakeError(401, given.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                                                                     : "incorrect API key provided",
+                                                  "invalid_request_error", "invalid_api_key"));
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     return r;
   }
@@ -218,14 +271,13 @@ std::optional<HttpResponse> Server::Authorize(const HttpRequest& req, uint64_t& 
 std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
   const Route route = FindRoute(req.path);
   if (route == Route::kNone) {
-    return ErrorResponse(MakeError(404, "no route for " + LogSafe(req.method) + " " + LogSafe(req.path),
-                                   "invalid_request_error", "not_found"));
+    return ErrorFor(req.path, MakeError(404, "no route for " + LogSafe(req.method) + " " + LogSafe(req.path),
+                                        "invalid_request_error", "not_found"));
   }
-  const bool get = IsGet(route);
-  if (req.method != (get ? "GET" : "POST") && !(get && req.method == "HEAD")) {
-    HttpResponse r = ErrorResponse(MakeError(405, "method " + LogSafe(req.method) + " is not allowed on " + req.path,
-                                             "invalid_request_error", "method_not_allowed"));
-    r.headers.emplace_back("Allow", get ? "GET, HEAD" : "POST");
+  if (!MethodAllowed(route, req.method)) {
+    HttpResponse r = ErrorFor(req.path, MakeError(405, "method " + LogSafe(req.method) + " is not allowed on " + LogSafe(req.path),
+                                                  "invalid_request_error", "method_not_allowed"));
+    r.headers.emplace_back("Allow", std::string(Methods(route)));
     return r;
   }
   if (route == Route::kHealth) {
@@ -276,11 +328,71 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
   if (auto denied = Authorize(req, salt)) return denied;
   if (route == Route::kModels) {
     HttpResponse r;
-    r.body = ModelsJson(opts_.model_id, created_, engine_.options().n_ctx);
+    r.body = ModelsJson(opts_.model_id, created_, engine_.options().n_ctx, model_.config().n_ctx_train);
     return r;
   }
-  if (stopping_) return ErrorResponse(MakeError(503, "the server is shutting down", "server_error"));
+  if (auto r = AnswerHead(static_cast<int>(route), req, salt)) return r;
+  if (stopping_) return ErrorFor(req.path, MakeError(503, "the server is shutting down", "server_error"));
   return std::nullopt;  // read the body; Handle runs on a worker
+}
+
+std::optional<HttpResponse> Server::AnswerHead(int route_code, const HttpRequest& req, uint64_t salt) {
+  const Route route = static_cast<Route>(route_code);
+  auto json_response = [](const nlohmann::json& j) {
+    HttpResponse r;
+    r.body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return r;
+  };
+  const ModelConfig& c = model_.config();
+  nlohmann::json details = {{"parent_model", ""}, {"format", "gguf"}, {"family", c.arch},
+                            {"families", nlohmann::json::array({c.arch})}, {"parameter_size", ""},
+                            {"quantization_level", ""}};
+  switch (route) {
+    case Route::kProps: {
+      const auto& eo = engine_.options();
+      const int bos = tok_.bos_id(), eos = tok_.eos_id();
+      return json_response({{"default_generation_settings",
+                             {{"n_ctx", eo.n_ctx},
+                              {"params", {{"temperature", 0.8}, {"top_k", 40}, {"top_p", 0.95}, {"min_p", 0.05},
+                                          {"repeat_penalty", 1.0}, {"repeat_last_n", 64}}}}},
+                            {"total_slots", eo.max_running},
+                            {"model_path", opts_.model_path},
+                            {"model_alias", opts_.model_id},
+                            {"n_ctx_train", c.n_ctx_train},
+                            {"chat_template", chat_.source()},
+                            {"bos_token", bos >= 0 ? tok_.TokenToPiece(bos, true) : ""},
+                            {"eos_token", eos >= 0 ? tok_.TokenToPiece(eos, true) : ""},
+                            {"modalities", {{"vision", false}, {"audio", false}}},
+                            {"build_info", std::string("trellis ") + kServerVersion}});
+    }
+    case Route::kOllamaVersion: return json_response({{"version", kServerVersion}});
+    case Route::kOllamaTags:
+    case Route::kOllamaPs: {
+      nlohmann::json m = {{"name", OllamaName(opts_.model_id)}, {"model", OllamaName(opts_.model_id)},
+                          {"size", opts_.model_bytes}, {"digest", ""}, {"details", details}};
+      if (route == Route::kOllamaTags) {
+        m["modified_at"] = OllamaTime(std::chrono::system_clock::from_time_t(created_));
+      } else {
+        m["expires_at"] = "0001-01-01T00:00:00Z";  // never: it stays loaded while the server runs
+        m["size_vram"] = 0;
+      }
+      return json_response({{"models", nlohmann::json::array({m})}});
+    }
+    case Route::kResponseById: {
+      const std::string id(req.path.substr(kResponsesPrefix.size()));
+      if (req.method == "DELETE") {
+        if (responses_.Erase(id, salt)) return json_response({{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+      } else if (auto e = responses_.Get(id, salt)) {
+        HttpResponse r;
+        r.body = std::move(e->body);
+        return r;
+      }
+      ApiError e = MakeError(404, "No response with id '" + LogSafe(id.substr(0, 64)) + "' found", "invalid_request_error",
+                             "not_found");
+      return OpenAiErrorResponse(e);
+    }
+    default: return std::nullopt;
+  }
 }
 
 void Server::Handle(const HttpRequest& req, HttpExchange& ex) {
@@ -294,13 +406,21 @@ void Server::Handle(const HttpRequest& req, HttpExchange& ex) {
     case Route::kCompletion: return HandleCompletion(req, salt, ex);
     case Route::kTokenize: return HandleTokenize(req, ex);
     case Route::kDetokenize: return HandleDetokenize(req, ex);
+    case Route::kApplyTemplate: return HandleApplyTemplate(req, ex);
+    case Route::kResponses: return HandleResponses(req, salt, ex);
+    case Route::kMessages: return HandleMessages(req, salt, ex);
+    case Route::kCountTokens: return HandleCountTokens(req, ex);
+    case Route::kOllamaChat:
+    case Route::kOllamaGenerate: return HandleOllama(req, salt, ex, FindRoute(req.path) == Route::kOllamaGenerate);
+    case Route::kOllamaShow: return HandleOllamaShow(req, ex);
     default: return SendError(ex, MakeError(404, "no route", "invalid_request_error", "not_found"));
   }
 }
 
 void Server::OnAnswered(const HttpRequest& req, int status, const AccessInfo& info, double seconds) {
   const std::string path(req.path);
-  metrics_.CountRequest(FindRoute(path) != Route::kNone ? path : "other", status);
+  const Route route = FindRoute(path);
+  metrics_.CountRequest(route == Route::kResponseById ? "/v1/responses/{id}" : route != Route::kNone ? path : "other", status);
   if (!opts_.access_log) return;
   std::string line;
   if (opts_.log_format == LogFormat::kJson) {
@@ -337,7 +457,7 @@ void Server::OnAnswered(const HttpRequest& req, int status, const AccessInfo& in
 void Server::HandleTokenize(const HttpRequest& req, HttpExchange& ex) {
   auto r = ParseTokenizeRequest(req.body, limits_);
   if (!r.ok()) return SendError(ex, r.error());
-  const std::vector<int32_t> ids = tok_.Encode(r->content, r->add_special && tok_.add_bos(), true);
+  const std::vector<int32_t> ids = tok_.Encode(r->content, r->add_special && tok_.add_bos(), r->parse_special);
   std::vector<std::string> pieces;
   if (r->with_pieces) {
     for (int32_t id : ids) pieces.push_back(tok_.TokenToPiece(id, true));
@@ -362,21 +482,28 @@ void Server::HandleChat(const HttpRequest& req, uint64_t salt, HttpExchange& ex)
   ServeChat(*r, salt, "messages", ex, w);
 }
 
+Parsed<std::vector<int32_t>> Server::RenderChat(const ChatCompletionRequest& r, const char* prompt_param,
+                                                std::string* prompt_text) const {
+  // Template text is tokenized with special tokens recognized; message contents never are,
+  // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
+  ChatVars vars(r.template_kwargs);
+  vars.tools = r.tools_value;
+  auto ids = EncodeChat(chat_, tok_, r.messages, /*add_generation_prompt=*/true, vars, prompt_text);
+  if (!ids.ok()) {
+    ApiError e = MakeError(400, ids.status().message());
+    e.param = ids.status().message().starts_with("chat_template_kwargs") ? "chat_template_kwargs" : prompt_param;
+    return e;
+  }
+  return std::move(*ids);
+}
+
 void Server::ServeChat(ChatCompletionRequest& req, uint64_t salt, const char* prompt_param, HttpExchange& ex,
                        AnswerWriter& w) {
   ChatCompletionRequest* r = &req;
   auto fail = [&](const ApiError& e) { ex.Respond(w.Error(e)); };
-  // Template text is tokenized with special tokens recognized; message contents never are,
-  // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
   std::string prompt_text;
-  ChatVars vars(r->template_kwargs);
-  vars.tools = r->tools_value;
-  auto ids = EncodeChat(chat_, tok_, r->messages, /*add_generation_prompt=*/true, vars, &prompt_text);
-  if (!ids.ok()) {
-    ApiError e = MakeError(400, ids.status().message());
-    e.param = ids.status().message().starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages";
-    return fail(e);
-  }
+  auto ids = RenderChat(req, prompt_param, &prompt_text);
+  if (!ids.ok()) return fail(ids.error());
   std::vector<int32_t> prompt = std::move(*ids);
   const bool opens = ReasoningSplitter::PromptOpensReasoning(prompt_text);
   const bool calls = r->tool_choice != ToolChoice::kNone && !r->tools.empty();
@@ -437,9 +564,20 @@ void Server::Generate(std::vector<int32_t> prompt, const GenerationParams& gen, 
   auto fail = [&](const ApiError& e) { ex.Respond(w.Error(e)); };
   if (stopping_) return fail(MakeError(503, "the server is shutting down", "server_error"));
   Generation::Params p;
+  p.gen = gen;
+  if (gen.context_cap > 0) {
+    const int room = gen.context_cap - static_cast<int>(prompt.size());
+    if (room <= 0) {
+      ApiError e = MakeError(400, "the prompt has " + std::to_string(prompt.size()) + " tokens; the request's context is " +
+                                      std::to_string(gen.context_cap), "invalid_request_error", "context_length_exceeded");
+      e.param = prompt_param;
+      return fail(e);
+    }
+    p.gen.max_tokens = std::min(gen.max_tokens.value_or(room), room);
+  }
+  w.OnPrompt(static_cast<int>(prompt.size()));
   p.prompt = std::move(prompt);
   p.prompt_param = prompt_param;
-  p.gen = gen;
   if (gen.grammar) p.grammar = grammars().Get(*gen.grammar);
   if (gen.ignore_eos) {
     // As llama.cpp: the end tokens are banned, and generation runs to max_tokens.

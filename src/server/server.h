@@ -39,6 +39,7 @@
 #include "server/answer_writer.h"
 #include "server/api.h"
 #include "server/chat_template.h"
+#include "server/dialects.h"
 #include "server/tool_calls.h"
 #include "http/server.h"
 #include "server/metrics.h"
@@ -82,7 +83,17 @@ struct ServerOptions {
   // Fields added to /health's JSON that do not make it unhealthy (the prefix store being
   // down: the server serves without it), e.g. {"store", "down"}.
   std::function<std::vector<std::pair<std::string, std::string>>()> health_fields = nullptr;
+  // The GGUF file served (/props, Ollama's /api/tags and /api/show); "" and 0 if unknown.
+  std::string model_path;
+  uint64_t model_bytes = 0;
+  // Responses kept for previous_response_id: at most this many, this many bytes, this long.
+  size_t responses_max = 1024;
+  size_t responses_max_bytes = 64ull << 20;
+  int responses_ttl_s = 3600;
 };
+
+// Reported by /api/version and /props.
+inline constexpr char kServerVersion[] = "0.1.0";
 
 class Server : public HttpHandler {
  public:
@@ -118,6 +129,18 @@ class Server : public HttpHandler {
   void HandleCompletion(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
   void HandleTokenize(const HttpRequest& req, HttpExchange& ex);
   void HandleDetokenize(const HttpRequest& req, HttpExchange& ex);
+  // The chat request rendered with the template and tokenized, or the 400 to answer.
+  Parsed<std::vector<int32_t>> RenderChat(const ChatCompletionRequest& r, const char* prompt_param,
+                                          std::string* prompt_text) const;
+  // The GET and DELETE routes answered from the head: /props, Ollama's tags, version and
+  // ps, a stored response. nullopt for the others.
+  std::optional<HttpResponse> AnswerHead(int route, const HttpRequest& req, uint64_t salt);
+  void HandleApplyTemplate(const HttpRequest& req, HttpExchange& ex);
+  void HandleResponses(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
+  void HandleMessages(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
+  void HandleCountTokens(const HttpRequest& req, HttpExchange& ex);
+  void HandleOllama(const HttpRequest& req, uint64_t salt, HttpExchange& ex, bool generate);
+  void HandleOllamaShow(const HttpRequest& req, HttpExchange& ex);
   // Renders a chat request with the template, builds the grammar its tools and output
   // constraint hold the answer to, and runs it (every chat dialect ends here).
   // prompt_param: the request field the prompt came from, for errors.
@@ -157,6 +180,7 @@ class Server : public HttpHandler {
   std::mutex mu_;
   std::set<RequestId> active_;  // GUARDED_BY(mu_): generations in flight, cancelled by Stop
   std::mutex log_mu_;           // one access line at a time
+  ResponseStore responses_;     // for previous_response_id and GET /v1/responses/{id}
 };
 
 }  // namespace trellis::server

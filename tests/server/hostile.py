@@ -6,8 +6,11 @@ usage: python3 tests/server/hostile.py TRELLIS_BINARY DATA_DIR
 Malformed and oversized HTTP, slow clients (slowloris, slow bodies, lying lengths),
 compression bombs, authentication before the body, deeply nested and ill-formed JSON,
 huge numbers, wrong types, prompts far over the context, connection and queue limits,
-disconnects, half-closes and shutdown under load. Each check is a small function
-registered (in order) with the server configuration it needs; checks sharing a
+disconnects, half-closes and shutdown under load. The other dialects (OpenAI Responses,
+Anthropic Messages, Ollama, llama-server's /tokenize, /detokenize, /apply-template and
+/props) get the body attacks too, each answered in the dialect's own error shape
+(expect_error, expect_anthropic_error, expect_ollama_error). Each check is a small
+function registered (in order) with the server configuration it needs; checks sharing a
 configuration run against one server. After each check the invariants are checked:
   1. GET /health answers 200 {"status":"ok"} within 100 ms (fresh connection; one retry);
      this and every other time bound scale by TRELLIS_TEST_SLOWDOWN (src/util/slowdown.h;
@@ -1312,6 +1315,889 @@ def _(srv):
 
 
 # =========================================================================================
+# default, continued: the other dialects. OpenAI Responses (/v1/responses), Anthropic
+# Messages (/v1/messages, /v1/messages/count_tokens), Ollama (/api/*) and llama-server's
+# utility endpoints (/tokenize, /detokenize, /apply-template, /props). Their bodies have
+# the limits of /v1/chat/completions (size, depth 32, 1e6 values, UTF-8, the prompt byte
+# limit), every unknown field is a 400 naming it, and each answers errors in its own
+# shape: expect_error (OpenAI: Responses and the utilities), expect_anthropic_error,
+# expect_ollama_error; expect_dialect_error picks the one a path speaks.
+# =========================================================================================
+
+RESP = "/v1/responses"
+MSGS = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+OCHAT = "/api/chat"
+OGEN = "/api/generate"
+OSHOW = "/api/show"
+APPLY = "/apply-template"
+XF = "x_hostile_field"  # an unknown field: every dialect refuses it with a 400 naming it
+MARK = "HOSTILE-TEXT-MARK"  # body_shape_cases: replaced by ill-formed UTF-8 in the encoded body
+ONE_MB = "word " * 200000  # over the default group's prompt byte limit, under its --max-body
+DANGLING_CALL = "call_nothing_hostile"
+DANGLING_USE = "toolu_nothing_hostile"
+MAX_ERROR_CHARS = 4096  # an error message quotes client text clipped (kMaxEchoBytes), never whole
+PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+DROP = object()  # a builder's keyword set to DROP removes that field
+
+# Anthropic's error type for each status (docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def _want_status(r, status, pre):
+    statuses = status if isinstance(status, (set, frozenset, tuple, list)) else {status}
+    expect(r.status in statuses, f"{pre}want {'/'.join(map(str, sorted(statuses)))}, got {r.describe()}")
+    ct = (r.header("content-type") or "").split(";")[0].strip().lower()
+    expect(ct == "application/json", f"{pre}{r.status} with Content-Type {r.header('content-type')!r}: {short(r.body)}")
+
+
+def expect_anthropic_error(r, status, msg=None, what=""):
+    """An Anthropic error: the status (or one of a set), application/json, and
+    {"type":"error","error":{"type":<the status' type>,"message":non-empty str}}."""
+    pre = f"{what}: " if what else ""
+    _want_status(r, status, pre)
+    j = r.json()
+    expect(isinstance(j, dict) and j.get("type") == "error" and isinstance(j.get("error"), dict),
+           f"{pre}{r.status} body is not an Anthropic error {{\"type\":\"error\",\"error\":{{...}}}}: {short(r.body)}")
+    e = j["error"]
+    want = ANTHROPIC_ERROR_TYPES.get(r.status)
+    expect(isinstance(e.get("type"), str) and e["type"] and (want is None or e["type"] == want),
+           f"{pre}error.type {e.get('type')!r}, want {want!r} for a {r.status}: {short(r.body)}")
+    expect(isinstance(e.get("message"), str) and e["message"].strip(), f"{pre}error.message: {short(r.body)}")
+    if msg is not None:
+        expect(msg.lower() in e["message"].lower(), f"{pre}error.message lacks {msg!r}: {e['message']!r}")
+    return e
+
+
+def expect_ollama_error(r, status, msg=None, what=""):
+    """An Ollama error: the status (or one of a set), application/json, and
+    {"error":"non-empty message"} (a string, not OpenAI's object). Returns the message."""
+    pre = f"{what}: " if what else ""
+    _want_status(r, status, pre)
+    j = r.json()
+    expect(isinstance(j, dict) and isinstance(j.get("error"), str) and j["error"].strip(),
+           f"{pre}{r.status} body is not an Ollama error {{\"error\":\"...\"}}: {short(r.body)}")
+    if msg is not None:
+        expect(msg.lower() in j["error"].lower(), f"{pre}error lacks {msg!r}: {j['error']!r}")
+    return j["error"]
+
+
+def dialect(path):
+    if path.startswith(MSGS):
+        return "anthropic"
+    if path.startswith("/api/"):
+        return "ollama"
+    return "openai"
+
+
+def expect_dialect_error(r, status, path, names=None, what=""):
+    """The error of the dialect `path` speaks; `names` (a str or a tuple of them): the
+    message (or OpenAI's param) names one of them. Returns the message (and param)."""
+    pre = f"{what}: " if what else ""
+    d = dialect(path)
+    if d == "anthropic":
+        text = expect_anthropic_error(r, status, what=what)["message"]
+    elif d == "ollama":
+        text = expect_ollama_error(r, status, what=what)
+    else:
+        e = expect_error(r, status, what=what)
+        text = e["message"] + " " + (e["param"] or "")
+    if names:
+        alts = (names,) if isinstance(names, str) else tuple(names)
+        expect(any(a.lower() in text.lower() for a in alts), f"{pre}the error names none of {alts}: {short(r.body)}")
+    expect(len(text) <= MAX_ERROR_CHARS, f"{pre}a {len(text)}-character error message (echoes the input?)")
+    return text
+
+
+def hcase(what, path, body, names=None, status=400):
+    """A hostile request: body (dict, or str/bytes sent as is) and the error it must get."""
+    return (what, path, body, names, status)
+
+
+def run_cases(srv, cases, seconds=None):
+    t0 = time.monotonic()
+
+    def one(c):
+        what, path, body, names, status = c
+        try:
+            r = srv.post(path, body)
+        except (OSError, http.client.HTTPException) as e:
+            raise Fail(f"{path} {what}: {type(e).__name__}: {e}") from None
+        expect_dialect_error(r, status, path, names, f"{path} {what}")
+    n = run_all(cases, one)
+    took = time.monotonic() - t0
+    if seconds is not None:
+        expect(took < slack(seconds), f"{n} requests took {took:.1f} s")
+    return f"{n} requests in {took:.2f} s"
+
+
+_MODEL_IDS = {}
+
+
+def served_model(srv):
+    """The id /v1/models lists: the `model` every dialect's requests name."""
+    if srv.port not in _MODEL_IDS:
+        j = expect_ok_json(srv.get("/v1/models"), "GET /v1/models")
+        data = j.get("data")
+        expect(isinstance(data, list) and data and isinstance(data[0].get("id"), str), f"/v1/models: {short(json.dumps(j))}")
+        _MODEL_IDS[srv.port] = data[0]["id"]
+    return _MODEL_IDS[srv.port]
+
+
+def _set(body, kw):
+    for k, v in kw.items():
+        if v is DROP:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    return body
+
+
+def umsg(content):
+    return [{"role": "user", "content": content}]
+
+
+def resp_body(m, **kw):
+    return _set({"model": m, "input": "Hello", "max_output_tokens": 16}, kw)
+
+
+def msgs_body(m, **kw):
+    return _set({"model": m, "max_tokens": 4, "messages": umsg("Hello")}, kw)
+
+
+def count_body(m, **kw):
+    return _set({"model": m, "messages": umsg("Hello")}, kw)
+
+
+def ochat_body(m, **kw):
+    return _set({"model": m, "messages": umsg("Hello"), "stream": False, "options": {"num_predict": 2}}, kw)
+
+
+def ogen_body(m, **kw):
+    return _set({"model": m, "prompt": "Hello", "stream": False, "options": {"num_predict": 2}}, kw)
+
+
+def raw_field(body, field, raw_value, inside=None):
+    """`body` as JSON text with `field` (in the object `inside`, e.g. "options") set to
+    raw_value, a number JSON can write but Python's json would not (1e400, 2^64)."""
+    rest = {k: v for k, v in body.items() if k != (inside or field)}
+    value = raw_value if inside is None else "{" + json.dumps(field) + ": " + raw_value + "}"
+    text = json.dumps(rest)
+    return text[:-1] + (", " if rest else "") + json.dumps(inside or field) + ": " + value + "}"
+
+
+def hostile_schemas():
+    """JSON schemas no constrained decoder should take: each must be a 400, fast."""
+    deep = {"type": "object"}
+    for _ in range(40):  # 80 levels of JSON: over the body's depth limit of 32
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    return [
+        ("80 deep", deep),
+        ("left-recursive $ref", {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}}),
+        ("a $ref to itself", {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        ("6000 properties", {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6000)}}),
+        ("a back-reference pattern", {"type": "string", "pattern": "(a)\\1(?=b)"}),
+        ("unsatisfiable", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+                           "additionalProperties": False, "minProperties": 2}),
+    ]
+
+
+def body_shape_cases(path, body, field):
+    """Body-level attacks on one endpoint: not JSON, not an object, nested 10,000 (and 40)
+    deep at `field`, 1,100,000 values, ill-formed UTF-8. `body` is valid but for MARK,
+    once, where the ill-formed UTF-8 goes."""
+    good = json.dumps(body)
+    enc, mark = good.encode(), MARK.encode()
+    assert enc.count(mark) == 1, f"{path}: MARK must occur once in the body"
+    rest = {k: v for k, v in body.items() if k != field}
+    pre = "{" + (json.dumps(rest)[1:-1] + ", " if rest else "") + json.dumps(field) + ": "
+    return [
+        hcase("truncated JSON", path, good[:len(good) // 2]),
+        hcase("trailing junk", path, good + " xyz"),
+        hcase("empty body", path, ""),
+        hcase("body null", path, "null"),
+        hcase("body []", path, "[]"),
+        hcase('body "str"', path, '"str"'),
+        hcase("body 1", path, "1"),
+        hcase(f"{field}: arrays 10,000 deep", path, pre + deep_array(10000) + "}"),
+        hcase(f"{field}: objects 10,000 deep", path, pre + deep_object(10000) + "}"),
+        hcase(f"{field}: arrays 40 deep (> 32)", path, pre + deep_array(40) + "}"),
+        hcase(f"{field}: 1,100,000 values", path, pre + "[" + "0," * 1100000 + "0]}"),
+        hcase("ill-formed UTF-8 (FF FE)", path, enc.replace(mark, b"ab\xff\xfecd")),
+        hcase("overlong UTF-8 (C0 AF)", path, enc.replace(mark, b"a\xc0\xafb")),
+        hcase("UTF-8 encoded surrogate (ED A0 80)", path, enc.replace(mark, b"a\xed\xa0\x80b")),
+        hcase("truncated UTF-8 (E2 82)", path, enc.replace(mark, b"ab\xe2\x82")),
+        hcase("escaped lone surrogate \\ud800", path, enc.replace(mark, b"a\\ud800b")),
+    ]
+
+
+def shape_cases(m, *paths):
+    """body_shape_cases for each of `paths`, each with a body valid but for its MARK."""
+    bodies = {
+        RESP: (resp_body(m, input=[{"role": "user", "content": [{"type": "input_text", "text": MARK}]}]), "input"),
+        MSGS: (msgs_body(m, messages=[{"role": "user", "content": [{"type": "text", "text": MARK}]}]), "messages"),
+        COUNT: (count_body(m, system=MARK), "messages"),
+        # Ollama streams by default: an error found in the body is still a JSON 400.
+        OCHAT: ({"model": m, "messages": umsg(MARK)}, "messages"),
+        OGEN: ({"model": m, "prompt": MARK, "options": {"num_predict": 2}}, "options"),
+        OSHOW: ({"model": MARK}, "model"),
+        APPLY: ({"messages": umsg(MARK)}, "messages"),
+        "/tokenize": ({"content": MARK}, "content"),
+    }
+    return [c for p in paths for c in body_shape_cases(p, *bodies[p])]
+
+
+N_SHAPE = 16  # len(body_shape_cases(...))
+
+
+# ---- OpenAI Responses ---------------------------------------------------------------------
+
+RTOOL = {"type": "function", "name": "f", "description": "A tool.",
+         "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}
+R_USER = {"role": "user", "content": "x"}
+R_CALL = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+R_OUT = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+
+
+def resp_type_cases(m):
+    def b(**kw):
+        return resp_body(m, **kw)
+    cs = [hcase(f"{k}={json.dumps(v)}", RESP, b(**{k: v}), k) for k, v in [
+        ("input", 5), ("input", {}), ("input", True), ("instructions", 5), ("instructions", ["x"]), ("tools", "x"),
+        ("tools", {}), ("tool_choice", 5), ("tool_choice", "sometimes"), ("text", "x"), ("max_output_tokens", "16"),
+        ("max_output_tokens", 1.5), ("temperature", "hot"), ("top_p", []), ("stream", "yes"),
+        ("previous_response_id", 5), ("store", "yes"), ("metadata", "x"), ("parallel_tool_calls", "yes"),
+        ("reasoning", "high"), ("model", 5)]]
+    items = [
+        ("input [5]", [5]),
+        ("content 5", [{"role": "user", "content": 5}]),
+        ("role wizard", [{"role": "wizard", "content": "x"}]),
+        ("an item with neither role nor type", [{"content": "x"}]),
+        ("content [5]", [{"role": "user", "content": [5]}]),
+        ("input_text text 5", [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]),
+        ("content part type wizard", [{"role": "user", "content": [{"type": "wizard_text", "text": "x"}]}]),
+        ("input_image", [{"role": "user", "content": [{"type": "input_image",
+                                                       "image_url": "data:image/png;base64," + PNG_B64}]}]),
+        ("input_file", [{"role": "user", "content": [{"type": "input_file", "file_id": "file-abc"}]}]),
+        ("item type wizard", [R_USER, {"type": "wizard_item"}]),
+        ("function_call arguments 5", [R_USER, dict(R_CALL, arguments=5), R_OUT]),
+        ("function_call name 5", [R_USER, dict(R_CALL, name=5), R_OUT]),
+        ("function_call without call_id", [R_USER, {k: v for k, v in R_CALL.items() if k != "call_id"}]),
+        ("function_call_output output 5", [R_USER, R_CALL, dict(R_OUT, output=5)]),
+        ("function_call_output call_id 5", [R_USER, R_CALL, dict(R_OUT, call_id=5)]),
+    ]
+    cs += [hcase(w, RESP, b(input=v, tools=[RTOOL])) for w, v in items]
+    tools = [
+        ("tools [5]", [5]),
+        ("a function tool without a name", [{"type": "function", "parameters": {"type": "object"}}]),
+        ("a function tool named 5", [{"type": "function", "name": 5}]),
+        ("parameters 'x'", [dict(RTOOL, parameters="x")]),
+        ("strict 'yes'", [dict(RTOOL, strict="yes")]),
+        ("the chat-completions tool shape", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool type wizard", [{"type": "wizard", "name": "f"}]),
+        ("built-in web_search_preview", [{"type": "web_search_preview"}]),
+        ("built-in file_search", [{"type": "file_search", "vector_store_ids": ["vs_1"]}]),
+        ("built-in code_interpreter", [{"type": "code_interpreter", "container": {"type": "auto"}}]),
+        ("built-in computer_use_preview", [{"type": "computer_use_preview", "display_width": 1024,
+                                            "display_height": 768, "environment": "browser"}]),
+        ("built-in mcp", [{"type": "mcp", "server_label": "x", "server_url": "https://mcp.example.com",
+                           "require_approval": "never"}]),
+        ("a built-in next to a function", [RTOOL, {"type": "web_search_preview"}]),
+    ]
+    cs += [hcase(w, RESP, b(tools=v)) for w, v in tools]
+    choices = [
+        ("tool_choice {type: function} without a name", [RTOOL], {"type": "function"}),
+        ("tool_choice names an unknown function", [RTOOL], {"type": "function", "name": "g"}),
+        ("tool_choice required without tools", DROP, "required"),
+        ("tool_choice a built-in", [RTOOL], {"type": "file_search"}),
+    ]
+    cs += [hcase(w, RESP, b(tools=t, tool_choice=c), "tool_choice") for w, t, c in choices]
+    formats = [
+        ("text.format 'json'", {"format": "json"}),
+        ("text.format 5", {"format": 5}),
+        ("text.format type xml", {"format": {"type": "xml"}}),
+        ("text.format schema 'x'", {"format": {"type": "json_schema", "name": "x", "schema": "x"}}),
+    ]
+    cs += [hcase(w, RESP, b(text=v)) for w, v in formats]
+    cs.append(hcase("reasoning.effort 5", RESP, b(reasoning={"effort": 5})))
+    return cs
+
+
+def resp_unknown_cases(m):
+    def b(**kw):
+        return resp_body(m, **kw)
+    return [hcase(f"{XF} {w}", RESP, body, XF) for w, body in [
+        ("at the top level", b(**{XF: 1})),
+        ("in text", b(text={"format": {"type": "text"}, XF: 1})),
+        ("in text.format (json_object)", b(text={"format": {"type": "json_object", XF: 1}})),
+        ("in text.format (json_schema)", b(text={"format": {"type": "json_schema", "name": "x",
+                                                            "schema": {"type": "object"}, XF: 1}})),
+        ("in an input message", b(input=[dict(R_USER, **{XF: 1})])),
+        ("in a content part", b(input=[{"role": "user", "content": [{"type": "input_text", "text": "x", XF: 1}]}])),
+        ("in a function_call item", b(input=[R_USER, dict(R_CALL, **{XF: 1}), R_OUT], tools=[RTOOL])),
+        ("in a function_call_output item", b(input=[R_USER, R_CALL, dict(R_OUT, **{XF: 1})], tools=[RTOOL])),
+        ("in a function tool", b(tools=[dict(RTOOL, **{XF: 1})])),
+        ("in tool_choice", b(tools=[RTOOL], tool_choice={"type": "function", "name": "f", XF: 1})),
+        ("in reasoning", b(reasoning={"effort": "low", XF: 1})),
+    ]]
+
+
+def resp_range_cases(m):
+    def b(**kw):
+        return resp_body(m, **kw)
+    cs = [hcase(f"{k} {v}", RESP, b(**{k: v}), k) for k, v in [
+        ("max_output_tokens", 0), ("max_output_tokens", -1), ("max_output_tokens", 100000), ("temperature", 3),
+        ("temperature", -1), ("top_p", 1.5), ("top_p", -0.5)]]
+    cs += [hcase(f"max_output_tokens {v}", RESP, raw_field(b(), "max_output_tokens", v)) for v in HUGE]
+    cs.append(hcase("streamed, max_output_tokens 0: a JSON 400, not a stream", RESP, b(stream=True, max_output_tokens=0),
+                    "max_output_tokens"))
+    cs.append(hcase("unknown model", RESP, b(model="no-such-model-hostile"), "model", 404))
+    return cs
+
+
+def resp_ref_cases(m):
+    def b(**kw):
+        return resp_body(m, **kw)
+    dangling = {"type": "function_call_output", "call_id": DANGLING_CALL, "output": "42"}
+    return [
+        hcase("a function_call_output calling nothing", RESP, b(input=[R_USER, dangling], tools=[RTOOL]),
+              (DANGLING_CALL, "call_id")),
+        hcase("a function_call_output for a call not made", RESP, b(input=[R_USER, R_CALL, R_OUT, dangling], tools=[RTOOL]),
+              (DANGLING_CALL, "call_id")),
+        hcase("previous_response_id unknown", RESP, b(previous_response_id="resp_doesnotexist_hostile"), None, 404),
+        hcase("previous_response_id of 10 KB", RESP, b(previous_response_id="r" * 10240), None, {400, 404}),
+        hcase("previous_response_id a path", RESP, b(previous_response_id="../../../etc/passwd"), None, {400, 404}),
+    ]
+
+
+def sse_typed_events(r, what):
+    """The event names of an SSE answer whose events each carry `event: NAME` and
+    `data: {"type": NAME, ...}` (OpenAI Responses, Anthropic)."""
+    expect(r.status == 200, f"{what}: {r.describe()}")
+    ct = (r.header("content-type") or "").split(";")[0].strip().lower()
+    expect(ct == "text/event-stream", f"{what}: Content-Type {r.header('content-type')!r}")
+    names = []
+    for block in r.body.decode("utf-8", "replace").replace("\r\n", "\n").split("\n\n"):
+        ev, data = None, []
+        for ln in block.split("\n"):
+            if ln.startswith("event:"):
+                ev = ln[6:].strip()
+            elif ln.startswith("data:"):
+                data.append(ln[6:] if ln.startswith("data: ") else ln[5:])
+        if (ev is None and not data) or (ev is None and data == ["[DONE]"]):
+            continue
+        expect(ev, f"{what}: an event without an 'event:' line: {short(block)}")
+        try:
+            obj = json.loads("\n".join(data))
+        except ValueError:
+            raise Fail(f"{what}: event {ev!r}: data is not JSON: {short(block)}") from None
+        expect(isinstance(obj, dict) and obj.get("type") == ev,
+               f"{what}: event {ev!r} with data.type {obj.get('type') if isinstance(obj, dict) else obj!r}")
+        names.append(ev)
+    expect(names, f"{what}: no events: {short(r.body)}")
+    return names
+
+
+@check("responses: 200 response; GET /v1/responses/{id}; previous_response_id; SSE response.created ... completed",
+       "default")
+def _(srv):
+    m = served_model(srv)
+    j = expect_ok_json(srv.post(RESP, resp_body(m, store=True)), "POST /v1/responses")
+    expect(j.get("object") == "response" and isinstance(j.get("id"), str) and j["id"] and isinstance(j.get("output"), list),
+           f"not a response object: {short(json.dumps(j))}")
+    g = expect_ok_json(srv.get(f"{RESP}/{j['id']}"), f"GET {RESP}/{j['id']}")
+    expect(g.get("id") == j["id"], f"GET {RESP}/{j['id']} answered id {g.get('id')!r}")
+    expect_ok_json(srv.post(RESP, resp_body(m, input="And then?", previous_response_id=j["id"])), "previous_response_id")
+    ev = sse_typed_events(srv.post(RESP, resp_body(m, stream=True)), "streamed")
+    expect(ev[0] == "response.created" and ev[-1] in ("response.completed", "response.incomplete"),
+           f"events {ev[0]} ... {ev[-1]}, want response.created ... response.completed")
+    return f"{j['id']}; {len(ev)} events"
+
+
+@check("responses: not JSON / not an object / 10,000 deep / 1.1M values / ill-formed UTF-8 -> 400 (OpenAI shape)",
+       "default", spec=N_SHAPE)
+def _(srv):
+    return run_cases(srv, shape_cases(served_model(srv), RESP))
+
+
+@check("responses: wrong types (input, items, parts, tools, built-in tools, tool_choice, text.format) -> 400",
+       "default", spec=len(resp_type_cases("m")))
+def _(srv):
+    return run_cases(srv, resp_type_cases(served_model(srv)))
+
+
+@check("responses: unknown fields anywhere (top, text.format, items, parts, tools) -> 400 naming them", "default",
+       spec=len(resp_unknown_cases("m")))
+def _(srv):
+    return run_cases(srv, resp_unknown_cases(served_model(srv)))
+
+
+@check("responses: max_output_tokens 0/-1/over the context/huge, temperature 3, top_p 1.5 -> 400; unknown model 404",
+       "default", spec=len(resp_range_cases("m")))
+def _(srv):
+    return run_cases(srv, resp_range_cases(served_model(srv)))
+
+
+@check("responses: hostile text.format json_schema -> 400 fast", "default", spec=len(hostile_schemas()))
+def _(srv):
+    m = served_model(srv)
+    return run_cases(srv, [hcase(f"text.format schema {w}", RESP,
+                                 resp_body(m, text={"format": {"type": "json_schema", "name": "x", "schema": s, "strict": True}}))
+                           for w, s in hostile_schemas()], seconds=5)
+
+
+@check("responses: function_call_output calling nothing -> 400; previous_response_id unknown -> 404, 10 KB -> 400/404; "
+       "GET unknown / 10 KB id -> 404", "default", spec=9)
+def _(srv):
+    note = run_cases(srv, resp_ref_cases(served_model(srv)))
+
+    def get(c):
+        what, path, statuses = c
+        expect_dialect_error(srv.get(path), statuses, path, what=f"GET {what}")
+    run_all([("an unknown id", f"{RESP}/resp_doesnotexist_hostile", {404}),
+             ("a 10 KB id", f"{RESP}/{'r' * 10240}", {400, 404}),
+             ("dot segments", f"{RESP}/%2e%2e%2f%2e%2e%2fhealth", {400, 404}),
+             ("a NUL", f"{RESP}/resp_%00x", {400, 404})], get)
+    return note
+
+
+def expect_too_long(srv, cases):
+    """1 MB prompts: the dialect's 400 in < 2 s (OpenAI's with code context_length_exceeded)."""
+    def one(c):
+        what, path, body, names, status = c
+        r = srv.post(path, body, timeout=10)
+        e = expect_dialect_error(r, status, path, names, f"{path} {what}")
+        if dialect(path) == "openai":
+            code = (r.json().get("error") or {}).get("code")
+            expect(code == "context_length_exceeded", f"{path} {what}: error.code {code!r}, want context_length_exceeded")
+        expect(r.elapsed < slack(2.0), f"{path} {what}: took {r.elapsed:.2f} s")
+        return e
+    return f"{run_all(cases, one)} requests"
+
+
+@check("responses: 1 MB input / instructions / input_text -> 400 context_length_exceeded in < 2 s", "default", spec=3)
+def _(srv):
+    m = served_model(srv)
+    return expect_too_long(srv, [
+        hcase("input of 1 MB", RESP, resp_body(m, input=ONE_MB)),
+        hcase("instructions of 1 MB", RESP, resp_body(m, instructions=ONE_MB)),
+        hcase("an input_text of 1 MB", RESP, resp_body(m, input=[{"role": "user", "content": [{"type": "input_text",
+                                                                                              "text": ONE_MB}]}])),
+    ])
+
+
+# ---- Anthropic Messages ---------------------------------------------------------------------
+
+ATOOL = {"name": "f", "description": "A tool.", "input_schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+A_USER = {"role": "user", "content": "x"}
+A_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": "b"}}
+A_RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}
+A_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}}
+
+
+def a_user(*blocks):
+    return {"role": "user", "content": list(blocks)}
+
+
+def a_assistant(*blocks):
+    return {"role": "assistant", "content": list(blocks)}
+
+
+def a_tool_turns(use=A_USE, result=A_RESULT):
+    return [A_USER, a_assistant(use), a_user(result)]
+
+
+def msgs_type_cases(m):
+    def b(**kw):
+        return msgs_body(m, **kw)
+    cs = [hcase(f"{k}={json.dumps(v)}", MSGS, b(**{k: v}), k) for k, v in [
+        ("messages", {}), ("messages", "hi"), ("system", 5), ("system", {"type": "text", "text": "x"}), ("tools", "x"),
+        ("tools", {}), ("tool_choice", "auto"), ("tool_choice", 5), ("stop_sequences", [5]), ("stop_sequences", {}),
+        ("temperature", "hot"), ("top_p", "x"), ("top_k", 1.5), ("top_k", "x"), ("stream", "yes"),
+        ("max_tokens", "4"), ("max_tokens", 1.5), ("model", 5)]]
+    messages = [
+        ("messages [5]", [5]),
+        ("content 5", [{"role": "user", "content": 5}]),
+        ("role system in messages", [{"role": "system", "content": "x"}, A_USER]),
+        ("role wizard", [{"role": "wizard", "content": "x"}]),
+        ("a message without content", [{"role": "user"}]),
+        ("content [5]", [a_user(5)]),
+        ("a text block's text 5", [a_user({"type": "text", "text": 5})]),
+        ("a text block without text", [a_user({"type": "text"})]),
+        ("block type wizard", [a_user({"type": "wizard", "text": "x"})]),
+        ("an image block (base64)", [a_user({"type": "text", "text": "x"}, A_IMAGE)]),
+        ("an image block (url)", [a_user({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}})]),
+        ("a document block", [a_user({"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                                                     "data": "x"}})]),
+        ("tool_use input 'x'", a_tool_turns(use=dict(A_USE, input="x"))),
+        ("tool_use name 5", a_tool_turns(use=dict(A_USE, name=5))),
+        ("tool_use without an id", [A_USER, a_assistant({k: v for k, v in A_USE.items() if k != "id"})]),
+        ("tool_result content 5", a_tool_turns(result=dict(A_RESULT, content=5))),
+        ("tool_result content [5]", a_tool_turns(result=dict(A_RESULT, content=[5]))),
+        ("tool_result is_error 'yes'", a_tool_turns(result=dict(A_RESULT, is_error="yes"))),
+        ("a tool_result holding an image", a_tool_turns(result=dict(A_RESULT, content=[A_IMAGE]))),
+        ("thinking 5", [A_USER, a_assistant({"type": "thinking", "thinking": 5, "signature": "sig"},
+                                            {"type": "text", "text": "y"}), {"role": "user", "content": "z"}]),
+    ]
+    cs += [hcase(w, MSGS, b(messages=v, tools=[ATOOL])) for w, v in messages]
+    cs += [hcase(w, MSGS, b(system=v)) for w, v in [
+        ("system [5]", [5]), ("a system block's text 5", [{"type": "text", "text": 5}]), ("a system image block", [A_IMAGE])]]
+    tools = [
+        ("tools [5]", [5]),
+        ("a tool named 5", [dict(ATOOL, name=5)]),
+        ("a tool without a name", [{"input_schema": {"type": "object"}}]),
+        ("input_schema 'x'", [dict(ATOOL, input_schema="x")]),
+        ("description 5", [dict(ATOOL, description=5)]),
+        ("server tool web_search_20250305", [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]),
+        ("server tool bash_20250124", [{"type": "bash_20250124", "name": "bash"}]),
+        ("server tool text_editor_20250124", [{"type": "text_editor_20250124", "name": "str_replace_editor"}]),
+        ("server tool computer_20250124", [{"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
+                                            "display_height_px": 768}]),
+        ("server tool code_execution_20250522", [{"type": "code_execution_20250522", "name": "code_execution"}]),
+        ("a server tool next to a custom one", [ATOOL, {"type": "web_search_20250305", "name": "web_search"}]),
+    ]
+    cs += [hcase(w, MSGS, b(tools=v)) for w, v in tools]
+    choices = [
+        ("tool_choice type sometimes", [ATOOL], {"type": "sometimes"}),
+        ("tool_choice tool without a name", [ATOOL], {"type": "tool"}),
+        ("tool_choice names an unknown tool", [ATOOL], {"type": "tool", "name": "g"}),
+        ("tool_choice any without tools", DROP, {"type": "any"}),
+        ("tool_choice disable_parallel_tool_use 'yes'", [ATOOL], {"type": "auto", "disable_parallel_tool_use": "yes"}),
+    ]
+    cs += [hcase(w, MSGS, b(tools=t, tool_choice=c)) for w, t, c in choices]
+    cs += [hcase("count_tokens: " + w, COUNT, count_body(m, **kw)) for w, kw in [
+        ("messages 'hi'", {"messages": "hi"}), ("an image block", {"messages": [a_user(A_IMAGE)]}),
+        ("a server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]})]]
+    return cs
+
+
+def msgs_unknown_cases(m):
+    def b(**kw):
+        return msgs_body(m, **kw)
+    return [hcase(f"{XF} {w}", path, body, XF) for w, path, body in [
+        ("at the top level", MSGS, b(**{XF: 1})),
+        ("in a message", MSGS, b(messages=[dict(A_USER, **{XF: 1})])),
+        ("in a text block", MSGS, b(messages=[a_user({"type": "text", "text": "x", XF: 1})])),
+        ("in a tool_use block", MSGS, b(messages=a_tool_turns(use=dict(A_USE, **{XF: 1})), tools=[ATOOL])),
+        ("in a tool_result block", MSGS, b(messages=a_tool_turns(result=dict(A_RESULT, **{XF: 1})), tools=[ATOOL])),
+        ("in a system block", MSGS, b(system=[{"type": "text", "text": "x", XF: 1}])),
+        ("in a tool", MSGS, b(tools=[dict(ATOOL, **{XF: 1})])),
+        ("in tool_choice", MSGS, b(tools=[ATOOL], tool_choice={"type": "auto", XF: 1})),
+        ("count_tokens: at the top level", COUNT, count_body(m, **{XF: 1})),
+        ("count_tokens: in a text block", COUNT, count_body(m, messages=[a_user({"type": "text", "text": "x", XF: 1})])),
+    ]]
+
+
+def msgs_range_cases(m):
+    def b(**kw):
+        return msgs_body(m, **kw)
+    cs = [hcase(f"{k} {v}", MSGS, b(**{k: v}), k) for k, v in [
+        ("temperature", 1.5), ("temperature", -0.1), ("temperature", 2), ("top_p", 1.5), ("top_k", -1),
+        ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 100000)]]
+    cs += [hcase(f"max_tokens {v}", MSGS, raw_field(b(), "max_tokens", v)) for v in HUGE]
+    cs += [
+        hcase("streamed, temperature 1.5: a JSON 400, not a stream", MSGS, b(stream=True, temperature=1.5), "temperature"),
+        hcase("no messages", MSGS, b(messages=DROP), "messages"),
+        hcase("messages []", MSGS, b(messages=[])),
+        hcase("count_tokens: no messages", COUNT, count_body(m, messages=DROP), "messages"),
+        hcase("unknown model", MSGS, b(model="claude-no-such-model-hostile"), None, 404),
+    ]
+    return cs
+
+
+def msgs_tool_cases(m):
+    def b(**kw):
+        return msgs_body(m, **kw)
+    dangling = dict(A_RESULT, tool_use_id=DANGLING_USE)
+    cs = [
+        hcase("a tool_result calling nothing", MSGS, b(messages=[a_user(dangling)], tools=[ATOOL]),
+              (DANGLING_USE, "tool_use_id")),
+        hcase("a tool_result for a tool_use not made", MSGS,
+              b(messages=[A_USER, a_assistant(A_USE), a_user(A_RESULT, dangling)], tools=[ATOOL]),
+              (DANGLING_USE, "tool_use_id")),
+        hcase("count_tokens: a tool_result calling nothing", COUNT,
+              count_body(m, messages=[a_user(dangling)], tools=[ATOOL]), (DANGLING_USE, "tool_use_id")),
+    ]
+    cs += [hcase(f"input_schema {w}, forced (tool_choice any)", MSGS,
+                 b(tools=[dict(ATOOL, input_schema=s)], tool_choice={"type": "any"})) for w, s in hostile_schemas()]
+    return cs
+
+
+@check("messages: 200 message; count_tokens; SSE message_start ... message_stop", "default")
+def _(srv):
+    m = served_model(srv)
+    j = expect_ok_json(srv.post(MSGS, msgs_body(m)), "POST /v1/messages")
+    expect(j.get("type") == "message" and j.get("role") == "assistant" and isinstance(j.get("content"), list)
+           and isinstance(j.get("stop_reason"), str), f"not a message: {short(json.dumps(j))}")
+    c = expect_ok_json(srv.post(COUNT, count_body(m)), "POST /v1/messages/count_tokens")
+    expect(isinstance(c.get("input_tokens"), int) and c["input_tokens"] > 0, f"count_tokens: {short(json.dumps(c))}")
+    ev = sse_typed_events(srv.post(MSGS, msgs_body(m, stream=True)), "streamed")
+    expect(ev[0] == "message_start" and ev[-1] == "message_stop", f"events {ev[0]} ... {ev[-1]}, want message_start ... "
+                                                                   "message_stop")
+    return f"stop_reason {j['stop_reason']}; {c['input_tokens']} input tokens; {len(ev)} events"
+
+
+@check("messages: not JSON / not an object / 10,000 deep / 1.1M values / ill-formed UTF-8 -> 400 (Anthropic shape)",
+       "default", spec=2 * N_SHAPE)
+def _(srv):
+    return run_cases(srv, shape_cases(served_model(srv), MSGS, COUNT))
+
+
+@check("messages: wrong types (messages, blocks, images, documents, tools, server tools, tool_choice) -> 400",
+       "default", spec=len(msgs_type_cases("m")))
+def _(srv):
+    return run_cases(srv, msgs_type_cases(served_model(srv)))
+
+
+@check("messages: unknown fields anywhere (top, messages, blocks, tools, tool_choice) -> 400 naming them", "default",
+       spec=len(msgs_unknown_cases("m")))
+def _(srv):
+    return run_cases(srv, msgs_unknown_cases(served_model(srv)))
+
+
+@check("messages: temperature 1.5, top_p 1.5, max_tokens 0/-1/over the context/huge, no messages -> 400; "
+       "unknown model -> 404", "default", spec=len(msgs_range_cases("m")))
+def _(srv):
+    return run_cases(srv, msgs_range_cases(served_model(srv)))
+
+
+@check("messages: a tool_result calling nothing, hostile input_schemas forced -> 400 fast", "default",
+       spec=len(msgs_tool_cases("m")))
+def _(srv):
+    return run_cases(srv, msgs_tool_cases(served_model(srv)), seconds=5)
+
+
+@check("messages: 1 MB content / system / text block / count_tokens -> 400 in < 2 s", "default", spec=5)
+def _(srv):
+    m = served_model(srv)
+    return expect_too_long(srv, [
+        hcase("content of 1 MB", MSGS, msgs_body(m, messages=umsg(ONE_MB))),
+        hcase("streamed, content of 1 MB", MSGS, msgs_body(m, messages=umsg(ONE_MB), stream=True)),
+        hcase("system of 1 MB", MSGS, msgs_body(m, system=ONE_MB)),
+        hcase("a text block of 1 MB", MSGS, msgs_body(m, messages=[a_user({"type": "text", "text": ONE_MB})])),
+        hcase("count_tokens: content of 1 MB", COUNT, count_body(m, messages=umsg(ONE_MB))),
+    ])
+
+
+# ---- Ollama -----------------------------------------------------------------------------------
+
+OTOOL = {"type": "function", "function": {"name": "f", "description": "A tool.",
+                                          "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+
+
+def ollama_type_cases(m):
+    def c(**kw):
+        return ochat_body(m, **kw)
+
+    def g(**kw):
+        return ogen_body(m, **kw)
+    cs = [hcase(f"{k}={json.dumps(v)}", OCHAT, c(**{k: v}), k) for k, v in [
+        ("messages", {}), ("messages", "hi"), ("format", 5), ("format", "xml"), ("format", []), ("options", "x"),
+        ("options", []), ("stream", "yes"), ("think", 5), ("think", "hard"), ("tools", "x"),
+        ("tools", {}), ("model", 5)]]
+    cs += [hcase(f"generate {k}={json.dumps(v)}", OGEN, g(**{k: v}), k) for k, v in [
+        ("prompt", 5), ("prompt", ["x"]), ("system", 5), ("raw", "yes"), ("images", "x"), ("format", "xml"),
+        ("options", 5), ("stream", 1), ("model", 5)]]
+    cs += [hcase(f"options.{k}={json.dumps(v)}", OCHAT, c(options={k: v}), k) for k, v in [
+        ("num_predict", "5"), ("num_predict", 1.5), ("temperature", "hot"), ("top_k", 1.5), ("top_p", "x"),
+        ("min_p", []), ("seed", "1"), ("stop", 5), ("stop", [5]), ("num_ctx", "x"), ("repeat_penalty", "x"),
+        ("repeat_last_n", 1.5), ("presence_penalty", "x"), ("frequency_penalty", [])]]
+    u = {"role": "user", "content": "x"}
+    messages = [
+        ("messages [5]", [5]),
+        ("content 5", [{"role": "user", "content": 5}]),
+        ("content a list of parts", [{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
+        ("role wizard", [{"role": "wizard", "content": "x"}]),
+        ("images, non-empty", [dict(u, images=[PNG_B64])]),
+        ("images 5", [dict(u, images=5)]),
+        ("tool_calls 'x'", [u, {"role": "assistant", "content": "", "tool_calls": "x"}]),
+        ("a tool call named 5", [u, {"role": "assistant", "content": "",
+                                     "tool_calls": [{"function": {"name": 5, "arguments": {}}}]}]),
+        ("thinking 5", [u, {"role": "assistant", "content": "y", "thinking": 5}, {"role": "user", "content": "z"}]),
+    ]
+    cs += [hcase(w, OCHAT, c(messages=v, tools=[OTOOL])) for w, v in messages]
+    cs += [hcase("tools [5]", OCHAT, c(tools=[5])),
+           hcase("a tool named 5", OCHAT, c(tools=[{"type": "function", "function": {"name": 5}}])),
+           hcase("generate images, non-empty", OGEN, g(images=[PNG_B64]))]
+    return cs
+
+
+def ollama_unknown_cases(m):
+    return [hcase(f"{XF} {w}", path, body, XF) for w, path, body in [
+        ("at the top level", OCHAT, ochat_body(m, **{XF: 1})),
+        ("in options", OCHAT, ochat_body(m, options={"num_predict": 2, XF: 1})),
+        ("in a message", OCHAT, ochat_body(m, messages=[{"role": "user", "content": "x", XF: 1}])),
+        ("in a tool", OCHAT, ochat_body(m, tools=[dict(OTOOL, **{XF: 1})])),
+        ("generate: at the top level", OGEN, ogen_body(m, **{XF: 1})),
+        ("generate: in options", OGEN, ogen_body(m, options={"num_predict": 2, XF: 1})),
+        ("show: at the top level", OSHOW, {"model": m, XF: 1}),
+    ]]
+
+
+def ollama_range_cases(m):
+    def c(**kw):
+        return ochat_body(m, **kw)
+    # 2^64-1 and 2^64-2 read as int64 are -1 (no limit) and -2 (fill the context): refused, not wrapped.
+    cs = [hcase(f"options.num_predict {v}", OCHAT, raw_field(c(), "num_predict", v, inside="options"))
+          for v in HUGE + ["18446744073709551615", "18446744073709551614", "9223372036854775808"]]
+    cs += [
+        hcase("options.num_ctx 1e20", OCHAT, raw_field(c(), "num_ctx", "1e20", inside="options")),
+        hcase("options.num_ctx 100000 (the context is 256)", OCHAT, c(options={"num_ctx": 100000}), "num_ctx"),
+        hcase("streamed (the default), options.num_ctx 100000: a JSON 400", OCHAT,
+              c(stream=DROP, options={"num_ctx": 100000}), "num_ctx"),
+        hcase("generate options.num_ctx 100000", OGEN, ogen_body(m, options={"num_ctx": 100000}), "num_ctx"),
+        hcase("show without a model", OSHOW, {}, "model"),
+        hcase("show model 5", OSHOW, {"model": 5}, "model"),
+        hcase("chat, unknown model", OCHAT, c(model="no-such-model-hostile:latest"), None, 404),
+        hcase("chat streamed (the default), unknown model", OCHAT, c(model="no-such-model-hostile:latest", stream=DROP),
+              None, 404),
+        hcase("generate, unknown model", OGEN, ogen_body(m, model="no-such-model-hostile:latest"), None, 404),
+        hcase("show, unknown model", OSHOW, {"model": "no-such-model-hostile:latest"}, None, 404),
+    ]
+    return cs
+
+
+def ndjson_lines(r, what):
+    """The objects of an NDJSON answer (application/x-ndjson), none of them an error."""
+    expect(r.status == 200, f"{what}: {r.describe()}")
+    ct = (r.header("content-type") or "").split(";")[0].strip().lower()
+    expect(ct == "application/x-ndjson", f"{what}: Content-Type {r.header('content-type')!r}")
+    out = []
+    for ln in r.body.split(b"\n"):
+        if not ln.strip():
+            continue
+        try:
+            o = json.loads(ln)
+        except ValueError:
+            raise Fail(f"{what}: a line that is not JSON: {short(ln)}") from None
+        expect(isinstance(o, dict) and "error" not in o, f"{what}: line {short(ln)}")
+        out.append(o)
+    expect(out, f"{what}: no lines")
+    return out
+
+
+@check("ollama: chat / generate 200; streamed by default as NDJSON; /api/tags, /api/version, /api/show", "default")
+def _(srv):
+    m = served_model(srv)
+    j = expect_ok_json(srv.post(OCHAT, ochat_body(m)), "/api/chat")
+    msg = j.get("message")
+    expect(isinstance(msg, dict) and msg.get("role") == "assistant" and isinstance(msg.get("content"), str)
+           and j.get("done") is True, f"/api/chat: {short(json.dumps(j))}")
+    g = expect_ok_json(srv.post(OGEN, ogen_body(m)), "/api/generate")
+    expect(isinstance(g.get("response"), str) and g.get("done") is True, f"/api/generate: {short(json.dumps(g))}")
+    lines = ndjson_lines(srv.post(OCHAT, ochat_body(m, stream=DROP, options={"num_predict": 4})),
+                         "/api/chat without 'stream'")
+    expect(lines[-1].get("done") is True and all(o.get("done") is False for o in lines[:-1]),
+           f"/api/chat without 'stream': 'done' per line {[o.get('done') for o in lines]}")
+    t = expect_ok_json(srv.get("/api/tags"), "/api/tags")
+    expect(isinstance(t.get("models"), list) and t["models"], f"/api/tags: {short(json.dumps(t))}")
+    v = expect_ok_json(srv.get("/api/version"), "/api/version")
+    expect(isinstance(v.get("version"), str) and v["version"], f"/api/version: {short(json.dumps(v))}")
+    expect_ok_json(srv.post(OSHOW, {"model": m}), "/api/show")
+    return f"{len(lines)} NDJSON lines"
+
+
+@check("ollama: not JSON / not an object / 10,000 deep / 1.1M values / ill-formed UTF-8 -> 400 (Ollama shape)",
+       "default", spec=3 * N_SHAPE)
+def _(srv):
+    return run_cases(srv, shape_cases(served_model(srv), OCHAT, OGEN, OSHOW))
+
+
+@check("ollama: wrong types (messages, images, format, options, tools) -> 400", "default",
+       spec=len(ollama_type_cases("m")))
+def _(srv):
+    return run_cases(srv, ollama_type_cases(served_model(srv)))
+
+
+@check("ollama: unknown fields (top, options.foo, messages, tools) -> 400 naming them", "default",
+       spec=len(ollama_unknown_cases("m")))
+def _(srv):
+    return run_cases(srv, ollama_unknown_cases(served_model(srv)))
+
+
+@check("ollama: num_predict huge, num_ctx over the context, show without a model -> 400; unknown model -> 404",
+       "default", spec=len(ollama_range_cases("m")))
+def _(srv):
+    return run_cases(srv, ollama_range_cases(served_model(srv)))
+
+
+@check("ollama: hostile format schemas -> 400 fast", "default", spec=len(hostile_schemas()) + 2)
+def _(srv):
+    m = served_model(srv)
+    cases = [hcase(f"format: schema {w}", OCHAT, ochat_body(m, format=s)) for w, s in hostile_schemas()]
+    cases += [hcase(f"generate format: schema {w}", OGEN, ogen_body(m, format=s)) for w, s in hostile_schemas()[:2]]
+    return run_cases(srv, cases, seconds=5)
+
+
+@check("ollama: 1 MB content / prompt / system -> 400 in < 2 s, streamed or not", "default", spec=5)
+def _(srv):
+    m = served_model(srv)
+    return expect_too_long(srv, [
+        hcase("chat content of 1 MB, streamed (the default)", OCHAT, ochat_body(m, messages=umsg(ONE_MB), stream=DROP)),
+        hcase("chat content of 1 MB", OCHAT, ochat_body(m, messages=umsg(ONE_MB))),
+        hcase("generate prompt of 1 MB", OGEN, ogen_body(m, prompt=ONE_MB)),
+        hcase("generate raw prompt of 1 MB", OGEN, ogen_body(m, prompt=ONE_MB, raw=True)),
+        hcase("generate system of 1 MB", OGEN, ogen_body(m, system=ONE_MB)),
+    ])
+
+
+# ---- llama-server's utilities ------------------------------------------------------------------
+
+def util_cases():
+    cs = [hcase(f"{k}={json.dumps(v)}", path, dict(base, **{k: v}), k) for path, base, k, v in [
+        ("/tokenize", {"content": "x"}, "parse_special", "yes"),
+        ("/tokenize", {"content": "x"}, "parse_special", 1),
+        (APPLY, {"messages": umsg("x")}, "messages", {}),
+        (APPLY, {"messages": umsg("x")}, "messages", "hi"),
+        (APPLY, {"messages": umsg("x")}, "messages", [])]]
+    cs += [hcase(f"tokens {json.dumps(v)}", "/detokenize", {"tokens": v})
+           for v in ([1.5], [1, 2.5], [-5], [1, -2147483649], ["1"], [None], [[1]], [True], 1)]
+    cs += [
+        hcase("no tokens", "/detokenize", {}, "tokens"),
+        hcase(f"{XF} at the top level", "/detokenize", {"tokens": [1], XF: 1}, XF),
+        hcase(f"{XF} at the top level", "/tokenize", {"content": "x", XF: 1}, XF),
+        hcase(f"{XF} at the top level", APPLY, {"messages": umsg("x"), XF: 1}, XF),
+        hcase("no messages", APPLY, {}, "messages"),
+        hcase("messages [5]", APPLY, {"messages": [5]}),
+        hcase("role wizard", APPLY, {"messages": [{"role": "wizard", "content": "x"}]}),
+        hcase("content 5", APPLY, {"messages": [{"role": "user", "content": 5}]}),
+        hcase("content of 1 MB", APPLY, {"messages": umsg(ONE_MB)}),
+    ]
+    return cs
+
+
+@check("utilities: GET /props (n_ctx, model, chat_template); /apply-template -> prompt; /tokenize parse_special",
+       "default")
+def _(srv):
+    p = expect_ok_json(srv.get("/props"), "GET /props")
+    dgs = p.get("default_generation_settings")
+    n_ctx = p["n_ctx"] if "n_ctx" in p else (dgs.get("n_ctx") if isinstance(dgs, dict) else None)
+    expect(n_ctx == 256, f"/props: n_ctx {n_ctx!r}, want 256 (--ctx-size): {short(json.dumps(p), 300)}")
+    expect(any(isinstance(p.get(k), str) and p[k] for k in ("model_path", "model_alias", "model")),
+           f"/props names no model (model_path / model_alias): {short(json.dumps(p), 300)}")
+    expect(isinstance(p.get("chat_template"), str), f"/props: chat_template {short(repr(p.get('chat_template')))}")
+    a = expect_ok_json(srv.post(APPLY, {"messages": umsg("Hello apply")}), "/apply-template")
+    expect(isinstance(a.get("prompt"), str) and "Hello apply" in a["prompt"], f"/apply-template: {short(json.dumps(a))}")
+
+    def n_tokens(**kw):
+        j = expect_ok_json(srv.post("/tokenize", dict(content="</s>", **kw)), f"/tokenize {kw}")
+        expect(isinstance(j.get("tokens"), list), f"/tokenize {kw}: {short(json.dumps(j))}")
+        return len(j["tokens"])
+    default, special, text = n_tokens(), n_tokens(parse_special=True), n_tokens(parse_special=False)
+    expect(default == special, f"/tokenize '</s>': {default} tokens by default, {special} with parse_special true")
+    expect(text >= special, f"/tokenize '</s>': {text} tokens as text < {special} parsed special")
+    return f"'</s>': {special} token(s) parsed special, {text} as text"
+
+
+@check("utilities: bad bodies, wrong types, float/negative token ids, unknown fields, 1 MB -> 400", "default",
+       spec=2 * N_SHAPE + len(util_cases()))
+def _(srv):
+    return run_cases(srv, shape_cases(served_model(srv), APPLY, "/tokenize") + util_cases())
+
+
+# =========================================================================================
 # limits: --max-body 1M
 # =========================================================================================
 
@@ -1612,6 +2498,47 @@ def _(srv):
                               what=c[0]))
 
 
+NEW_AUTH_POSTS = [
+    ("/v1/messages, a wrong x-api-key", MSGS, [("x-api-key", "wrong-" + KEY)]),
+    ("/v1/messages, x-api-key a prefix of the key", MSGS, [("x-api-key", KEY[:-1])]),
+    ("/v1/messages, no key", MSGS, []),
+    ("/v1/messages, a wrong Bearer", MSGS, [("Authorization", "Bearer wrong-" + KEY)]),
+    ("/v1/messages/count_tokens, a wrong x-api-key", COUNT, [("x-api-key", "wrong-" + KEY)]),
+    ("/api/chat, no key", OCHAT, []),
+    ("/api/chat, a wrong Bearer", OCHAT, [("Authorization", "Bearer wrong-" + KEY)]),
+    ("/api/generate, no key", OGEN, []),
+    ("/api/show, no key", OSHOW, []),
+    ("/v1/responses, no key", RESP, []),
+    ("/v1/responses, a wrong Bearer", RESP, [("Authorization", "Bearer wrong-" + KEY)]),
+    ("/apply-template, no key", APPLY, []),
+]
+NEW_AUTH_GETS = [("/api/tags, no key", "/api/tags"), ("/props, no key", "/props"),
+                 ("/v1/responses/{id}, no key", f"{RESP}/resp_x")]
+
+
+@check("other dialects: no / wrong key (x-api-key or Bearer), a 1 MB Content-Length, headers only -> 401 in the "
+       "dialect's shape in < 1 s", "auth", spec=len(NEW_AUTH_POSTS) + len(NEW_AUTH_GETS))
+def _(srv):
+    def one(c):
+        what, path, hdrs = c
+        r = raw(srv.port, post_bytes(path, None, [("Content-Length", "1000000"), *hdrs], length=False), read_timeout=3)
+        expect_dialect_error(r, 401, path, what=what)
+        expect(r.elapsed < slack(1.0), f"{what}: 401 after {r.elapsed:.2f} s (waited for the body?)")
+    run_all(NEW_AUTH_POSTS, one)
+    run_all(NEW_AUTH_GETS, lambda c: expect_dialect_error(srv.get(c[1], auth=False), 401, c[1], what=c[0]))
+
+
+@check("/v1/messages and count_tokens take x-api-key: KEY (and Bearer); /api/chat and /v1/responses take Bearer", "auth")
+def _(srv):
+    m = served_model(srv)
+    j = expect_ok_json(srv.post(MSGS, msgs_body(m), {"x-api-key": KEY}, auth=False), "/v1/messages with x-api-key")
+    expect(j.get("type") == "message", f"/v1/messages with x-api-key: {short(json.dumps(j))}")
+    expect_ok_json(srv.post(COUNT, count_body(m), {"x-api-key": KEY}, auth=False), "count_tokens with x-api-key")
+    expect_ok_json(srv.post(MSGS, msgs_body(m)), "/v1/messages with Bearer")
+    expect_ok_json(srv.post(OCHAT, ochat_body(m)), "/api/chat with Bearer")
+    expect_ok_json(srv.post(RESP, resp_body(m)), "/v1/responses with Bearer")
+
+
 # =========================================================================================
 # jsonlog: --log-format json
 # =========================================================================================
@@ -1683,6 +2610,63 @@ def _(srv):
     expect(got is not None, "no stream data before the reset")
     now = wait_disconnects_above(srv, before)
     expect(now > before, f"trellis_client_disconnects_total still {now:g} 2 s after the reset")
+
+
+def reset_mid_stream(srv, path, body, marker, content_type, max_tokens):
+    """A stream whose client resets (RST) once `marker` arrives: the disconnect is counted
+    (the generation cancelled); the invariants then check no KV leaked. A generation that
+    ended by itself (an end token) within a few tokens is reported, not failed."""
+    m0 = srv.metrics()
+    before, gen0 = m0.get("trellis_client_disconnects_total", 0), m0.get("trellis_generated_tokens_total", 0)
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    rd = _Reader(s, time.monotonic())
+    head = got = None
+    try:
+        s.sendall(post_bytes(path, body))
+        head = rd.until(b"\r\n\r\n", time.monotonic() + 5)
+        if head is not None and head.startswith(b"HTTP/1.1 200"):
+            got = rd.until(marker, time.monotonic() + 5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    finally:
+        s.close()  # RST
+    expect(head is not None and head.startswith(b"HTTP/1.1 200"),
+           f"{path}: stream head {short(head if head is not None else b'(none)')} {short(bytes(rd.buf))}")
+    ct = b""
+    for ln in head.split(b"\r\n")[1:]:
+        k, _, v = ln.partition(b":")
+        if k.strip().lower() == b"content-type":
+            ct = v.split(b";")[0].strip().lower()
+    expect(ct.decode("latin-1") == content_type, f"{path}: stream Content-Type {ct!r}, want {content_type}")
+    expect(got is not None, f"{path}: no {marker!r} before the reset: {short(bytes(rd.buf))}")
+    now = wait_disconnects_above(srv, before)
+    if now > before:
+        return "cancelled"
+    kv_settled(srv)
+    gen = srv.metrics().get("trellis_generated_tokens_total", 0) - gen0
+    expect(gen <= 16, f"{path}: no client disconnect counted 2 s after the reset, though the generation ran on "
+                      f"for {gen:g} tokens (of {max_tokens})")
+    return f"not cancelled: the generation ended by itself after {gen:g} tokens, before the reset"
+
+
+@check("responses: a client resetting mid-stream cancels it, no KV leak", "gen", spec=1)
+def _(srv):
+    m = served_model(srv)
+    return reset_mid_stream(srv, RESP, resp_body(m, input=NEVER, max_output_tokens=400, temperature=0, stream=True),
+                            b"response.created", "text/event-stream", 400)
+
+
+@check("messages: a client resetting mid-stream cancels it, no KV leak", "gen", spec=1)
+def _(srv):
+    m = served_model(srv)
+    return reset_mid_stream(srv, MSGS, msgs_body(m, messages=umsg(NEVER), max_tokens=400, temperature=0, stream=True),
+                            b"message_start", "text/event-stream", 400)
+
+
+@check("ollama: a client resetting mid-stream (NDJSON) cancels it, no KV leak", "gen", spec=1)
+def _(srv):
+    m = served_model(srv)
+    body = {"model": m, "prompt": NEVER, "raw": True, "options": {"num_predict": 400, "temperature": 0}}  # streamed
+    return reset_mid_stream(srv, OGEN, body, b'"response"', "application/x-ndjson", 400)
 
 
 @check("/health under 40 concurrent streams: median < 100 ms, max < 250 ms", "gen", spec=1)
