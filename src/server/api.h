@@ -150,6 +150,9 @@ struct ChatCompletionRequest {
   // (left in content) or "deepseek" (reasoning_content); include_reasoning false drops it.
   std::string reasoning_format;
   bool include_reasoning = true;
+  // Thinking switched off by a dialect (Anthropic's thinking disabled, Ollama's think
+  // false): enable_thinking false for a template that thinks; nothing for one that does not.
+  bool thinking_off = false;
 };
 inline constexpr size_t kMaxTemplateKwargs = 64;
 

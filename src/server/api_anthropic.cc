@@ -119,6 +119,7 @@ Parsed<AnthropicRequest> AnthropicParse(std::string_view body, const ApiLimits& 
     OReader r(j);
     ojson out = ojson::object();
     Renames renames;
+    bool thinking_off = false;
     if (const ojson* m = r.Get("model")) out["model"] = *m;
     ojson messages = ojson::array();
     if (const ojson* s = r.Get("system")) {
@@ -221,7 +222,7 @@ Parsed<AnthropicRequest> AnthropicParse(std::string_view body, const ApiLimits& 
     if (const ojson* th = r.Get("thinking")) {
       const std::string type = th->is_object() ? th->value("type", "") : "";
       if (type == "disabled") {
-        out["chat_template_kwargs"] = {{"enable_thinking", false}};
+        thinking_off = true;
       } else if (type == "enabled") {
         return Bad("thinking", "'thinking' with a token budget is not supported: a thinking model thinks by default "
                                "(its reasoning comes back as thinking blocks); send {\"type\": \"disabled\"} to turn it off");
@@ -233,6 +234,7 @@ Parsed<AnthropicRequest> AnthropicParse(std::string_view body, const ApiLimits& 
     if (!r.ok()) return r.error();
     auto chat = ChatFromOpenAi(out, limits, renames);
     if (!chat.ok()) return chat.error();
+    chat->thinking_off = thinking_off;
     return AnthropicRequest{std::move(*chat)};
   });
 }

@@ -113,12 +113,12 @@ std::optional<ApiError> ReadOllamaFormat(OReader& r, ojson& out, Renames& rename
 }
 
 // think: true / false / "low" | "medium" | "high".
-std::optional<ApiError> ReadOllamaThink(OReader& r, ojson& out) {
+std::optional<ApiError> ReadOllamaThink(OReader& r, ojson& out, bool& thinking_off) {
   const ojson* t = r.Get("think");
   if (!t) return std::nullopt;
   if (t->is_boolean()) {
     if (*t == false) {
-      out["chat_template_kwargs"] = {{"enable_thinking", false}};
+      thinking_off = true;
       out["reasoning_format"] = "none";
     } else {
       out["reasoning_format"] = "deepseek";
@@ -229,7 +229,8 @@ Parsed<OllamaRequest> ParseOllamaChat(std::string_view body, const ApiLimits& li
     if (auto e = ReadOllamaTools(r, out)) return *e;
     if (auto e = ReadOllamaFormat(r, out, renames)) return *e;
     if (auto e = ReadOllamaOptions(r, limits, out, renames, req.num_ctx)) return *e;
-    if (auto e = ReadOllamaThink(r, out)) return *e;
+    bool thinking_off = false;
+    if (auto e = ReadOllamaThink(r, out, thinking_off)) return *e;
     bool stream = true;  // Ollama streams unless told not to
     r.Bool("stream", stream);
     out["stream"] = stream;
@@ -239,6 +240,7 @@ Parsed<OllamaRequest> ParseOllamaChat(std::string_view body, const ApiLimits& li
     auto chat = ChatFromOpenAi(out, limits, renames);
     if (!chat.ok()) return chat.error();
     req.chat = std::move(*chat);
+    req.chat.thinking_off = thinking_off;
     return req;
   });
 }
@@ -276,8 +278,9 @@ Parsed<OllamaRequest> ParseOllamaGenerate(std::string_view body, const ApiLimits
     r.Bool("stream", stream);
     out["stream"] = stream;
     r.Get("keep_alive");
+    bool thinking_off = false;
     if (!raw) {
-      if (auto e = ReadOllamaThink(r, out)) return *e;
+      if (auto e = ReadOllamaThink(r, out, thinking_off)) return *e;
     }
     r.RefuseUnread();
     if (!r.ok()) return r.error();
@@ -298,6 +301,7 @@ Parsed<OllamaRequest> ParseOllamaGenerate(std::string_view body, const ApiLimits
     auto chat = ChatFromOpenAi(out, limits, renames);
     if (!chat.ok()) return chat.error();
     req.chat = std::move(*chat);
+    req.chat.thinking_off = thinking_off;
     return req;
   });
 }

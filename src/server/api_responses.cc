@@ -599,7 +599,10 @@ std::string ResponsesWriter::Delta(AnswerDelta& d) {
 std::string ResponsesWriter::Close(const AnswerEnd& e) {
   Impl& m = *impl_;
   std::string out;
-  if (m.items.empty()) out += m.Begin({"message", m.ItemId("msg_"), "", "", "", SIZE_MAX, true});
+  // An answer with no text and no call still has its (empty) message, as the whole answer does.
+  if (std::none_of(m.items.begin(), m.items.end(), [](const Impl::Item& it) { return it.type != "reasoning"; })) {
+    out += m.Begin({"message", m.ItemId("msg_"), "", "", "", SIZE_MAX, true});
+  }
   out += m.CloseOpen();
   json resp = m.Response("completed", &e);
   const bool complete = resp["status"] == "completed";

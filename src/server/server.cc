@@ -488,6 +488,8 @@ Parsed<std::vector<int32_t>> Server::RenderChat(const ChatCompletionRequest& r, 
   // so a user typing "</s>" or "<|im_start|>" cannot forge a turn or an end of text.
   ChatVars vars(r.template_kwargs);
   vars.tools = r.tools_value;
+  const bool set = std::any_of(vars.kwargs.begin(), vars.kwargs.end(), [](const auto& kv) { return kv.first == "enable_thinking"; });
+  if (r.thinking_off && chat_.thinks() && !set) vars.kwargs.emplace_back("enable_thinking", jinja::Value::Bool(false));
   auto ids = EncodeChat(chat_, tok_, r.messages, /*add_generation_prompt=*/true, vars, prompt_text);
   if (!ids.ok()) {
     ApiError e = MakeError(400, ids.status().message());

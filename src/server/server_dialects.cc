@@ -56,7 +56,10 @@ void Server::HandleResponses(const HttpRequest& req, uint64_t salt, HttpExchange
   std::string conversation;
   auto chat = ResponsesChat(*r, history, limits_, &conversation);
   if (!chat.ok()) return SendError(ex, chat.error());
-  const std::string id = "resp_" + NewId();
+  // Not NewId (a scrambled counter, so one id would give away the others): whoever knows a
+  // stored response's id can read and continue it (under the same API key).
+  std::random_device rd;
+  const std::string id = fmt::format("resp_{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
   auto on_done = [this, id, salt, store = r->store, conversation](const std::string& body, const std::string& answer) {
     if (!store) return;
     // The conversation so far: its messages and this answer, for a previous_response_id.

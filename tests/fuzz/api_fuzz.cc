@@ -3,7 +3,10 @@
 //
 // Feeds the input as a request body to every parser in server/api.h
 // (ParseChatCompletionRequest, ParseCompletionRequest, ParseTokenizeRequest,
-// ParseDetokenizeRequest). A rejected body must carry a 400/404 ApiError with a message,
+// ParseDetokenizeRequest) and server/dialects.h (Responses, Anthropic Messages and
+// count_tokens, Ollama chat, generate and show). A dialect's accepted request is answered
+// through its writer (whole and streamed, with the request's own text): every body, SSE
+// data line and NDJSON line must be valid JSON. A rejected body must carry a 400/404 ApiError with a message,
 // and ErrorJson of it must be valid JSON. An accepted body must satisfy the ranges the
 // parser promises (api.h), and the response serializers fed from it (ResponseJson,
 // ChunkJson, TokenizeJson, DetokenizeJson) must produce valid JSON. An accepted chat
@@ -25,6 +28,7 @@
 #include "server/api.h"
 #include "server/answer_grammar.h"
 #include "server/chat_template.h"
+#include "server/dialects.h"
 #include "server/tool_calls.h"
 
 namespace trellis::server {
@@ -209,6 +213,99 @@ void FuzzDetokenize(std::string_view body) {
   FUZZ_CHECK(MustParse(TokenizeJson(req->tokens, nullptr)).is_object());
 }
 
+// Every SSE data line / NDJSON line of a writer's output is one JSON object.
+void CheckFrames(const std::string& out, bool ndjson) {
+  size_t pos = 0;
+  while (pos < out.size()) {
+    const size_t nl = out.find('\n', pos);
+    FUZZ_CHECK(nl != std::string::npos);
+    const std::string line = out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (ndjson) {
+      FUZZ_CHECK(MustParse(line).is_object());
+    } else if (line.starts_with("data: ")) {
+      FUZZ_CHECK(MustParse(line.substr(6)).is_object());
+    } else {
+      FUZZ_CHECK(line.empty() || line.starts_with("event: "));
+    }
+  }
+}
+
+// A writer answering with `text` (request bytes) as content, reasoning and a call.
+void CheckWriter(AnswerWriter& w, const std::string& text, bool ndjson) {
+  WholeAnswer a;
+  a.text = text;
+  a.reasoning = text.substr(0, text.size() / 2);
+  a.tool_calls.push_back({"call_1", "f", "{\"a\": 1}"});
+  a.end = {"tool_calls", text.substr(0, 4), {}};
+  FUZZ_CHECK(MustParse(w.Whole(a).body).is_object());
+  std::string s = w.Open();
+  AnswerDelta d;
+  d.content = text;
+  d.reasoning = a.reasoning;
+  d.calls.push_back({"call_2", "g", text.substr(0, 3), 0, true});
+  s += w.Delta(d);
+  s += w.Close({"length", "", {}});
+  ApiError failure;
+  failure.status = 500;
+  failure.message = text.substr(0, 64);
+  s += w.Failed(failure);
+  CheckFrames(s, ndjson);
+}
+
+void CheckDialectError(const ApiError& e, http::HttpResponse (*shape)(const ApiError&)) {
+  CheckError(e);
+  FUZZ_CHECK(MustParse(shape(e).body).is_object());
+}
+
+void CheckChat(const ChatCompletionRequest& c) {
+  CheckGeneration(c.gen, /*chat=*/true);
+  FUZZ_CHECK(!c.messages.empty());
+  FUZZ_CHECK(c.tool_choice == ToolChoice::kNone || !c.tools.empty());
+}
+
+void FuzzDialects(std::string_view body) {
+  if (auto r = ParseResponsesRequest(body, Limits()); !r.ok()) {
+    CheckDialectError(r.error(), OpenAiErrorResponse);
+  } else {
+    std::string conversation, again;
+    auto chat = ResponsesChat(*r, "", Limits(), &conversation);
+    FUZZ_CHECK(chat.ok() || r->previous_response_id.size() > 0);
+    if (chat.ok()) {
+      CheckChat(*chat);
+      // The next turn with this one as its history.
+      auto next = ResponsesChat(*r, conversation, Limits(), &again);
+      if (!next.ok()) CheckError(next.error());
+      ResponsesWriter w("resp_fuzz", 0, "fuzz-model", *r, nullptr);
+      CheckWriter(w, chat->messages.back().content, false);
+    }
+  }
+  if (auto r = ParseAnthropicRequest(body, Limits()); !r.ok()) {
+    CheckDialectError(r.error(), AnthropicErrorResponse);
+  } else {
+    CheckChat(r->chat);
+    AnthropicWriter w("msg_fuzz", "fuzz-model");
+    CheckWriter(w, r->chat.messages.back().content, false);
+  }
+  if (auto r = ParseAnthropicCountRequest(body, Limits()); !r.ok()) CheckDialectError(r.error(), AnthropicErrorResponse);
+  for (bool generate : {false, true}) {
+    auto r = generate ? ParseOllamaGenerate(body, Limits()) : ParseOllamaChat(body, Limits());
+    if (!r.ok()) {
+      CheckDialectError(r.error(), OllamaErrorResponse);
+      continue;
+    }
+    FUZZ_CHECK(r->num_ctx >= 0 && r->num_ctx <= Limits().n_ctx);
+    if (r->raw) {
+      CheckGeneration(r->raw->gen, /*chat=*/false);
+    } else {
+      CheckChat(r->chat);
+    }
+    OllamaWriter w(r->model, generate);
+    CheckWriter(w, r->raw ? r->raw->prompt_text.value_or("") : r->chat.messages.back().content, true);
+  }
+  if (auto r = ParseOllamaShow(body, Limits()); !r.ok()) CheckDialectError(r.error(), OllamaErrorResponse);
+}
+
 }  // namespace
 }  // namespace trellis::server
 
@@ -218,5 +315,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   trellis::server::FuzzCompletion(body);
   trellis::server::FuzzTokenize(body);
   trellis::server::FuzzDetokenize(body);
+  trellis::server::FuzzDialects(body);
   return 0;
 }

@@ -34,6 +34,7 @@ def post(path, body):
 msgs = [{"role": "user", "content": "What is 2+2?"}]
 env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
 tmpl = env.from_string(open(TEMPLATE).read())
+wants = {}
 for kwargs in ({}, {"enable_thinking": False}):
     text = tmpl.render(messages=msgs, tools=None, add_generation_prompt=True, bos_token="<s>", eos_token="</s>", **kwargs)
     code, raw = post("/tokenize", {"content": text, "add_special": True})
@@ -44,9 +45,20 @@ for kwargs in ({}, {"enable_thinking": False}):
     code, raw = post("/v1/chat/completions", body)
     assert code == 200, raw
     got = json.loads(raw)["usage"]["prompt_tokens"]
+    wants[bool(kwargs)] = want
     if got != want:
         raise SystemExit(f"FAIL: kwargs {kwargs}: the server's prompt has {got} tokens, jinja2's {want}")
     print(f"ok: kwargs {kwargs or '{}'}: {got} prompt tokens, as jinja2 renders")
+
+# Anthropic's thinking disabled reaches a thinking template as enable_thinking false.
+code, raw = post("/v1/messages/count_tokens", {"messages": msgs, "thinking": {"type": "disabled"}})
+assert code == 200 and json.loads(raw)["input_tokens"] == wants[True], (raw, wants)
+code, raw = post("/v1/messages", {"messages": msgs, "max_tokens": 1, "thinking": {"type": "disabled"}})
+u = json.loads(raw)["usage"]
+assert code == 200 and u["input_tokens"] + u["cache_read_input_tokens"] == wants[True], (raw, wants)
+code, raw = post("/v1/messages/count_tokens", {"messages": msgs})
+assert code == 200 and json.loads(raw)["input_tokens"] == wants[False], (raw, wants)
+print(f"ok: anthropic thinking disabled: {wants[True]} prompt tokens, as jinja2 renders with enable_thinking false")
 
 grammar = 'root ::= "<think>" [a-z ]{1,30} "</think>" "\\n\\n"? [a-z ]{1,30}'
 for stream in (False, True):
