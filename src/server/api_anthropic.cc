@@ -307,6 +307,7 @@ http::HttpResponse AnthropicWriter::Whole(const WholeAnswer& a) {
             {"stop_reason", AnthropicStopReason(a.end)},
             {"stop_sequence", a.end.stop_string.empty() ? json(nullptr) : json(a.end.stop_string)},
             {"usage", AnthropicUsage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)}};
+  AddCacheReceipt(u, j["usage"]);
   http::HttpResponse r;
   r.body = Dump(j);
   return r;
@@ -369,11 +370,13 @@ std::string AnthropicWriter::Close(const AnswerEnd& e) {
   }
   CloseBlock(out);
   const Usage& u = e.usage;
+  json usage = AnthropicUsage(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
+  AddCacheReceipt(u, usage);
   out += Event("message_delta",
                Dump(json{{"type", "message_delta"},
                          {"delta", {{"stop_reason", AnthropicStopReason(e)},
                                     {"stop_sequence", e.stop_string.empty() ? json(nullptr) : json(e.stop_string)}}},
-                         {"usage", AnthropicUsage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)}}));
+                         {"usage", std::move(usage)}}));
   out += Event("message_stop", R"({"type":"message_stop"})");
   return out;
 }

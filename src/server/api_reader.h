@@ -213,6 +213,10 @@ Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string&
 // then falls back to the parsed value).
 std::string_view RawMember(std::string_view obj, std::string_view key);
 
+// The cache receipt (usage.cache: where the prompt's K/V came from, docs/api.md) added to
+// a usage object, in every dialect (api_response.cc).
+void AddCacheReceipt(const Usage& u, json& usage);
+
 // ---- the other dialects (api_dialects.cc) ----
 
 // Objects keep the client's key order (schemas are written in it; templates see it).

@@ -7,6 +7,24 @@ namespace trellis::server {
 
 using namespace api_detail;
 
+namespace api_detail {
+
+void AddCacheReceipt(const Usage& u, json& usage) {
+  if (!u.cache) return;
+  const CacheUsage& c = *u.cache;
+  json reasons = json::object();
+  for (const auto& [why, n] : c.miss_reasons) reasons[why] = n;
+  usage["cache"] = {{"local", c.local},
+                    {"store", c.store},
+                    {"store_tiers", {{"memory", c.store_memory}, {"replica", c.store_replica}, {"ssd", c.store_ssd},
+                                     {"remote", c.store_remote}}},
+                    {"waited_for", c.waited_for},
+                    {"computed", c.computed},
+                    {"miss_reasons", std::move(reasons)}};
+}
+
+}  // namespace api_detail
+
 // ---- responses ----------------------------------------------------------------------
 
 namespace {
@@ -16,18 +34,7 @@ json UsageJson(const Usage& u) {
             {"completion_tokens", u.completion_tokens},
             {"total_tokens", u.prompt_tokens + u.completion_tokens},
             {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
-  if (u.cache) {
-    const CacheUsage& c = *u.cache;
-    json reasons = json::object();
-    for (const auto& [why, n] : c.miss_reasons) reasons[why] = n;
-    j["cache"] = {{"local", c.local},
-                  {"store", c.store},
-                  {"store_tiers", {{"memory", c.store_memory}, {"replica", c.store_replica}, {"ssd", c.store_ssd},
-                                   {"remote", c.store_remote}}},
-                  {"waited_for", c.waited_for},
-                  {"computed", c.computed},
-                  {"miss_reasons", std::move(reasons)}};
-  }
+  AddCacheReceipt(u, j);
   return j;
 }
 

@@ -464,6 +464,7 @@ struct ResponsesWriter::Impl {
                     {"output_tokens", u.completion_tokens},
                     {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
                     {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+      AddCacheReceipt(u, j["usage"]);
     }
     return j;
   }

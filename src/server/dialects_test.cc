@@ -149,6 +149,15 @@ TEST(Anthropic, StreamsBlocksInOrder) {
   EXPECT_EQ(ev[11]["delta"]["stop_reason"], "tool_use");
   EXPECT_EQ(ev[11]["usage"]["input_tokens"], 4);  // not read from the cache
   EXPECT_EQ(ev[11]["usage"]["cache_read_input_tokens"], 16);
+  EXPECT_FALSE(ev[11]["usage"].contains("cache"));  // no receipt given: none written
+  AnthropicWriter w2("msg_2", "tiny");
+  AnswerEnd receipt = end;
+  receipt.usage.cache = CacheUsage{};
+  receipt.usage.cache->local = 16;
+  receipt.usage.cache->computed = 4;
+  const json ev2 = SseEvents(w2.Close(receipt));
+  EXPECT_EQ(ev2[2]["usage"]["cache"]["local"], 16);  // the receipt, as on the OpenAI path
+  EXPECT_EQ(ev2[2]["usage"]["cache"]["computed"], 4);
 }
 
 TEST(Anthropic, WholeMessageStopReasons) {
