@@ -204,7 +204,12 @@ Parsed<AnthropicRequest> AnthropicParse(std::string_view body, const ApiLimits& 
     if (!count) {
       const ojson* mt = r.Get("max_tokens");
       if (r.ok() && !mt) return Bad("max_tokens", "'max_tokens' is required");
-      if (mt) out["max_tokens"] = *mt;
+      // Anthropic's clients size max_tokens for Claude's context (Claude Code sends 32000):
+      // above this server's context it means "until the context is full", which is what
+      // the answer can give (stop_reason max_tokens when it is).
+      const bool over = mt && ((mt->is_number_unsigned() && mt->get<uint64_t>() > static_cast<uint64_t>(limits.n_ctx)) ||
+                               (mt->is_number_integer() && mt->get<int64_t>() > limits.n_ctx));
+      if (mt && !over) out["max_tokens"] = *mt;
       if (const ojson* t = r.Get("temperature")) {
         if (!t->is_number() || t->get<double>() < 0 || t->get<double>() > 1) {
           return Bad("temperature", "'temperature' must be a number in [0, 1], got " + Describe(*t));

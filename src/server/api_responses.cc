@@ -6,6 +6,7 @@
 
 #include "server/api_reader.h"
 #include "server/dialects.h"
+#include "util/base64.h"
 
 namespace trellis::server {
 
@@ -14,53 +15,6 @@ using namespace api_detail;
 namespace {
 
 constexpr size_t kMaxResponseIdBytes = 128;
-
-// Base64 of the reasoning text: what encrypted_content carries here (opaque to the client,
-// given back on the next turn). Decoding refuses anything that is not base64.
-std::string Base64(std::string_view s) {
-  static constexpr char kTable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < s.size(); i += 3) {
-    uint32_t v = static_cast<unsigned char>(s[i]) << 16;
-    if (i + 1 < s.size()) v |= static_cast<unsigned char>(s[i + 1]) << 8;
-    if (i + 2 < s.size()) v |= static_cast<unsigned char>(s[i + 2]);
-    out += kTable[(v >> 18) & 63];
-    out += kTable[(v >> 12) & 63];
-    out += i + 1 < s.size() ? kTable[(v >> 6) & 63] : '=';
-    out += i + 2 < s.size() ? kTable[v & 63] : '=';
-  }
-  return out;
-}
-
-std::optional<std::string> Unbase64(std::string_view s) {
-  auto val = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  if (s.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  for (size_t i = 0; i < s.size(); i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (size_t k = 0; k < 4; ++k) {
-      const char c = s[i + k];
-      if (c == '=' && i + 4 == s.size() && k >= 2) {
-        ++pad;
-        v <<= 6;
-        continue;
-      }
-      const int x = val(c);
-      if (x < 0 || pad) return std::nullopt;
-      v = (v << 6) | static_cast<uint32_t>(x);
-    }
-    out += static_cast<char>(v >> 16);
-    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
-    if (pad < 1) out += static_cast<char>(v & 255);
-  }
-  return out;
-}
 
 // input items -> chat messages. function_call items join the assistant message before
 // them (or start one); reasoning items give the next assistant message its
@@ -153,7 +107,7 @@ std::optional<ApiError> TranslateResponsesInput(const ojson& input, ojson& out, 
         text = *t;
       }
       if (const ojson* e = r.Get("encrypted_content"); e && text.empty()) {
-        std::optional<std::string> plain = e->is_string() ? Unbase64(e->get<std::string>()) : std::nullopt;
+        std::optional<std::string> plain = e->is_string() ? Base64Decode(e->get<std::string>()) : std::nullopt;
         if (!plain) return Bad(p + ".encrypted_content", p + ".encrypted_content is not one this server wrote");
         text = *plain;
       }
@@ -413,7 +367,7 @@ struct ResponsesWriter::Impl {
     if (it.type == "reasoning") {
       json j = {{"type", "reasoning"}, {"id", it.id}, {"summary", json::array()}};
       j["content"] = json::array({{{"type", "reasoning_text"}, {"text", it.text}}});
-      if (encrypted) j["encrypted_content"] = Base64(it.text);
+      if (encrypted) j["encrypted_content"] = Base64Encode(it.text);  // not encrypted: opaque, and it round-trips
       return j;
     }
     if (it.type == "message") {

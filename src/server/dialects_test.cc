@@ -94,6 +94,10 @@ TEST(Anthropic, RefusesInItsOwnNames) {
   const json body = json::parse(AnthropicErrorResponse(other.error()).body);
   EXPECT_EQ(body["type"], "error");
   EXPECT_EQ(body["error"]["type"], "not_found_error");
+  // Above the context, max_tokens is "until the context is full" (Claude Code sends 32000).
+  auto big = ParseAnthropicRequest(R"({"max_tokens":32000,"messages":[{"role":"user","content":"x"}]})", kDialectLimits);
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_FALSE(big->chat.gen.max_tokens.has_value());
   // count_tokens takes the same body without max_tokens.
   EXPECT_TRUE(ParseAnthropicCountRequest(R"({"messages":[{"role":"user","content":"x"}]})", kDialectLimits).ok());
 }

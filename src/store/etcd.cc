@@ -7,6 +7,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "util/base64.h"
+
 namespace trellis::store {
 
 namespace {
@@ -15,55 +17,6 @@ using json = nlohmann::json;
 
 constexpr size_t kMaxBody = 4 << 20;
 constexpr size_t kMaxMembers = 4096;
-
-const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string B64(const std::string& in) {
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
-    for (int k = 3; k >= 0; --k) out += kB64[(v >> (6 * k)) & 63];
-  }
-  if (i + 1 == in.size()) {
-    const uint32_t v = uint8_t(in[i]) << 16;
-    out += kB64[(v >> 18) & 63];
-    out += kB64[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
-    out += kB64[(v >> 18) & 63];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
-// nullopt on anything that is not base64.
-std::optional<std::string> UnB64(const std::string& in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  for (size_t i = 0; i < in.size(); i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = in[i + k];
-      const char* p = c == '=' ? nullptr : std::strchr(kB64, c);
-      if (c == '=') {
-        if (i + 4 != in.size() || k < 2) return std::nullopt;
-        ++pad;
-      } else if (!p || c == '\0' || pad) {
-        return std::nullopt;
-      }
-      v = (v << 6) | (p ? static_cast<uint32_t>(p - kB64) : 0);
-    }
-    out += static_cast<char>((v >> 16) & 255);
-    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
-    if (pad < 1) out += static_cast<char>(v & 255);
-  }
-  return out;
-}
 
 std::string PrefixEnd(std::string p) {  // the first key after every key starting with p
   p.back() = static_cast<char>(p.back() + 1);
@@ -134,7 +87,7 @@ Result<int64_t> Etcd::Register(const std::string& address, int ttl_s, const std:
   } catch (...) {
     return Corrupt("etcd lease grant: a malformed ID");
   }
-  const json put = {{"key", B64(prefix_ + address)}, {"value", B64(value.empty() ? address : value)},
+  const json put = {{"key", Base64Encode(prefix_ + address)}, {"value", Base64Encode(value.empty() ? address : value)},
                     {"lease", std::to_string(lease)}};
   TRELLIS_RETURN_IF_ERROR(Post("/v3/kv/put", put.dump()).status());
   return lease;
@@ -154,7 +107,7 @@ Status Etcd::Revoke(int64_t lease) const {
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> Etcd::Range() const {
-  const json q = {{"key", B64(prefix_)}, {"range_end", B64(PrefixEnd(prefix_))}};
+  const json q = {{"key", Base64Encode(prefix_)}, {"range_end", Base64Encode(PrefixEnd(prefix_))}};
   TRELLIS_ASSIGN_OR_RETURN(std::string r, Post("/v3/kv/range", q.dump()));
   const json j = json::parse(r, nullptr, false);
   if (!j.is_object()) return Corrupt("etcd range: not a JSON object");
@@ -167,8 +120,8 @@ Result<std::vector<std::pair<std::string, std::string>>> Etcd::Range() const {
         !kv["key"].is_string()) {
       return Corrupt("etcd range: a malformed entry");
     }
-    auto k = UnB64(kv["key"].get<std::string>());
-    auto v = UnB64(kv["value"].get<std::string>());
+    auto k = Base64Decode(kv["key"].get<std::string>());
+    auto v = Base64Decode(kv["value"].get<std::string>());
     if (!k || !v) continue;  // garbage: skipped
     out.emplace_back(std::move(*k), std::move(*v));
   }
