@@ -12,6 +12,7 @@ PACKAGES=(
   libucx-dev ucx-utils libxxhash-dev pkg-config
   pybind11-dev python3-pybind11 python3-dev python3-numpy python3-pytest etcd-server
   json-schema-test-suite python3-jsonschema libicu-dev
+  libjs-marked chromium
 )
 
 # The aarch64 cross build (scripts/build.sh aarch64, run under qemu-user by the test

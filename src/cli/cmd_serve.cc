@@ -28,7 +28,8 @@ namespace trellis::cli {
 namespace {
 
 struct ServeOpts {
-  std::string model, host = "127.0.0.1", chat_template, alias;
+  std::string model, host = "127.0.0.1", chat_template, alias, webui_path;
+  bool no_webui = false;
   int port = 8080;
   int threads = 0;  // 0: the physical cores this process may use
   int ctx = 0;
@@ -154,6 +155,8 @@ int Serve(const ServeOpts& opts) {
   sopt.port = o.port;
   sopt.model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
   sopt.model_path = o.model;
+  sopt.webui = !o.no_webui;
+  sopt.webui_path = o.webui_path;
   std::error_code size_error;
   sopt.model_bytes = std::filesystem::file_size(o.model, size_error);
   if (size_error) sopt.model_bytes = 0;
@@ -281,6 +284,9 @@ Runner AddServeCommand(CLI::App& app) {
   app.add_option("--chat-template", o->chat_template,
                  "a built-in template (" + server::ChatTemplate::KnownNames() + ") or a Jinja file (default: the model's own template)");
   app.add_option("--alias", o->alias, "model name to report and accept (default: the file name)");
+  app.add_flag("--no-webui", o->no_webui, "no chat page at / (it asks the API key of a keyed server; it holds no secrets)");
+  app.add_option("--webui-path", o->webui_path, "serve this folder's index.html at / and its files at /webui/NAME instead of the embedded page")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--api-key", o->api_keys, "require 'Authorization: Bearer KEY' (repeat for several tenants)");
   app.add_option("--api-key-file", o->api_key_file, "file with one API key per line");
   app.add_flag("--share-cache", o->share_cache, "let different API keys share cached prefixes");

@@ -186,7 +186,7 @@ Parsed<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, const Ap
 
 // ---- responses ----------------------------------------------------------------------
 
-// Where the prompt's K/V came from, in tokens: usage.cache (docs/api.md).
+// Where the prompt's K/V came from, in tokens: usage.cache (docs/store.md "Receipt", docs/server.md).
 struct CacheUsage {
   int local = 0, store = 0;  // this node's radix cache; the prefix store, of which:
   int store_memory = 0, store_replica = 0, store_ssd = 0, store_remote = 0;

@@ -376,7 +376,7 @@ std::string OllamaWriter::Line(const std::string& content, const std::string& th
     j["prompt_eval_duration"] = ns((any_ ? first_ : now) - start_);
     j["eval_count"] = u.completion_tokens;
     j["eval_duration"] = ns(now - (any_ ? first_ : now));
-    // Trellis's receipt (docs/api.md), as a field of its own: Ollama has no usage object.
+    // Trellis's receipt (docs/store.md "Receipt"), as a field of its own: Ollama has no usage object.
     json usage = json::object();
     AddCacheReceipt(u, usage);
     if (usage.contains("cache")) j["cache"] = std::move(usage["cache"]);

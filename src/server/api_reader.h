@@ -213,7 +213,7 @@ Parsed<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const std::string&
 // then falls back to the parsed value).
 std::string_view RawMember(std::string_view obj, std::string_view key);
 
-// The cache receipt (usage.cache: where the prompt's K/V came from, docs/api.md) added to
+// The cache receipt (usage.cache: where the prompt's K/V came from, docs/store.md "Receipt") added to
 // a usage object, in every dialect (api_response.cc).
 void AddCacheReceipt(const Usage& u, json& usage);
 

@@ -14,6 +14,7 @@
 #include "server/answer_writer.h"
 #include "server/dialects.h"
 #include "server/generation.h"
+#include "server/webui.h"
 
 namespace trellis::server {
 
@@ -171,12 +172,13 @@ std::string_view BearerToken(std::string_view auth) {
 enum class Route {
   kNone, kHealth, kMetrics, kModels, kChat, kCompletion, kTokenize, kDetokenize, kApplyTemplate, kProps,
   kResponses, kResponseById, kMessages, kCountTokens,
-  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaVersion, kOllamaPs,
+  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaVersion, kOllamaPs, kWebPage,
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";
 
 Route FindRoute(std::string_view path) {
+  if (path == "/" || path == "/index.html" || path.starts_with("/webui/")) return Route::kWebPage;
   if (path == "/health") return Route::kHealth;
   if (path == "/metrics") return Route::kMetrics;
   if (path == "/v1/models" || path == "/models") return Route::kModels;
@@ -208,7 +210,8 @@ std::string_view Methods(Route r) {
     case Route::kProps:
     case Route::kOllamaTags:
     case Route::kOllamaVersion:
-    case Route::kOllamaPs: return "GET, HEAD";
+    case Route::kOllamaPs:
+    case Route::kWebPage: return "GET, HEAD";
     case Route::kResponseById: return "GET, DELETE";
     default: return "POST";
   }
@@ -299,6 +302,7 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
     }
     return r;
   }
+  if (route == Route::kWebPage) return WebPage(req.path);  // no key: the page asks for one
   if (route == Route::kMetrics) {
     if (!opts_.metrics_key.empty()) {
       const std::string_view given = BearerToken(req.Header("Authorization"));
@@ -334,6 +338,33 @@ std::optional<HttpResponse> Server::OnHead(const HttpRequest& req) {
   if (auto r = AnswerHead(static_cast<int>(route), req, salt)) return r;
   if (stopping_) return ErrorFor(req.path, MakeError(503, "the server is shutting down", "server_error"));
   return std::nullopt;  // read the body; Handle runs on a worker
+}
+
+HttpResponse Server::WebPage(std::string_view path) const {
+  const std::string_view name = path.starts_with("/webui/") ? path.substr(7) : std::string_view("index.html");
+  HttpResponse r;
+  auto missing = [&] { return ErrorFor(path, MakeError(404, "no such file of the web page", "invalid_request_error", "not_found")); };
+  if (!opts_.webui) {
+    return ErrorFor(path, MakeError(404, "the web page is off (--no-webui)", "invalid_request_error", "not_found"));
+  }
+  if (!opts_.webui_path.empty()) {
+    auto body = ReadWebAsset(opts_.webui_path, name);
+    if (!body.ok()) return missing();
+    r.body = std::move(*body);
+    r.content_type = WebAssetType(name);
+  } else {
+    auto a = EmbeddedWebAsset(name);
+    if (!a) return missing();
+    r.body = std::string(a->body);
+    r.content_type = a->content_type;
+  }
+  // Nothing of the page may come from elsewhere, nor run inline from elsewhere.
+  r.headers.emplace_back("Content-Security-Policy",
+                         "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                         "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'");
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  return r;
 }
 
 std::optional<HttpResponse> Server::AnswerHead(int route_code, const HttpRequest& req, uint64_t salt) {
@@ -420,7 +451,11 @@ void Server::Handle(const HttpRequest& req, HttpExchange& ex) {
 void Server::OnAnswered(const HttpRequest& req, int status, const AccessInfo& info, double seconds) {
   const std::string path(req.path);
   const Route route = FindRoute(path);
-  metrics_.CountRequest(route == Route::kResponseById ? "/v1/responses/{id}" : route != Route::kNone ? path : "other", status);
+  metrics_.CountRequest(route == Route::kResponseById ? "/v1/responses/{id}"
+                        : route == Route::kWebPage   ? "/"
+                        : route != Route::kNone      ? path
+                                                     : "other",
+                        status);
   if (!opts_.access_log) return;
   std::string line;
   if (opts_.log_format == LogFormat::kJson) {

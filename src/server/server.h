@@ -86,6 +86,10 @@ struct ServerOptions {
   // The GGUF file served (/props, Ollama's /api/tags and /api/show); "" and 0 if unknown.
   std::string model_path;
   uint64_t model_bytes = 0;
+  // The web page at / (webui.h): on unless --no-webui; webui_path: a folder served
+  // instead of the embedded page (its index.html at /, its other files at /webui/NAME).
+  bool webui = true;
+  std::string webui_path;
   // Responses kept for previous_response_id: at most this many, this many bytes, this long.
   size_t responses_max = 1024;
   size_t responses_max_bytes = 64ull << 20;
@@ -141,6 +145,8 @@ class Server : public HttpHandler {
   void HandleCountTokens(const HttpRequest& req, HttpExchange& ex);
   void HandleOllama(const HttpRequest& req, uint64_t salt, HttpExchange& ex, bool generate);
   void HandleOllamaShow(const HttpRequest& req, HttpExchange& ex);
+  // GET / and /webui/NAME: the page's files, or 404.
+  HttpResponse WebPage(std::string_view path) const;
   // Renders a chat request with the template, builds the grammar its tools and output
   // constraint hold the answer to, and runs it (every chat dialect ends here).
   // prompt_param: the request field the prompt came from, for errors.
