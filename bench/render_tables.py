@@ -381,6 +381,36 @@ def render_store_eval_context(meta, rows):
     return out
 
 
+def render_store_eval_kv(meta, rows):
+    """`trellis bench store --contexts 8192 --nodes 4 --kv-type T`, once per K/V type, the
+    runs' summaries joined with a kv column (issue 31): TTFT per configuration, f16 against
+    q8_0, and the bytes the store moved."""
+    rows = [r for r in store_eval_rows(rows) if int(r["nodes"]) == max(int(x["nodes"]) for x in rows)]
+    kvs = list(dict.fromkeys(r["kv"] for r in rows))
+    if len(kvs) != 2:
+        raise RenderError(f"want two K/V types, got {kvs}")
+    bytes_per = {k: float(meta[f"kv_bytes_per_token_{k}"]) for k in kvs}
+    out = provenance(meta) + store_eval_setup(meta) + (
+        "K/V bytes per token: " + ", ".join(f"{k} {bytes_per[k]:.0f}" for k in kvs) +
+        ". Bytes moved: the prompt tokens the store gave (memory + replica + remote), times that.\n\n")
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        v = {(r["kv"], r["config"]): r for r in rows if r["trace"] == trace}
+        context = int(next(r["context"] for r in rows if r["trace"] == trace))
+        body = []
+        for c in STORE_CONFIGS:
+            a, b = v[(kvs[0], c)], v[(kvs[1], c)]
+            moved = [(int(x["store_memory"]) + int(x["store_replica"]) + int(x["store_remote"])) * bytes_per[k] / 2**20
+                     for x, k in ((a, kvs[0]), (b, kvs[1]))]
+            ratio = float(b["ttft_mean_ms"]) / float(a["ttft_mean_ms"])
+            body.append([c, f"{float(a['ttft_mean_ms']):.0f} ({100 * float(a['reuse']):.0f}%)",
+                         f"{float(b['ttft_mean_ms']):.0f} ({100 * float(b['reuse']):.0f}%)", f"**{ratio:.2f}**",
+                         f"{moved[0]:.0f}" if moved[0] else "", f"{moved[1]:.0f}" if moved[1] else ""])
+        out += f"**{trace}**, {context}-token contexts:\n\n" + table(
+            ["configuration", f"TTFT {kvs[0]} (reuse)", f"TTFT {kvs[1]} (reuse)", f"{kvs[1]} / {kvs[0]}",
+             f"MiB the store moved, {kvs[0]}", f"MiB, {kvs[1]}"], body) + "\n"
+    return out
+
+
 def render_store_eval_nodes(meta, rows):
     """`trellis bench store`: mean TTFT against node count at the longest context."""
     rows = store_eval_rows(rows)
@@ -788,6 +818,7 @@ RENDERERS = {
     "store_eval_nodes": render_store_eval_nodes,
     "store_eval_checks": render_store_eval_checks,
     "store_eval_mrc": render_store_eval_mrc,
+    "store_eval_kv": render_store_eval_kv,
     "store_micro": render_store_micro,
     "chat": render_chat,
     "speed_llamacpp": render_speed_llamacpp,

@@ -57,15 +57,38 @@ size_t EngineLoop::queue_depth() const {
   return tasks_.size() + static_cast<size_t>(snapshot_.waiting);
 }
 
+bool EngineLoop::Inspect(std::function<void(Scheduler&)> fn, std::chrono::milliseconds timeout) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool ran = false;
+  };
+  auto done = std::make_shared<Done>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    inspects_.push_back([fn = std::move(fn), done](Scheduler& s) {
+      fn(s);
+      std::lock_guard<std::mutex> l(done->mu);
+      done->ran = true;
+      done->cv.notify_all();
+    });
+  }
+  cv_.notify_one();
+  std::unique_lock<std::mutex> lock(done->mu);
+  return done->cv.wait_for(lock, timeout, [&] { return done->ran; });
+}
+
 void EngineLoop::Loop() {
   std::vector<Task> tasks;
   std::vector<RequestId> cancels;
+  std::vector<std::function<void(Scheduler&)>> inspects;
   tasks.reserve(64);
   bool busy = false;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto woken = [&] { return stop_ || !tasks_.empty() || !cancels_.empty(); };
+      auto woken = [&] { return stop_ || !tasks_.empty() || !cancels_.empty() || !inspects_.empty(); };
       if (!busy && sched_->store_pending()) {
         // Idle, but the store still has publishes (holding pinned blocks) or fetches out:
         // step again soon to collect them.
@@ -76,7 +99,10 @@ void EngineLoop::Loop() {
       if (stop_) break;
       tasks.swap(tasks_);
       cancels.swap(cancels_);
+      inspects.swap(inspects_);
     }
+    for (auto& fn : inspects) fn(*sched_);
+    inspects.clear();
     for (Task& t : tasks) {
       auto r = sched_->Submit(std::move(t.req), std::move(t.on_token), t.on_finish, t.id);
       if (!r.ok() && t.on_finish) {

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -39,6 +41,11 @@ class EngineLoop {
   SchedulerMetrics metrics() const;
   size_t queue_depth() const;
   const SchedulerOptions& options() const { return sched_->options(); }
+  // Runs fn on the engine thread between two steps, where it may read the scheduler (the
+  // pool, the tree, the sessions; it must not keep references past its return). Returns
+  // whether it ran within `timeout`: fn owns what it writes (shared state, not the
+  // caller's stack), since it may still run after a timeout. False once stopping.
+  bool Inspect(std::function<void(Scheduler&)> fn, std::chrono::milliseconds timeout);
   // Scheduler::Check: the checks Submit makes, with the reason of a refusal. Thread-safe.
   Verdict Check(const Request& req) const { return sched_->Check(req); }
 
@@ -60,6 +67,7 @@ class EngineLoop {
   std::condition_variable cv_;
   std::vector<Task> tasks_;           // GUARDED_BY(mu_)
   std::vector<RequestId> cancels_;    // GUARDED_BY(mu_)
+  std::vector<std::function<void(Scheduler&)>> inspects_;  // GUARDED_BY(mu_)
   SchedulerMetrics snapshot_;         // GUARDED_BY(mu_)
   bool stop_ = false;                 // GUARDED_BY(mu_)
   std::thread thread_;

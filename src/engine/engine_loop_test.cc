@@ -87,6 +87,44 @@ TEST(EngineLoopTest, ConcurrentSubmittersAllFinish) {
   }
 }
 
+// Inspect runs on the engine thread between steps, idle or busy, and sees the tree fill.
+TEST(EngineLoopTest, InspectRunsOnTheEngineThreadBetweenSteps) {
+  auto m = Model::Load(testing::WriteSmallModel("loop-inspect.gguf", "f32"));
+  ASSERT_TRUE(m.ok());
+  ThreadPool threads(2);
+  SchedulerOptions o;
+  o.block_size = 16;
+  auto loop = EngineLoop::Start(**m, o, threads);
+  ASSERT_TRUE(loop.ok()) << loop.status().ToString();
+  auto nodes = std::make_shared<std::atomic<int>>(-1);
+  auto on = std::make_shared<std::thread::id>();
+  ASSERT_TRUE((*loop)->Inspect([nodes, on](Scheduler& s) {
+    *nodes = s.cache().stats().n_nodes;
+    *on = std::this_thread::get_id();
+  }, std::chrono::seconds(5)));  // idle: the loop wakes for it
+  EXPECT_EQ(nodes->load(), 0);
+  EXPECT_NE(*on, std::this_thread::get_id());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  Request r;
+  r.prompt = std::vector<int32_t>(40, 3);
+  r.max_tokens = 4;
+  r.sampling.temperature = 0;
+  ASSERT_TRUE((*loop)->Submit(r, nullptr, [&](RequestId, const RequestResult&) {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+    cv.notify_all();
+  }).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished; }));
+  }
+  ASSERT_TRUE((*loop)->Inspect([nodes](Scheduler& s) { *nodes = static_cast<int>(s.cache().Snapshot(100, 0).size()); },
+                               std::chrono::seconds(5)));
+  EXPECT_GE(nodes->load(), 1);  // the finished request's blocks are in the tree
+}
+
 TEST(EngineLoopTest, ValidationErrorsAreImmediateAndQueueIsBounded) {
   auto m = Model::Load(testing::WriteSmallModel("loop2.gguf", "q4_0"));
   ASSERT_TRUE(m.ok());

@@ -550,6 +550,49 @@ int32_t RadixCache::EvictableBlocks() const { return impl_->evictable_blocks_; }
 
 RadixCacheStats RadixCache::stats() const { return impl_->stats_; }
 
+std::vector<CacheNodeView> RadixCache::Snapshot(size_t max_nodes, size_t max_edge_tokens, bool* truncated) const {
+  const Impl& m = *impl_;
+  std::vector<CacheNodeView> out;
+  if (truncated) *truncated = false;
+  // Namespaces in key order, so that successive snapshots list them alike.
+  std::vector<std::pair<uint64_t, NodeId>> roots(m.roots_.begin(), m.roots_.end());
+  std::sort(roots.begin(), roots.end());
+  for (const auto& [ns, root] : roots) {
+    std::vector<NodeId> level;
+    for (NodeId c = m.N(root).first_child; c != kNoNode; c = m.N(c).next_sibling) level.push_back(c);
+    while (!level.empty()) {
+      std::vector<NodeId> next;
+      for (NodeId id : level) {
+        if (out.size() >= max_nodes) {
+          if (truncated) *truncated = true;
+          return out;
+        }
+        const Node& n = m.N(id);
+        CacheNodeView v;
+        v.id = id;
+        v.parent = m.IsRoot(n.parent) ? kNoNode : n.parent;
+        v.ns = ns;
+        v.n_blocks = n.stats.n_blocks;
+        v.depth_blocks = n.stats.depth_blocks;
+        v.lock_ref = n.lock_ref;
+        v.hits = n.stats.hits;
+        v.age = m.clock_ - n.stats.last_access;
+        int32_t walked = 0;
+        for (int32_t b = n.first_block; b != kNoBlock && walked < n.stats.n_blocks && v.tokens.size() < max_edge_tokens;
+             b = m.Next(b), ++walked) {
+          const int32_t* key = m.Key(b);
+          const size_t take = std::min(static_cast<size_t>(block_size_), max_edge_tokens - v.tokens.size());
+          v.tokens.insert(v.tokens.end(), key, key + take);
+        }
+        out.push_back(std::move(v));
+        for (NodeId c = n.first_child; c != kNoNode; c = m.N(c).next_sibling) next.push_back(c);
+      }
+      level.swap(next);
+    }
+  }
+  return out;
+}
+
 std::string RadixCache::CheckInvariants() const { return impl_->CheckInvariants(); }
 
 // ---- invariants (test hook; may allocate) ----------------------------------------------

@@ -75,6 +75,18 @@ struct RadixCacheStats {
   int64_t splits = 0;
 };
 
+// One node of a snapshot (RadixCache::Snapshot): its edge and statistics.
+struct CacheNodeView {
+  NodeId id = kNoNode;
+  NodeId parent = kNoNode;   // kNoNode: a child of its namespace's root
+  uint64_t ns = 0;           // namespace key
+  int32_t n_blocks = 0, depth_blocks = 0;
+  int32_t lock_ref = 0;      // sessions whose sequence runs through the node
+  uint64_t hits = 0;
+  uint64_t age = 0;          // logical clock ticks since its last match or insert
+  std::vector<int32_t> tokens;  // the edge's first tokens (at most the snapshot's max_edge_tokens)
+};
+
 class RadixCache {
  public:
   // REQUIRES: block_size >= 1, max_blocks >= 1. pool may be null (simulated tree); if not,
@@ -140,6 +152,10 @@ class RadixCache {
   // Blocks that Evict could drop right now (held by unlocked subtrees).
   int32_t EvictableBlocks() const;
   RadixCacheStats stats() const;
+  // The tree breadth first, shallowest first, namespace by namespace: at most max_nodes
+  // nodes (a parent always before its children), each with its edge's first
+  // max_edge_tokens tokens. *truncated: whether nodes were left out. O(nodes returned).
+  std::vector<CacheNodeView> Snapshot(size_t max_nodes, size_t max_edge_tokens, bool* truncated = nullptr) const;
   int block_size() const { return block_size_; }
 
   // Test hook: checks every structural invariant (parent/child links, block counts, lock

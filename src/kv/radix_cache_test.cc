@@ -81,6 +81,45 @@ TEST(RadixCacheTest, SharedPrefixIsStoredOnce) {
   EXPECT_EQ(cache.CheckInvariants(), "");
 }
 
+// ---- Snapshot (the server's cache view) ----------------------------------------------------
+
+TEST(RadixCacheTest, SnapshotListsParentsFirstWithTheirTokensAndLocks) {
+  const Tokens prefix = {1, 2, 3, 4};
+  auto pool = MakePool(2, 16);
+  RadixCache cache(pool.get(), 2, 16);
+  InsertAndRelease(cache, *pool, kNs, Concat(prefix, {10, 11}));
+  InsertAndRelease(cache, *pool, kNs, Concat(prefix, {20, 21}));
+  InsertAndRelease(cache, *pool, kNs + 1, {7, 7});  // another namespace
+  NodeId bob = kNoNode;
+  Match(cache, kNs, Concat(prefix, {20, 21}), &bob);
+  cache.Lock(bob);  // a session holds Bob's sequence
+
+  bool truncated = true;
+  const std::vector<CacheNodeView> v = cache.Snapshot(100, 100, &truncated);
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].ns, kNs);  // namespaces in key order, each breadth first
+  EXPECT_EQ(v[0].parent, kNoNode);
+  EXPECT_EQ(v[0].tokens, prefix);
+  EXPECT_EQ(v[0].n_blocks, 2);
+  EXPECT_EQ(v[0].lock_ref, 1);  // Bob's session runs through the shared prefix
+  EXPECT_EQ(v[0].hits, 1u);     // the match above passed through it
+  for (size_t i : {1u, 2u}) {
+    EXPECT_EQ(v[i].parent, v[0].id);
+    EXPECT_EQ(v[i].depth_blocks, 3);
+    EXPECT_EQ(v[i].lock_ref, v[i].tokens == Tokens({20, 21}) ? 1 : 0);
+  }
+  EXPECT_EQ(v[3].ns, kNs + 1);
+  EXPECT_EQ(v[3].tokens, Tokens({7, 7}));
+  // Bounds: nodes, and tokens per edge.
+  const std::vector<CacheNodeView> cut = cache.Snapshot(2, 3, &truncated);
+  EXPECT_TRUE(truncated);
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_EQ(cut[0].tokens, Tokens({1, 2, 3}));
+  cache.Unlock(bob);
+  EXPECT_EQ(cache.CheckInvariants(), "");
+}
+
 // ---- MatchPrefix ------------------------------------------------------------------------
 
 TEST(RadixCacheTest, PartialBlockDoesNotMatchAndSplitHappensOnce) {

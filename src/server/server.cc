@@ -95,7 +95,8 @@ Server::Server(const Model& model, const Tokenizer& tok, ChatTemplate chat, Engi
       created_(UnixNow()),
       next_seed_(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())),
       next_id_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
-      responses_(opts_.responses_max, opts_.responses_max_bytes, std::chrono::seconds(opts_.responses_ttl_s)) {
+      responses_(opts_.responses_max, opts_.responses_max_bytes, std::chrono::seconds(opts_.responses_ttl_s)),
+      view_secret_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {
   for (std::string_view marker : ToolCallMarkers(tool_format_)) {
     const std::vector<int32_t> ids = tok_.Encode(marker, /*add_bos=*/false, /*parse_special=*/true);
     if (ids.size() == 1 && tok_.TokenToPiece(ids[0]).empty() && tok_.TokenToPiece(ids[0], true) == marker) {
@@ -172,7 +173,7 @@ std::string_view BearerToken(std::string_view auth) {
 enum class Route {
   kNone, kHealth, kMetrics, kModels, kChat, kCompletion, kTokenize, kDetokenize, kApplyTemplate, kProps,
   kResponses, kResponseById, kMessages, kCountTokens,
-  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaVersion, kOllamaPs, kWebPage,
+  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaVersion, kOllamaPs, kWebPage, kCacheView,
 };
 
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";
@@ -181,6 +182,7 @@ Route FindRoute(std::string_view path) {
   if (path == "/" || path == "/index.html" || path.starts_with("/webui/")) return Route::kWebPage;
   if (path == "/health") return Route::kHealth;
   if (path == "/metrics") return Route::kMetrics;
+  if (path == "/trellis/v1/cache") return Route::kCacheView;
   if (path == "/v1/models" || path == "/models") return Route::kModels;
   if (path == "/v1/chat/completions" || path == "/chat/completions") return Route::kChat;
   if (path == "/v1/completions" || path == "/completions") return Route::kCompletion;
@@ -211,7 +213,8 @@ std::string_view Methods(Route r) {
     case Route::kOllamaTags:
     case Route::kOllamaVersion:
     case Route::kOllamaPs:
-    case Route::kWebPage: return "GET, HEAD";
+    case Route::kWebPage:
+    case Route::kCacheView: return "GET, HEAD";
     case Route::kResponseById: return "GET, DELETE";
     default: return "POST";
   }
@@ -444,6 +447,7 @@ void Server::Handle(const HttpRequest& req, HttpExchange& ex) {
     case Route::kOllamaChat:
     case Route::kOllamaGenerate: return HandleOllama(req, salt, ex, FindRoute(req.path) == Route::kOllamaGenerate);
     case Route::kOllamaShow: return HandleOllamaShow(req, ex);
+    case Route::kCacheView: return HandleCacheView(req, salt, ex);
     default: return SendError(ex, MakeError(404, "no route", "invalid_request_error", "not_found"));
   }
 }

@@ -145,6 +145,9 @@ class Server : public HttpHandler {
   void HandleCountTokens(const HttpRequest& req, HttpExchange& ex);
   void HandleOllama(const HttpRequest& req, uint64_t salt, HttpExchange& ex, bool generate);
   void HandleOllamaShow(const HttpRequest& req, HttpExchange& ex);
+  // GET /trellis/v1/cache: the pool and the radix tree, the viewer's own prefixes with
+  // their text (docs/server.md, "The cache view").
+  void HandleCacheView(const HttpRequest& req, uint64_t salt, HttpExchange& ex);
   // GET / and /webui/NAME: the page's files, or 404.
   HttpResponse WebPage(std::string_view path) const;
   // Renders a chat request with the template, builds the grammar its tools and output
@@ -187,6 +190,7 @@ class Server : public HttpHandler {
   std::set<RequestId> active_;  // GUARDED_BY(mu_): generations in flight, cancelled by Stop
   std::mutex log_mu_;           // one access line at a time
   ResponseStore responses_;     // for previous_response_id and GET /v1/responses/{id}
+  const uint64_t view_secret_;  // keys the cache view's node hashes (random per process)
 };
 
 }  // namespace trellis::server

@@ -144,4 +144,90 @@ void Server::HandleOllamaShow(const HttpRequest& req, HttpExchange& ex) {
   ex.Respond(res);
 }
 
+// ---- the cache view -------------------------------------------------------------------
+
+namespace {
+constexpr size_t kViewMaxNodes = 2000;
+constexpr size_t kViewEdgeTokens = 256;  // of an edge's text shown to its owner
+constexpr auto kViewTimeout = std::chrono::seconds(5);
+
+uint64_t ViewMix(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+void Server::HandleCacheView(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
+  struct Snap {
+    SchedulerMetrics m;
+    std::vector<CacheNodeView> nodes;
+    bool truncated = false;
+  };
+  auto snap = std::make_shared<Snap>();
+  const bool ran = engine_.Inspect(
+      [snap](Scheduler& s) {
+        snap->m = s.metrics();
+        snap->nodes = s.cache().Snapshot(kViewMaxNodes, kViewEdgeTokens, &snap->truncated);
+      },
+      kViewTimeout);
+  if (!ran) {
+    ApiError e;
+    e.status = 503;
+    e.message = "the engine did not answer within 5 s";
+    e.type = "server_error";
+    return SendError(ex, e);
+  }
+  // The viewer's own namespace: the one its key's requests use (without keys, everyone's).
+  const uint64_t mine = RadixCache::NamespaceKey(model_.KvFingerprint(engine_.options().n_ctx), salt);
+  const SchedulerMetrics& m = snap->m;
+  const int bt = std::max(1, m.block_tokens);
+  json nodes = json::array();
+  for (const CacheNodeView& v : snap->nodes) {
+    // A hash of the edge keyed by a per-process secret and the namespace: it follows a node
+    // across snapshots, and says nothing about whether another tenant cached the same text.
+    uint64_t h = ViewMix(view_secret_ ^ v.ns);
+    for (int32_t t : v.tokens) h = ViewMix(h ^ static_cast<uint32_t>(t));
+    h = ViewMix(h ^ static_cast<uint64_t>(v.n_blocks));
+    json n = {{"id", v.id},
+              {"parent", v.parent < 0 ? json(nullptr) : json(v.parent)},
+              {"mine", v.ns == mine},
+              {"blocks", v.n_blocks},
+              {"tokens", v.n_blocks * bt},
+              {"depth_tokens", v.depth_blocks * bt},
+              {"sessions", v.lock_ref},
+              {"hits", v.hits},
+              {"age", v.age},
+              {"hash", fmt::format("{:016x}", h)}};
+    if (v.ns == mine) {
+      n["text"] = tok_.Decode(v.tokens);
+      n["text_truncated"] = v.tokens.size() < static_cast<size_t>(v.n_blocks) * static_cast<size_t>(bt);
+    }
+    nodes.push_back(std::move(n));
+  }
+  json j = {{"version", 1},
+            {"time", Now()},
+            {"pool", {{"blocks", m.pool_total},
+                      {"used", m.pool_used},
+                      {"cached", m.tree.n_cached_blocks},
+                      {"block_tokens", m.block_tokens},
+                      {"kv_bytes_per_token", m.kv_bytes_per_token}}},
+            {"tree", {{"nodes", m.tree.n_nodes},
+                      {"leaves", m.tree.n_leaves},
+                      {"namespaces", m.tree.n_namespaces},
+                      {"evicted_blocks", m.tree.evicted_blocks},
+                      {"evicted_nodes", m.tree.evicted_nodes},
+                      {"splits", m.tree.splits}}},
+            {"requests", {{"running", m.running},
+                          {"waiting", m.waiting},
+                          {"prompt_tokens", m.prompt_tokens},
+                          {"cached_tokens", m.cached_tokens},
+                          {"store_tokens", m.store_tokens}}},
+            {"nodes", std::move(nodes)},
+            {"truncated", snap->truncated}};
+  HttpResponse res;
+  res.body = Dumped(j);
+  ex.Respond(res);
+}
+
 }  // namespace trellis::server

@@ -39,6 +39,44 @@ ok "GET / and /webui/marked.min.js; 404 for escapes, hidden and unknown files"
 stop_server
 stop_server "${srv_pids[0]}"
 
+say "the cache view's endpoint: each key sees its own prefixes' text, only counts and hashes of another's"
+start_server webui-tenants --api-key key-a --api-key key-b
+python3 - "$base" <<'PY' || die "cache view tenant isolation failed (server log: $tmp/webui-tenants.log)"
+import json, sys, urllib.request, urllib.error
+base = sys.argv[1]
+def call(path, key, body=None):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json", **({"Authorization": "Bearer " + key} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+words = " ".join(["lorem ipsum dolor sit amet"] * 12)  # over a block or two
+for key, secret in (("key-a", "zebra alpha secret"), ("key-b", "yak beta secret")):
+    for shared in ("the same shared opening words " + words, secret + " " + words):
+        code, _ = call("/v1/chat/completions", key, {"messages": [{"role": "user", "content": shared}], "max_tokens": 2})
+        assert code == 200, code
+code, _ = call("/trellis/v1/cache", None)
+assert code == 401, f"no key: {code}"
+views = {k: call("/trellis/v1/cache", k)[1] for k in ("key-a", "key-b")}
+for key, own, other in (("key-a", "zebra", "yak"), ("key-b", "yak", "zebra")):
+    v = views[key]
+    assert v["version"] == 1 and v["pool"]["blocks"] > 0, v
+    mine = [n for n in v["nodes"] if n["mine"]]
+    theirs = [n for n in v["nodes"] if not n["mine"]]
+    assert mine and theirs, (key, v["nodes"])
+    text = " ".join(n.get("text", "") for n in v["nodes"])
+    assert own in text and other not in text, (key, text[:300])
+    assert all("text" not in n for n in theirs), theirs
+# The same text cached under both keys: different hashes (a hash must not confirm a guess).
+a_hashes = {n["hash"] for n in views["key-a"]["nodes"] if n["mine"]}
+b_hashes = {n["hash"] for n in views["key-b"]["nodes"] if n["mine"]}
+assert not (a_hashes & b_hashes), "a node hash is the same under two keys"
+print(f"  ok   {len(views['key-a']['nodes'])} nodes; each key reads its own text only; hashes differ across keys")
+PY
+stop_server
+
 start_server webui-off --no-webui
 code=$(curl -s -o /dev/null -w '%{http_code}' "$base/")
 [[ $code == 404 ]] || die "--no-webui: GET / gave $code"

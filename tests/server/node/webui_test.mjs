@@ -77,6 +77,21 @@ try {
   assert.ok(html.includes("&lt;img") && html.includes("<strong>bold</strong>") && html.includes('href="https://example.org/"') &&
             html.includes("<pre><code>"), html);
   ok("Markdown: raw HTML shown as text, javascript: links and images dropped, code blocks kept");
+  // The cache view: the conversation's prefix, held by no session now, hit by the second turn.
+  await page.click("#show-cache");
+  await page.waitForFunction(() => document.querySelectorAll("#cache-tree rect").length >= 1 &&
+                                    document.getElementById("cache-summary").textContent.includes("blocks"), { timeout: 10000 });
+  const view = await page.evaluate(() => ({
+    summary: document.getElementById("cache-summary").textContent,
+    rects: [...document.querySelectorAll("#cache-tree rect")].map((r) => ({ hits: Number(r.dataset.hits), mine: r.dataset.mine === "true" })),
+    titles: [...document.querySelectorAll("#cache-tree title")].map((t) => t.textContent),
+  }));
+  assert.ok(view.rects.every((r) => r.mine), JSON.stringify(view.rects));  // one tenant: every prefix is the viewer's
+  assert.ok(view.rects.some((r) => r.hits >= 1), JSON.stringify(view.rects));
+  assert.ok(view.titles.some((t) => t.includes("helpful assistant")), view.titles.join(" | "));
+  ok(`cache view: ${view.rects.length} node(s), the system prompt's text shown to its owner; "${view.summary.slice(0, 90)}..."`);
+  await page.screenshot({ path: `${shots}/webui-cache.png` });
+  await page.click("#show-chat");
   await page.reload({ waitUntil: "networkidle0" });
   const kept = await page.$$eval(".msg", (n) => n.length);
   assert.equal(kept, 4, "the conversation was not kept across a reload");
