@@ -169,8 +169,9 @@ std::optional<ApiError> TranslateOllamaMessages(const ojson& msgs, ojson& out, R
       }
       msg["tool_calls"] = std::move(calls);
     }
-    r.Get("tool_call_id");
-    if (const ojson* id = m.contains("tool_call_id") ? &m["tool_call_id"] : nullptr; id && id->is_string()) msg["tool_call_id"] = *id;
+    std::string tool_call_id;
+    r.String("tool_call_id", tool_call_id);
+    if (!tool_call_id.empty()) msg["tool_call_id"] = tool_call_id;
     if (!thinking.empty()) msg["reasoning_content"] = thinking;
     if (!tool_name.empty()) msg["name"] = tool_name;
     r.RefuseUnread(p + ".");

@@ -362,6 +362,7 @@ TEST(Ollama, RefusesInItsOwnNames) {
       {R"({"model":"tiny","messages":[{"role":"user","content":"x","images":["aGk="]}]})", "messages[0].images"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"format":{"type":"frob"}})", "format"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"options":{"mirostat":2}})", "options.mirostat"},
+      {R"({"model":"tiny","messages":[{"role":"tool","content":"x","tool_call_id":7}]})", "tool_call_id"},
   };
   for (const Case& k : cases) {
     auto r = ParseOllamaChat(k.body, kDialectLimits);

@@ -18,6 +18,12 @@
 
 namespace trellis::server {
 
+uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 using http::IEquals;
 namespace {
 
@@ -36,11 +42,6 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 std::string RandomHex(uint64_t x) { return fmt::format("{:016x}", Mix64(x)); }
 

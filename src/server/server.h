@@ -96,6 +96,9 @@ struct ServerOptions {
   int responses_ttl_s = 3600;
 };
 
+// splitmix64's finalizer: ids, salts and the cache view's hashes (server.cc).
+uint64_t Mix64(uint64_t z);
+
 // Reported by /api/version and /props.
 inline constexpr char kServerVersion[] = "0.1.0";
 

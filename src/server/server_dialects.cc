@@ -151,11 +151,6 @@ constexpr size_t kViewMaxNodes = 2000;
 constexpr size_t kViewEdgeTokens = 256;  // of an edge's text shown to its owner
 constexpr auto kViewTimeout = std::chrono::seconds(5);
 
-uint64_t ViewMix(uint64_t z) {  // splitmix64's finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 }  // namespace
 
 void Server::HandleCacheView(const HttpRequest& req, uint64_t salt, HttpExchange& ex) {
@@ -186,9 +181,9 @@ void Server::HandleCacheView(const HttpRequest& req, uint64_t salt, HttpExchange
   for (const CacheNodeView& v : snap->nodes) {
     // A hash of the edge keyed by a per-process secret and the namespace: it follows a node
     // across snapshots, and says nothing about whether another tenant cached the same text.
-    uint64_t h = ViewMix(view_secret_ ^ v.ns);
-    for (int32_t t : v.tokens) h = ViewMix(h ^ static_cast<uint32_t>(t));
-    h = ViewMix(h ^ static_cast<uint64_t>(v.n_blocks));
+    uint64_t h = Mix64(view_secret_ ^ v.ns);
+    for (int32_t t : v.tokens) h = Mix64(h ^ static_cast<uint32_t>(t));
+    h = Mix64(h ^ static_cast<uint64_t>(v.n_blocks));
     json n = {{"id", v.id},
               {"parent", v.parent < 0 ? json(nullptr) : json(v.parent)},
               {"mine", v.ns == mine},
