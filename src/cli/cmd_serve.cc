@@ -194,6 +194,13 @@ int Serve(const ServeOpts& opts) {
       return out;
     };
   }
+  const int head_layers = (*model)->part().last_layer;
+  sopt.cache_view_sections = [bridge, grid_head, head_layers] {
+    std::vector<std::pair<std::string, std::string>> out;
+    if (bridge) out.emplace_back("store", StoreViewJson(*bridge));
+    if (grid_head) out.emplace_back("grid", GridViewJson(*grid_head, head_layers));
+    return out;
+  };
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopt.http.max_body = static_cast<size_t>(o.max_body);
   sopt.http.max_decoded_body = static_cast<size_t>(o.max_decoded_body > 0 ? o.max_decoded_body : o.max_body);

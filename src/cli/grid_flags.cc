@@ -4,6 +4,7 @@
 #include <thread>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
 #include "model/model_config.h"
@@ -148,6 +149,36 @@ std::string GridMetricsText(const grid::GridHead& head) {
     out += fmt::format("trellis_grid_node_bandwidth_bytes_per_second{{node=\"{}\"}} {}\n", i, s.bandwidth[i]);
   }
   return out;
+}
+
+std::string GridViewJson(const grid::GridHead& head, int head_layers) {
+  using nlohmann::json;
+  const grid::HeadStats s = head.stats();
+  const grid::HeadHealth h = head.health();
+  json nodes = json::array();
+  for (size_t i = 0; i < s.nodes.size(); ++i) {
+    const grid::HeadStats::Node& n = s.nodes[i];
+    nodes.push_back({{"address", n.address},
+                     {"layers", {n.first_layer, n.last_layer - 1}},
+                     {"up", n.up},
+                     {"steps", n.steps},
+                     {"step_seconds", n.step_seconds},
+                     {"failures", n.failures},
+                     {"rtt_seconds", i < s.rtt_seconds.size() ? s.rtt_seconds[i] : 0.0},
+                     {"bandwidth", i < s.bandwidth.size() ? s.bandwidth[i] : 0.0}});
+  }
+  json j = {{"healthy", h.ok},
+            {"message", h.message},
+            {"head", {{"layers", head_layers > 0 ? json::array({0, head_layers - 1}) : json(nullptr)},
+                      {"layers_seconds", s.layers_seconds},
+                      {"wait_seconds", s.wait_seconds},
+                      {"logits_seconds", s.logits_seconds}}},
+            {"steps", s.steps},
+            {"tokens", s.tokens},
+            {"node_failures", s.node_failures},
+            {"rejoins", s.rejoins},
+            {"nodes", std::move(nodes)}};
+  return j.dump();
 }
 
 }  // namespace trellis::cli

@@ -43,5 +43,8 @@ Status ConfigureGrid(const GridFlags& f, const Model& model, SchedulerOptions& o
 
 // The head's counters as Prometheus text (trellis_grid_*).
 std::string GridMetricsText(const grid::GridHead& head);
+// The cache view's "grid" section, as JSON text: health, the head's layers and time,
+// each node's layers, state, steps, step time and failures.
+std::string GridViewJson(const grid::GridHead& head, int head_layers);
 
 }  // namespace trellis::cli

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 namespace trellis::cli {
 
 void AddStoreFlags(CLI::App& app, StoreFlags* f) {
@@ -64,6 +66,44 @@ Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f) {
   auto b = StoreBridge::Connect(*o);
   if (!b.ok()) return Unavailable("--store " + f.store + ": " + b.status().ToString());
   return b;
+}
+
+std::string StoreViewJson(StoreBridge& bridge) {
+  using nlohmann::json;
+  json servers = json::array();
+  for (const store::MemberStats& m : bridge.client().StatsOfMembers(net::After(std::chrono::seconds(1)))) {
+    json s = {{"address", m.address}, {"up", m.status.ok()}};
+    if (!m.status.ok()) {
+      s["error"] = m.status.message();
+    } else {
+      const store::StatsReply& r = m.stats;
+      s["memory"] = {{"used", r.memory_used}, {"capacity", r.memory_capacity}, {"tensors", r.tensors}};
+      s["replicas"] = {{"count", r.replicas}, {"bytes", r.replica_bytes}, {"hits", r.replica_hits}};
+      s["ssd"] = {{"used", r.ssd_used}, {"capacity", r.ssd_capacity}, {"tensors", r.ssd_tensors}, {"reads", r.ssd_reads}};
+      s["lookups"] = r.lookups;
+      s["lookup_blocks_matched"] = r.lookup_blocks_matched;
+      s["acquire_hits"] = r.acquire_hits;
+      s["acquire_misses"] = r.acquire_misses;
+      s["puts"] = r.puts;
+      s["evictions"] = r.evictions;
+      s["peers"] = r.peers;
+    }
+    servers.push_back(std::move(s));
+  }
+  const StoreBridgeStats b = bridge.stats();
+  json misses = json::object();
+  for (int k = 0; k < kStoreMissKinds; ++k) misses[StoreMissName(static_cast<StoreMiss>(k))] = b.misses[k];
+  const json engine = {{"fetches", b.fetches},
+                       {"fetched_blocks", b.fetched_blocks},
+                       {"waits", b.waits},
+                       {"publishes", b.publishes},
+                       {"published_blocks", b.published_blocks},
+                       {"blocks_from", {{"memory", b.fetched_from[0]},
+                                        {"replica", b.fetched_from[1]},
+                                        {"ssd", b.fetched_from[2]},
+                                        {"remote", b.fetched_from[3]}}},
+                       {"misses", std::move(misses)}};
+  return json{{"servers", std::move(servers)}, {"engine", engine}}.dump();
 }
 
 }  // namespace trellis::cli

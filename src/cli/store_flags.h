@@ -37,4 +37,9 @@ Result<std::unique_ptr<StoreBridge>> ConnectStore(const StoreFlags& f);
 // The client options --store, --store-peers, --store-etcd and the transport flags make.
 store::ClientOptions StoreClientOptions(const StoreFlags& f);
 
+// The cache view's "store" section (docs/server.md, "The cache view"), as JSON text:
+// every store server's tiers and hits (asked now, within 1 s in all) and where this
+// engine's fetched blocks came from.
+std::string StoreViewJson(StoreBridge& bridge);
+
 }  // namespace trellis::cli

@@ -215,6 +215,10 @@ void StoreBridge::Complete(StoreFetchDone d) {
     std::lock_guard<std::mutex> lock(mu_);
     ++st_.fetches;
     st_.fetched_blocks += static_cast<uint64_t>(d.blocks);
+    st_.fetched_from[0] += static_cast<uint64_t>(d.from_memory);
+    st_.fetched_from[1] += static_cast<uint64_t>(d.from_replica);
+    st_.fetched_from[2] += static_cast<uint64_t>(d.from_ssd);
+    st_.fetched_from[3] += static_cast<uint64_t>(d.from_remote);
     st_.waits += d.waited > 0;
     st_.waited_blocks += static_cast<uint64_t>(d.waited);
     if (d.miss != StoreMiss::kNone) ++st_.misses[static_cast<int>(d.miss)];

@@ -57,6 +57,9 @@ struct StoreBridgeOptions {
 
 struct StoreBridgeStats {
   uint64_t fetches = 0, fetched_blocks = 0, publishes = 0, published_blocks = 0;
+  // Of the fetched blocks, where they came from: the local server's memory, its replicas,
+  // its SSD, other nodes (the client's own counters also count the start-up probe).
+  uint64_t fetched_from[4] = {};
   uint64_t waits = 0, waited_blocks = 0;  // single-flight: fetches that waited, blocks they got
   uint64_t publishes_failed = 0, publishes_dropped = 0;
   uint64_t claims_given_up = 0;  // GiveUps sent: requests that ended before publishing what they claimed

@@ -364,7 +364,21 @@ TEST(GridHeadTest, ADeadNodeFailsRequestsAndARestartedOneRejoins) {
   const auto reqs = Workload(2, 3);  // the same prompts as before: a stale cache would be wrong
   auto after = RunAll(*g->sched, reqs);
   ExpectSameAsWhole(reqs, after, "after the rejoin");
-  EXPECT_EQ(g->head->stats().rejoins, 1u);
+  // The cache view's grid section: each node's steps, step time and failures.
+  const HeadStats st = g->head->stats();
+  EXPECT_EQ(st.rejoins, 1u);
+  ASSERT_EQ(st.nodes.size(), 2u);
+  EXPECT_EQ(st.nodes[1].address, "127.0.0.1:" + std::to_string(port2));
+  EXPECT_EQ(st.nodes[0].first_layer, 0);
+  EXPECT_EQ(st.nodes[1].last_layer, 2);
+  for (const HeadStats::Node& n : st.nodes) {
+    EXPECT_TRUE(n.up) << n.address;
+    EXPECT_GT(n.steps, 0u) << n.address;
+    EXPECT_GT(n.step_seconds, 0.0) << n.address;
+  }
+  EXPECT_EQ(st.nodes[0].failures, 0u);
+  EXPECT_EQ(st.nodes[1].failures, 1u);
+  EXPECT_EQ(st.node_failures, 1u);
 }
 
 // A partial-match copy made while a node is down (its request then fails at Launch) is

@@ -96,6 +96,8 @@ struct GridHead::Impl {
     bool up = false;        // GUARDED_BY(mu)
     uint64_t next_seq = 0;  // GUARDED_BY(mu): the last sequence number given out
     uint64_t gen = 0;       // GUARDED_BY(mu): which Hello the numbering belongs to
+    uint64_t steps = 0, failures = 0;  // GUARDED_BY(mu): HeadStats::Node
+    double step_seconds = 0;           // GUARDED_BY(mu)
   };
   std::vector<Node> nodes;
 
@@ -177,6 +179,7 @@ struct GridHead::Impl {
       healthy = false;
       down = fmt::format("grid node {} failed: {}", nodes[i].addr.Name(), why.message());
       ++stats.node_failures;
+      ++nodes[i].failures;
     }
     TRELLIS_LOG_ERROR("grid head: node {} failed ({}); in-flight requests fail, reconnecting every {} ms",
                       nodes[i].addr.Name(), why.ToString(), opt.retry_interval.count());
@@ -245,7 +248,8 @@ struct GridHead::Impl {
       std::lock_guard<std::mutex> lock(mu);
       stats.bytes_sent += body.size();
     }
-    t->Call(conn, kStep, std::move(body), net::After(opt.step_timeout), [this, f, i, conn](Result<std::string> r) {
+    const auto sent = std::chrono::steady_clock::now();
+    t->Call(conn, kStep, std::move(body), net::After(opt.step_timeout), [this, f, i, conn, sent](Result<std::string> r) {
       if (r.ok() && r->size() != f->hidden.size()) {
         r = Corrupt(fmt::format("answered {} bytes for a hidden state of {}", r->size(), f->hidden.size()));
       }
@@ -257,6 +261,8 @@ struct GridHead::Impl {
       {
         std::lock_guard<std::mutex> lock(mu);
         stats.bytes_received += r->size();
+        ++nodes[i].steps;
+        nodes[i].step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
       }
       f->hidden = std::move(*r);
       if (i + 1 < nodes.size()) {
@@ -679,7 +685,12 @@ HeadHealth GridHead::health() const {
 
 HeadStats GridHead::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  HeadStats s = impl_->stats;
+  for (const Impl::Node& n : impl_->nodes) {
+    s.nodes.push_back({fmt::format("{}:{}", n.addr.host, n.addr.port), n.addr.first_layer, n.addr.last_layer, n.up,
+                       n.steps, n.failures, n.step_seconds});
+  }
+  return s;
 }
 
 ExecutorFactory MakeGridExecutor(const Model& model, HeadOptions options, GridHead** out, GridPrefixStore* store) {

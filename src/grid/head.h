@@ -82,6 +82,16 @@ struct HeadStats {
   // Copy-on-write slot copies sent with steps, and those dropped because they were queued
   // on an epoch that ended (a node failed before they could be sent).
   uint64_t copies_sent = 0, copies_dropped = 0;
+  // Each node, in layer order: up or not, the steps it answered, their time from sending
+  // to the answer (both links and its layers), and the times it was declared failed.
+  struct Node {
+    std::string address;  // host:port
+    int first_layer = 0, last_layer = 0;
+    bool up = false;
+    uint64_t steps = 0, failures = 0;
+    double step_seconds = 0;
+  };
+  std::vector<Node> nodes;
 };
 
 class GridHead final : public StepExecutor {

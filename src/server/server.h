@@ -83,6 +83,10 @@ struct ServerOptions {
   // Fields added to /health's JSON that do not make it unhealthy (the prefix store being
   // down: the server serves without it), e.g. {"store", "down"}.
   std::function<std::vector<std::pair<std::string, std::string>>()> health_fields = nullptr;
+  // More sections of the cache view (GET /trellis/v1/cache): {key, a JSON value's text},
+  // e.g. {"store", ...} with the prefix store's servers, {"grid", ...} with the grid's
+  // nodes. Called on an HTTP worker for every view; may wait on the network (bounded).
+  std::function<std::vector<std::pair<std::string, std::string>>()> cache_view_sections = nullptr;
   // The GGUF file served (/props, Ollama's /api/tags and /api/show); "" and 0 if unknown.
   std::string model_path;
   uint64_t model_bytes = 0;

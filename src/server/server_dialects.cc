@@ -220,6 +220,12 @@ void Server::HandleCacheView(const HttpRequest& req, uint64_t salt, HttpExchange
                           {"store_tokens", m.store_tokens}}},
             {"nodes", std::move(nodes)},
             {"truncated", snap->truncated}};
+  if (opts_.cache_view_sections) {
+    for (auto& [key, text] : opts_.cache_view_sections()) {
+      json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (!v.is_discarded()) j[key] = std::move(v);
+    }
+  }
   HttpResponse res;
   res.body = Dumped(j);
   ex.Respond(res);

@@ -784,6 +784,29 @@ size_t StoreClient::ReachableMembers() const {
   });
 }
 
+std::vector<MemberStats> StoreClient::StatsOfMembers(net::Deadline deadline) {
+  std::vector<std::pair<size_t, std::string>> live;
+  {
+    std::shared_lock lock(impl_->view_mu);
+    for (size_t i = 0; i < impl_->members.size(); ++i) {
+      if (impl_->members[i].live) live.emplace_back(i, impl_->members[i].address);
+    }
+  }
+  std::vector<MemberStats> out;
+  for (auto& [m, address] : live) {
+    MemberStats ms;
+    ms.address = std::move(address);
+    auto r = impl_->CallSync(m, kStats, "", deadline);
+    if (!r.ok()) {
+      ms.status = r.status();
+    } else if (!DecodeStatsReply(*r, ms.stats)) {
+      ms.status = Corrupt("store " + ms.address + " answered Stats malformed");
+    }
+    out.push_back(std::move(ms));
+  }
+  return out;
+}
+
 ClientStats StoreClient::stats() const {
   std::lock_guard<std::mutex> lock(impl_->stats_mu);
   return impl_->st;

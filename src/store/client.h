@@ -24,6 +24,7 @@
 
 #include "net/transport.h"
 #include "store/keys.h"
+#include "store/protocol.h"
 #include "util/status.h"
 
 namespace trellis::store {
@@ -82,6 +83,13 @@ struct ClientStats {
   uint64_t misses_error = 0;     // refused as malformed, or another error: a bug or a hostile peer
 };
 
+// One server's Stats (its tiers and hits), or why there are none.
+struct MemberStats {
+  std::string address;
+  Status status;
+  StatsReply stats;
+};
+
 class StoreClient {
  public:
   static Result<std::unique_ptr<StoreClient>> Connect(const ClientOptions& options, net::Deadline deadline);
@@ -124,6 +132,8 @@ class StoreClient {
   std::vector<std::string> Members() const;
   // How many of them answered when last tried (connected and greeted, not down).
   size_t ReachableMembers() const;
+  // Every live member's Stats, asked in turn (one that is down fails at once).
+  std::vector<MemberStats> StatsOfMembers(net::Deadline deadline);
   // Tests only: runs on every segment a read lands, on the transport's thread, before the
   // read completes (net::Transport::SetLandedHookForTesting).
   void SetLandedHookForTesting(std::function<void(void* local, uint64_t length)> hook);

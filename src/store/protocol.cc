@@ -308,6 +308,31 @@ std::string EncodeMembersReply(const std::vector<std::string>& addresses) {
   return w.Take();
 }
 
+namespace {
+// StatsReply's fields in wire order.
+template <typename F>
+void ForEachStat(F&& f, StatsReply& m) {
+  for (uint64_t* v : {&m.memory_used, &m.memory_capacity, &m.tensors, &m.replicas, &m.replica_bytes, &m.replica_hits,
+                      &m.ssd_used, &m.ssd_capacity, &m.ssd_tensors, &m.ssd_reads, &m.lookups,
+                      &m.lookup_blocks_matched, &m.acquire_hits, &m.acquire_misses, &m.puts, &m.evictions, &m.peers}) {
+    f(*v);
+  }
+}
+}  // namespace
+
+std::string EncodeStatsReply(const StatsReply& m) {
+  WireWriter w;
+  StatsReply copy = m;
+  ForEachStat([&](uint64_t& v) { w.U64(v); }, copy);
+  return w.Take();
+}
+
+bool DecodeStatsReply(std::string_view body, StatsReply& m) {
+  WireReader r(body);
+  ForEachStat([&](uint64_t& v) { v = r.U64(); }, m);
+  return r.Done();
+}
+
 bool DecodeMembersReply(std::string_view body, std::vector<std::string>& addresses) {
   WireReader r(body);
   const uint32_t n = r.Count(kMaxMembersReply, 4);

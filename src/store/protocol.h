@@ -42,7 +42,7 @@ enum MsgType : uint16_t {
   kRelease = 6,
   // n u32, [owner u64, tensor u64] -> forgotten u32 (index entries dropped)
   kForget = 7,
-  // -> Prometheus text
+  // -> StatsReply: the server's tiers and hits (an engine's cache view)
   kStats = 8,
   // -> n u32, [address str] (this server's advertised address, then its peers': the
   //    membership as it knows it)
@@ -60,7 +60,7 @@ enum MsgType : uint16_t {
 };
 
 // 2: checksums per slice of a block; 3: the writer's checksums in PutData.
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kMaxKeys = 1 << 16;       // blocks in one message (2M tokens at 32)
 inline constexpr uint32_t kMaxSegments = 1 << 16;
 inline constexpr uint32_t kMaxLeaseMs = 60000;
@@ -176,6 +176,18 @@ std::string EncodeU32(uint32_t v);
 bool DecodeU32(std::string_view body, uint32_t& v);
 std::string EncodeU64(uint64_t v);
 bool DecodeU64(std::string_view body, uint64_t& v);
+
+// Stats' reply: what a person looking at the store wants of each server (a subset of
+// ServerStats, in this order on the wire, u64 each).
+struct StatsReply {
+  uint64_t memory_used = 0, memory_capacity = 0, tensors = 0;
+  uint64_t replicas = 0, replica_bytes = 0, replica_hits = 0;
+  uint64_t ssd_used = 0, ssd_capacity = 0, ssd_tensors = 0, ssd_reads = 0;
+  uint64_t lookups = 0, lookup_blocks_matched = 0, acquire_hits = 0, acquire_misses = 0;
+  uint64_t puts = 0, evictions = 0, peers = 0;
+};
+std::string EncodeStatsReply(const StatsReply& m);
+bool DecodeStatsReply(std::string_view body, StatsReply& m);
 
 inline constexpr uint32_t kMaxMembersReply = 1024;
 inline constexpr uint32_t kMaxAddressBytes = 256;

@@ -363,6 +363,17 @@ TEST(StoreProtocolTest, EveryMessageRoundTripsAndEveryTruncationFails) {
   ASSERT_TRUE(DecodeMembersReply(EncodeMembersReply(members), members2));
   EXPECT_EQ(members2, members);
   EveryTruncationFails(EncodeMembersReply(members), [](std::string_view b) { std::vector<std::string> m; return DecodeMembersReply(b, m); });
+  StatsReply st, st2;
+  st.memory_used = 1;
+  st.ssd_reads = 10;
+  st.peers = 17;
+  ASSERT_TRUE(DecodeStatsReply(EncodeStatsReply(st), st2));
+  EXPECT_EQ(st2.memory_used, 1u);
+  EXPECT_EQ(st2.ssd_reads, 10u);
+  EXPECT_EQ(st2.peers, 17u);
+  EXPECT_EQ(st2.puts, 0u);
+  EveryTruncationFails(EncodeStatsReply(st), [](std::string_view b) { StatsReply m; return DecodeStatsReply(b, m); });
+  EXPECT_FALSE(DecodeStatsReply(EncodeStatsReply(st) + "x", st2));  // trailing bytes
 }
 
 // Counts are checked against what the body could hold before anything is allocated: a

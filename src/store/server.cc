@@ -59,10 +59,7 @@ void StoreServer::Impl::Handle(ConnId c, uint16_t type, uint64_t rid, std::strin
       for (const auto& [id, p] : peers) all.push_back(p.address);
       return t->Reply(c, rid, EncodeMembersReply(all));
     }
-    case kStats: {
-      UpdateGauges();
-      return t->Reply(c, rid, "");  // the text is served by MetricsText; the call proves liveness
-    }
+    case kStats: return t->Reply(c, rid, EncodeStatsReply(StatsForWire()));
     default: return t->ReplyError(c, rid, Unsupported("unknown store message type " + std::to_string(type)));
   }
 }

@@ -107,6 +107,8 @@ struct StoreServer::Impl {
 
   // server_metrics.cc
   void UpdateGauges();
+  // (Loop thread.) Stats' reply, gauges brought up to date.
+  StatsReply StatsForWire();
 };
 
 }  // namespace trellis::store

@@ -39,6 +39,30 @@ void StoreServer::Impl::UpdateGauges() {
   st.ssd_log_write_failures = ssd ? ssd->log_write_failures() : 0;
 }
 
+StatsReply StoreServer::Impl::StatsForWire() {
+  UpdateGauges();
+  std::lock_guard<std::mutex> lock(stats_mu);
+  StatsReply r;
+  r.memory_used = st.bytes_used;
+  r.memory_capacity = st.bytes_capacity;
+  r.tensors = st.tensors;
+  r.replicas = st.replicas;
+  r.replica_bytes = st.replica_bytes;
+  r.replica_hits = st.replica_hits;
+  r.ssd_used = st.ssd_bytes_used;
+  r.ssd_capacity = st.ssd_bytes_capacity;
+  r.ssd_tensors = st.ssd_tensors;
+  r.ssd_reads = st.ssd_reads;
+  r.lookups = st.lookups;
+  r.lookup_blocks_matched = st.lookup_blocks_matched;
+  r.acquire_hits = st.acquire_hits;
+  r.acquire_misses = st.acquire_misses;
+  r.puts = st.puts;
+  r.evictions = st.evictions;
+  r.peers = st.peers;
+  return r;
+}
+
 ServerStats StoreServer::stats() const {
   impl_->t->Sync([this] { impl_->UpdateGauges(); });
   std::lock_guard<std::mutex> lock(impl_->stats_mu);

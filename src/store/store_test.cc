@@ -1154,6 +1154,20 @@ TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
   }
   ASSERT_GT(on_dead, 0);
   ASSERT_LT(on_dead, static_cast<int>(seqs.size()));
+  // Stats over the wire (the cache view's store section): each server's own counters.
+  const std::vector<MemberStats> live = c->StatsOfMembers(net::After(2000ms));
+  ASSERT_EQ(live.size(), 2u);
+  for (const MemberStats& m : live) {
+    ASSERT_TRUE(m.status.ok()) << m.address << ": " << m.status.ToString();
+    const ServerStats want = (m.address == dead ? s2 : s1)->stats();
+    EXPECT_EQ(m.stats.puts, want.puts);
+    EXPECT_GT(m.stats.puts, 0u);
+    EXPECT_EQ(m.stats.memory_used, want.bytes_used);
+    EXPECT_EQ(m.stats.memory_capacity, want.bytes_capacity);
+    EXPECT_EQ(m.stats.tensors, want.tensors);
+    EXPECT_EQ(m.stats.lookups, want.lookups);
+    EXPECT_EQ(m.stats.peers, want.peers);
+  }
   s2.reset();  // gone, as a killed process would be
   int served = 0, missed = 0;
   for (auto& t : seqs) {
@@ -1171,6 +1185,11 @@ TEST(Store, ADeadServerIsAMissWithinTheDeadlineAndTheOthersServe) {
   EXPECT_GT(missed, 0);  // what needed s2 is a miss, not a hang
   const ClientStats cs = c->stats();
   EXPECT_GT(cs.misses_down + cs.misses_deadline, 0u);
+  const auto t0 = net::Clock::now();
+  for (const MemberStats& m : c->StatsOfMembers(net::After(1500ms))) {
+    EXPECT_EQ(m.status.ok(), m.address != dead) << m.address << ": " << m.status.ToString();
+  }
+  EXPECT_LT(net::Clock::now() - t0, TestScaled(4s));
 }
 
 

@@ -10,7 +10,8 @@
 #   - a node SIGKILLed in the middle of a long stream ends it with an error event and
 #     [DONE] within the step deadline; then requests fail with 503 (and an SSE error
 #     event), /health says 503 and names the node; restarted, it rejoins and answers are
-#     right again;
+#     right again, and the cache view (/trellis/v1/cache) shows each node's layers,
+#     steps and the failure;
 #   - a node that stops answering (SIGSTOP) fails requests within --grid-timeout;
 #   - nodes registered in etcd (`node --etcd`) are found by `serve --grid-etcd`;
 #   - with a prefix store (`trellis store`, nodes and head started with --store): a grid
@@ -137,6 +138,18 @@ for layout in 3 2; do
     [[ $(curl -s -o /dev/null -w '%{http_code}' "$base/health") == 200 ]] || die "the head did not recover: $(tail -5 "$tmp/head3.log")"
     for i in "${!prompts[@]}"; do ask "r$i" "${prompts[$i]}"; same "ref$i" "r$i"; done
     ok "rejoined without restarting the head; answers right again"
+    curl -s -m 10 "$base/trellis/v1/cache" >"$tmp/view.json"
+    python3 - "$tmp/view.json" "127.0.0.1:$p3" <<'PY' || die "the cache view's grid section: $(cat "$tmp/view.json")"
+import json, sys
+g = json.load(open(sys.argv[1]))["grid"]
+assert g["healthy"] and g["head"]["layers"] is None and g["node_failures"] == 1 and g["rejoins"] == 1, g
+assert [n["layers"] for n in g["nodes"]] == [[0, 1], [2, 2], [3, 3]], g["nodes"]
+for n in g["nodes"]:
+    assert n["up"] and n["steps"] > 0 and n["step_seconds"] > 0 and n["rtt_seconds"] > 0, n
+    assert n["failures"] == (1 if n["address"] == sys.argv[2] else 0), n
+print("  ok   cache view: " + "; ".join(f"{n['address']} layers {n['layers']} {n['steps']} steps, "
+      f"{1000 * n['step_seconds'] / n['steps']:.2f} ms each, {n['failures']} failures" for n in g["nodes"]))
+PY
 
     say "node 3 stops answering (SIGSTOP): requests fail within --grid-timeout"
     kill -STOP "$pid3"

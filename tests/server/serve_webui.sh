@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # server_webui: the chat page at / in headless Chromium (Debian's chromium, driven by the
 # puppeteer-core npm package: node/webui_test.mjs), against a server without and one with
-# an API key; curl checks of what the page may serve (no path escapes, --no-webui,
-# --webui-path). Screenshots go to $TRELLIS_ARTIFACTS (default build/test-artifacts).
+# an API key, and on a store-backed pair (node/webui_store_test.mjs); curl checks of what
+# the page may serve (no path escapes, --no-webui, --webui-path). Screenshots go to
+# $TRELLIS_ARTIFACTS (default build/test-artifacts).
 # usage: serve_webui.sh TRELLIS DATA_DIR
 set -euo pipefail
 TRELLIS=$1 DATA=$2
@@ -91,4 +92,15 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$base/webui/marked.min.js")
 [[ $code == 404 ]] || die "--webui-path: a file the folder does not hold gave $code"
 stop_server
 ok "--no-webui answers 404 at /; --webui-path serves the folder instead"
+
+say "a store-backed pair in the browser: node 2 reads node 1's conversation from the store; its cache view shows the store"
+export UCX_NET_DEVICES=lo
+start_store webui-store-a
+a_addr=$store_addr
+start_store webui-store-b --peers "$a_addr"
+start_server webui-node1 --store "$a_addr" --store-peers "$store_addr" --store-net-devices lo
+base1=$base
+start_server webui-node2 --store "$store_addr" --store-net-devices lo
+(cd "$node_dir" && timeout 120 node webui_store_test.mjs "$base1" "$base" "$shots") | tee "$tmp/webui-store.out" \
+  || die "webui store test failed (server logs: $tmp/webui-node1.log $tmp/webui-node2.log)"
 echo "PASS server_webui"

@@ -7,58 +7,18 @@
 // - on a server with --api-key, the page asks for the key and works with it.
 // Screenshots of each state go to SCREENSHOT_DIR.
 import assert from "node:assert/strict";
-import puppeteer from "puppeteer-core";
+import { launch, open, say, cached, setSystem } from "./webui_lib.mjs";
 
 const [base, keyedBase, key, shots] = process.argv.slice(2);
 let checks = 0;
 const ok = (what) => { checks++; console.log(`  ok   ${what}`); };
 
-const browser = await puppeteer.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
-});
+const browser = await launch();
 try {
-  const open = async (url, allowedErrors = []) => {
-    const page = await browser.newPage();
-    await page.setViewport({ width: 1100, height: 720 });
-    const errors = [], outside = [];
-    page.on("console", (m) => { if (m.type() === "error" && !allowedErrors.some((re) => re.test(m.text()))) errors.push(m.text()); });
-    page.on("pageerror", (e) => errors.push(String(e)));
-    page.on("request", (r) => { if (!r.url().startsWith(url) && !r.url().startsWith("data:")) outside.push(r.url()); });
-    // Short answers: the tiny random model rarely ends on its own.
-    await page.evaluateOnNewDocument(() => {
-      if (!localStorage.getItem("trellis.settings")) localStorage.setItem("trellis.settings", JSON.stringify({ max_tokens: 24 }));
-    });
-    await page.goto(url + "/", { waitUntil: "networkidle0" });
-    return { page, errors, outside };
-  };
-  // Sends a message with Enter and waits for the reply to finish; counts the times the
-  // reply's node was redrawn while it streamed.
-  const say = async (page, text) => {
-    const before = await page.$$eval(".msg.assistant", (n) => n.length);
-    await page.evaluate(() => {
-      window.__redraws = 0;
-      new MutationObserver(() => window.__redraws++).observe(document.getElementById("log"), { childList: true });
-    });
-    await page.type("#input", text);
-    await page.keyboard.press("Enter");
-    await page.waitForFunction((n) => document.body.dataset.state === "idle" && document.querySelectorAll(".msg.assistant").length === n + 1 &&
-                                      document.querySelector(".msg.assistant:last-child .receipt")?.textContent,
-                               { timeout: 30000 }, before);
-    return page.evaluate(() => ({
-      body: document.querySelector(".msg.assistant:last-child .body").textContent,
-      receipt: document.querySelector(".msg.assistant:last-child .receipt").textContent,
-      error: document.querySelector(".msg.assistant:last-child .error")?.textContent ?? null,
-      redraws: window.__redraws,
-    }));
-  };
-  const cached = (receipt) => Number(/prompt \d+: (\d+) cached/.exec(receipt)?.[1] ?? -1);
-
   // --- the open server ---
-  const { page, errors, outside } = await open(base);
+  const { page, errors, outside } = await open(browser, base);
   assert.equal(await page.title(), "Trellis");
-  await page.$eval("#system", (el) => { el.value = "You are a helpful assistant who answers every question briefly and kindly, in plain words."; el.dispatchEvent(new Event("change")); });
+  await setSystem(page, "You are a helpful assistant who answers every question briefly and kindly, in plain words.");
   const r1 = await say(page, "Hello there, who are you?");
   assert.equal(r1.error, null, r1.error);
   assert.ok(/\d+ generated/.test(r1.receipt) && !/ 0 generated/.test(r1.receipt), r1.receipt);
@@ -91,6 +51,23 @@ try {
   assert.ok(view.titles.some((t) => t.includes("helpful assistant")), view.titles.join(" | "));
   ok(`cache view: ${view.rects.length} node(s), the system prompt's text shown to its owner; "${view.summary.slice(0, 90)}..."`);
   await page.screenshot({ path: `${shots}/webui-cache.png` });
+  // The grid section (a `serve --grid` head's view; serve_grid.sh checks the endpoint's
+  // fields on a real grid): drawn from the documented shape, a node down and one failure.
+  const grid = await page.evaluate(() => {
+    const node = (address, layers, up, steps, seconds, failures) =>
+      ({ address, layers, up, steps, step_seconds: seconds, failures, rtt_seconds: 0.0002, bandwidth: 2.5e9 });
+    drawGrid({ healthy: false, message: "grid node 127.0.0.1:7003 (layers 3-3) failed: timed out",
+               head: { layers: null, layers_seconds: 0, wait_seconds: 1.5, logits_seconds: 0.2 }, steps: 40, tokens: 900,
+               node_failures: 1, rejoins: 0,
+               nodes: [node("127.0.0.1:7001", [0, 1], true, 40, 0.4, 0), node("127.0.0.1:7003", [3, 3], false, 39, 0.3, 1)] });
+    return { summary: document.getElementById("grid-summary").textContent,
+             rows: [...document.querySelectorAll("#grid-nodes tr")].slice(1).map((r) => ({ down: r.className === "down",
+                                                                                            cells: [...r.cells].map((c) => c.textContent) })) };
+  });
+  assert.ok(grid.summary.includes("not serving: grid node 127.0.0.1:7003"), grid.summary);
+  assert.deepEqual(grid.rows.map((r) => [r.cells[0], r.cells[1], r.cells[2], r.cells[4], r.cells[5], r.down]),
+                   [["127.0.0.1:7001", "0-1", "up", "mean 10.0 ms", "0", false], ["127.0.0.1:7003", "3-3", "down", "mean 7.7 ms", "1", true]]);
+  ok(`grid section: ${grid.rows.map((r) => r.cells.slice(0, 3).join(" ")).join("; ")}`);
   await page.click("#show-chat");
   await page.reload({ waitUntil: "networkidle0" });
   const kept = await page.$$eval(".msg", (n) => n.length);
@@ -102,7 +79,7 @@ try {
   await page.close();
 
   // --- a server with an API key: the page asks for it ---
-  const keyed = await open(keyedBase, [/401/]);
+  const keyed = await open(browser, keyedBase, [/401/]);
   await keyed.page.type("#input", "Hello?");
   await keyed.page.keyboard.press("Enter");
   await keyed.page.waitForSelector("#keydlg.open", { timeout: 10000 });
