@@ -373,7 +373,8 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
   const int64_t unit_rows = kPackRows * pk.groups;
   int64_t total_units = 0;
   for (const MatMulOut& o : outs) total_units += (o.w->rows + unit_rows - 1) / unit_rows;
-  const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / a_stride / kPackedMaxTokens * kPackedMaxTokens);
+  const int64_t token_bytes = pk.tiled ? a_stride / kPackedMaxTokens : a_stride;
+  const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / token_bytes / kPackedMaxTokens * kPackedMaxTokens);
   pool.Run([&](int ith, int nth) {
     const int64_t u_begin = total_units * ith / nth, u_end = total_units * (ith + 1) / nth;
     PackedArgs p;
@@ -396,7 +397,7 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
           p.nr = static_cast<int>(std::min<int64_t>(unit_rows, w.rows - g * kPackRows));
           p.ng = static_cast<int>((p.nr + kPackRows - 1) / kPackRows);
           for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
-            p.a = a + t * a_stride;
+            p.a = a + (pk.tiled ? t / kPackedMaxTokens : t) * a_stride;  // t0 and tc: multiples of the tile
             p.y = o.y + t * o.y_stride + g * kPackRows;
             p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
             pk.fn(p);
@@ -407,15 +408,22 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
   });
 }
 
-// Activation rows x[t] -> scratch in `type`'s layout; returns the row stride.
+// Activation rows x[t] -> scratch in `type`'s layout, or tiled (matmul_internal.h) for a
+// packed kernel that reads them so; returns the row stride (tiled: the tile stride).
 int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                            int64_t cols, ThreadPool& pool, void* scratch) {
+                            int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
-  const int64_t a_stride = static_cast<int64_t>(ActRowBytes(type, cols));
+  TRELLIS_CHECK(!tiled || type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0);
+  const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
 #if TRELLIS_X86
+      if (tiled) {
+        QuantizeActTiledAvx2(x + t * x_stride, cols, type == GgmlType::kQ4_0 ? 8 : 128,
+                             s + t / kPackedMaxTokens * a_stride, static_cast<int>(t % kPackedMaxTokens));
+        continue;
+      }
       if (isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512) {
         QuantizeActRowAvx2(type, x + t * x_stride, cols, s + t * a_stride);
         continue;
@@ -471,7 +479,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
   if (w.type != GgmlType::kF32) {
-    a_stride = QuantizeActivations(isa, w.type, x, x_stride, n_tokens, cols, pool, scratch);
+    a_stride = QuantizeActivations(isa, w.type, x, x_stride, n_tokens, cols, pool, scratch, pk.tiled);
     a = static_cast<const uint8_t*>(scratch);
   }
 
@@ -526,14 +534,17 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
     return;
   }
   TRELLIS_CHECK(IsaSupported(isa));
-  const int64_t a_stride = QuantizeActivations(isa, w0.type, x, x_stride, n_tokens, w0.cols, pool, scratch);
+  const int64_t a_stride = QuantizeActivations(isa, w0.type, x, x_stride, n_tokens, w0.cols, pool, scratch, pk.tiled);
   RunPacked(pk, outs, static_cast<const uint8_t*>(scratch), a_stride, n_tokens, pool);
 }
 
 }  // namespace matmul_internal
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
-  return matmul_internal::ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
+  using namespace matmul_internal;
+  const size_t rows = ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
+  if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0) return rows;
+  return std::max(rows, static_cast<size_t>(TiledActBytes(cols, n_tokens)));  // a packed kernel's tiles
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,

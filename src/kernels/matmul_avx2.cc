@@ -290,26 +290,32 @@ inline __m256i RoundHalfAway(__m256 v) {
   return _mm256_cvttps_epi32(_mm256_add_ps(t, adj));
 }
 
+// One block of 32 activations as Q8_0: returns the 32 int8 values; *d = the scale rounded
+// through f16, *sum = the values' sum.
+inline __m256i QuantizeBlockQ8_0(const float* xb, float* d_out, int32_t* sum) {
+  const float d = HmaxAbs(xb, 32) / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  *d_out = Fp16ToFp32(Fp32ToFp16(d));
+  const __m256 vid = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
+  // Each q[k] holds 8 int32 values in -127..127: their sum is the block's sum.
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *sum = _mm_cvtsi128_si32(s4);
+  return PackToInt8(q[0], q[1], q[2], q[3]);
+}
+
 void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
   float* dd = reinterpret_cast<float*>(dst + cols);
   int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
   float* dsums = reinterpret_cast<float*>(dst + cols + 8 * (cols / 32));
   for (int64_t b = 0; b < cols / 32; ++b) {
-    const float* xb = x + 32 * b;
-    const float d = HmaxAbs(xb, 32) / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    dd[b] = Fp16ToFp32(Fp32ToFp16(d));
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
-    // Each q[k] holds 8 int32 values in -127..127: their sum is the block's sum.
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    sums[b] = _mm_cvtsi128_si32(s4);
+    const __m256i q = QuantizeBlockQ8_0(x + 32 * b, dd + b, sums + b);
     dsums[b] = dd[b] * static_cast<float>(sums[b]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), PackToInt8(q[0], q[1], q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), q);
   }
 }
 
@@ -354,6 +360,17 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
 }
 
 }  // namespace
+
+void QuantizeActTiledAvx2(const float* x, int64_t cols, int32_t offset, uint8_t* tile, int slot) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    uint8_t* blk = tile + b * kTiledBlockBytes;
+    float* d = reinterpret_cast<float*>(blk + 32 * kPackedMaxTokens) + slot;
+    int32_t sum = 0;
+    const __m256i q = QuantizeBlockQ8_0(x + 32 * b, d, &sum);
+    reinterpret_cast<int32_t*>(blk + 36 * kPackedMaxTokens)[slot] = -offset * sum;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 32 * slot), q);
+  }
+}
 
 void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {
   switch (ActFamily(type)) {

@@ -144,8 +144,29 @@ inline constexpr int kPackedMaxTokens = 8;
 struct PackedKernel {
   PackedFn fn = nullptr;  // null: no x16 layout for the type
   int groups = 1;         // max groups per tile
+  bool tiled = false;     // reads tiled Q8_0 activations (below), not rows
 };
-// Packed kernels read the same activation scratch as the row-major ones (layout above).
+
+// Tiled Q8_0 activations, for the AVX-512 packed Q4_0 / Q8_0 kernels: tokens in tiles of
+// kPackedMaxTokens, tile T at T * TiledActStride(cols) (PackedArgs::a is the tile, a_stride
+// the tile stride); in a tile, block b at kTiledBlockBytes * b holds int8 qs[8][32] (token
+// slot-major), float d[8], int32 corr[8]. corr = -offset * the sum of the block's qs, with
+// offset the weights' unsigned bias (8 for Q4_0, 128 for Q8_0): the int32 accumulator's
+// start. Everything a tile reads per block is then at fixed offsets from one pointer, so
+// the activation bytes go straight into vpdpbusd as broadcast memory operands; the row
+// layout made the kernel carry 3 x 8 row pointers, more than the registers.
+// Slots past the last token of the last tile are never written nor read.
+inline constexpr int64_t kTiledBlockBytes = 32 * kPackedMaxTokens + 8 * kPackedMaxTokens;
+inline int64_t TiledActStride(int64_t cols) { return (cols / 32) * kTiledBlockBytes; }
+inline int64_t TiledActBytes(int64_t cols, int64_t n_tokens) {
+  return (n_tokens + kPackedMaxTokens - 1) / kPackedMaxTokens * TiledActStride(cols);
+}
+// Writes one token's activations x[cols] into slot `slot` of the tile at `tile`, the same
+// values as QuantizeActRow's Q8_0 row (AVX2 + F16C, matmul_avx2.cc).
+void QuantizeActTiledAvx2(const float* x, int64_t cols, int32_t offset, uint8_t* tile, int slot);
+
+// Packed kernels read the same activation scratch as the row-major ones (layout above),
+// or tiled activations where PackedKernel::tiled says so.
 PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
 // packed_avx2.cc (the same types as AVX-512): the AVX-VNNI build where the CPU has it and
 // TRELLIS_AVXVNNI is not 0, else plain AVX2.

@@ -212,6 +212,31 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
     matmul_internal::QuantizeActRowAvx2(t, x.data(), cols, b.data());
     EXPECT_EQ(a, b) << GetGgmlTypeTraits(t).name;
   }
+  // Tiled activations (the AVX-512 packed Q4_0 / Q8_0 kernels): each slot holds the row's
+  // values, its scales and -offset * its block sums, and writes nothing outside its slot.
+  const size_t n = matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols);
+  std::vector<uint8_t> row(n);
+  matmul_internal::QuantizeActRow(GgmlType::kQ8_0, x.data(), cols, row.data());
+  const int64_t nb = cols / 32;
+  std::vector<uint8_t> tile(static_cast<size_t>(matmul_internal::TiledActStride(cols)), 0xAB);
+  matmul_internal::QuantizeActTiledAvx2(x.data(), cols, 8, tile.data(), 5);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile.data() + b * matmul_internal::kTiledBlockBytes;
+    ASSERT_EQ(std::memcmp(blk + 32 * 5, row.data() + 32 * b, 32), 0) << "block " << b;
+    float d;
+    int32_t corr, sum;
+    std::memcpy(&d, blk + 256 + 4 * 5, 4);
+    std::memcpy(&corr, blk + 288 + 4 * 5, 4);
+    std::memcpy(&sum, row.data() + matmul_internal::Q8_0SumOffset(cols) + 4 * b, 4);
+    EXPECT_EQ(d, reinterpret_cast<const float*>(row.data() + cols)[b]) << "block " << b;
+    EXPECT_EQ(corr, -8 * sum) << "block " << b;
+    for (int s = 0; s < 8; ++s) {
+      if (s == 5) continue;
+      for (int k = 0; k < 32; ++k) ASSERT_EQ(blk[32 * s + k], 0xAB) << "slot " << s << " written";
+      for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[256 + 4 * s + k], 0xAB) << "slot " << s << " scale written";
+      for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[288 + 4 * s + k], 0xAB) << "slot " << s << " sum written";
+    }
+  }
 }
 #endif
 
@@ -233,6 +258,10 @@ TEST(MatMulTest, ScratchBytesIsPureAndSized) {
   EXPECT_EQ(MatMulScratchBytes(GgmlType::kQ4_0, 2048, 8), MatMulScratchBytes(GgmlType::kQ4_0, 2048, 8));
   EXPECT_GE(MatMulScratchBytes(GgmlType::kQ4_0, 2048, 1), 2048u + 64 * 4);
   EXPECT_EQ(MatMulScratchBytes(GgmlType::kQ6_K, 2048, 4) % 64, 0u);
+  // Room for the packed kernels' tiles: a whole tile even for one token.
+  for (int64_t n : {1, 7, 8, 9, 512}) {
+    EXPECT_GE(MatMulScratchBytes(GgmlType::kQ4_0, 2048, n), static_cast<size_t>(matmul_internal::TiledActBytes(2048, n))) << n;
+  }
 }
 
 // Every weight type MatMulTest covers has a NEON tile of its own on aarch64 (with and

@@ -177,9 +177,10 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
     int64_t rows, cols, n_tokens;
   };
   // Every token count 1..8 of a tile, with 1-3 groups and partial groups (the float
-  // kernels choose their tiles by both).
+  // kernels choose their tiles by both); 150 tokens of 2048 columns span three of
+  // RunPacked's L2 token chunks (tiled activations are addressed by tile there).
   const Shape shapes[] = {{16, 256, 1}, {37, 256, 3}, {260, 512, 8}, {260, 512, 70}, {5, 2048, 9}, {48, 768, 17},
-                          {40, 256, 2}, {48, 256, 4}, {33, 256, 5}, {47, 512, 6}, {35, 512, 7}};
+                          {40, 256, 2}, {48, 256, 4}, {33, 256, 5}, {47, 512, 6}, {35, 512, 7}, {20, 2048, 150}};
   ThreadPool pool(2);
   uint32_t seed = 10;
   ForEachPackedType(isa, [&](GgmlType type) {

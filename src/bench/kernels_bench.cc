@@ -1,0 +1,124 @@
+// bench_kernels: the matmul kernels alone (Google Benchmark), for the roofline work
+// (docs/ROOFLINE.md). Each weight type MatMul runs, at the TinyLlama FFN shape (5632 rows
+// x 2048 columns), against 1, 8, 64 and 512 tokens, on one thread and on all of them:
+// the activation conversion and the tiles, the same code path a forward pass runs. The
+// counter GOP/s is 2 x rows x cols x tokens per second (one multiply-add = 2 ops), to set
+// against `trellis bench roofline`'s int8 / f32 peaks measured in the same minute.
+//
+// The weights (random Gaussian, quantized by quant.h; packed as the loader packs them
+// where the CPU runs packed kernels) are ~6-23 MB, so they sit in L3 here: the 1-token
+// rows measure the tiles' streaming, not DRAM (decode against DRAM: `trellis bench
+// speed`). The kernel family is the one the CPU selects; TRELLIS_ISA=avx2|scalar and
+// TRELLIS_AVXVNNI=0 force others, as for the `trellis` binary.
+//
+// usage: build/bench_kernels [--benchmark_filter=Q4_0] [--benchmark_repetitions=5]
+//          [--benchmark_out=FILE.csv --benchmark_out_format=csv]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+#include "kernels/packed.h"
+#include "kernels/quant.h"
+#include "util/thread_pool.h"
+
+namespace trellis {
+namespace {
+
+constexpr int64_t kRows = 5632, kCols = 2048;
+
+// 64-byte aligned bytes.
+struct Aligned {
+  explicit Aligned(size_t n) : p(static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) / 64 * 64 + 64))) {}
+  ~Aligned() { std::free(p); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  uint8_t* p;
+};
+
+// A rows x cols matrix of `type` from Gaussian values, packed where MatMul would use it.
+struct Weights {
+  GgmlType type;
+  std::vector<uint8_t> rows;
+  std::unique_ptr<Aligned> packed;
+  WeightMatrix w{};
+};
+
+std::unique_ptr<Weights> MakeWeights(GgmlType type) {
+  auto m = std::make_unique<Weights>();
+  m->type = type;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> row(kCols);
+  const int64_t rb = RowBytes(type, kCols);
+  m->rows.resize(static_cast<size_t>(rb * kRows));
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (float& v : row) v = nd(rng);
+    if (!QuantizeRow(type, row.data(), m->rows.data() + r * rb, kCols).ok()) return nullptr;
+  }
+  m->w = WeightMatrix{type, m->rows.data(), kRows, kCols, rb};
+  if (PackableType(type) && PackingUseful(m->w)) {
+    m->packed = std::make_unique<Aligned>(PackedBytes(m->w));
+    PackWeights(m->w, 0, (kRows + kPackRows - 1) / kPackRows, m->packed->p);
+    m->w.packed = m->packed->p;
+  }
+  return m;
+}
+
+void RunMatMul(benchmark::State& state, const Weights* m, int tokens, int threads) {
+  ThreadPool pool(threads);
+  std::vector<float> x(static_cast<size_t>(tokens * kCols)), y(static_cast<size_t>(tokens * kRows));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& v : x) v = nd(rng);
+  Aligned scratch(MatMulScratchBytes(m->type, kCols, tokens));
+  for (auto _ : state) {
+    MatMul(m->w, x.data(), kCols, tokens, y.data(), kRows, pool, scratch.p);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["packed"] = m->w.packed != nullptr;
+}
+
+}  // namespace
+}  // namespace trellis
+
+int main(int argc, char** argv) {
+  using namespace trellis;
+  ChooseKernels(KernelChoiceFromValues(std::getenv("TRELLIS_ISA"), std::getenv("TRELLIS_AVXVNNI"),
+                                       std::getenv("TRELLIS_NEON_DOTPROD"), std::getenv("TRELLIS_REPACK")));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  benchmark::AddCustomContext("kernels", KernelIsaName(BestKernelIsa()));
+  std::vector<std::unique_ptr<Weights>> keep;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kF16, GgmlType::kBF16}) {
+    auto m = MakeWeights(type);
+    if (!m) {
+      std::fprintf(stderr, "bench_kernels: cannot quantize %s\n", std::string(GetGgmlTypeTraits(type).name).c_str());
+      return 1;
+    }
+    for (int threads : {1, all}) {
+      for (int tokens : {1, 8, 64, 512}) {
+        const std::string name = std::string(GetGgmlTypeTraits(type).name) + "/tokens:" + std::to_string(tokens) +
+                                 "/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), RunMatMul, m.get(), tokens, threads)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
+      if (all == 1) break;
+    }
+    keep.push_back(std::move(m));
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
