@@ -379,15 +379,17 @@ double DecodeCeiling(const ModelCost& m, double bytes_per_s, double ops_per_s, i
   return b / std::max(read, compute);
 }
 
-Status Run(const RooflineBenchOptions& o) {
-  const Paths p = ChoosePaths();
-  const int reps = o.quick ? 3 : 7;
+// Every figure for 1 thread and o.threads (only_threads: for o.threads alone), medians of
+// `reps` repetitions.
+Result<std::vector<Figure>> MeasureFigures(const RooflineBenchOptions& o, const Paths& p, int reps,
+                                           bool only_threads = false) {
   const double peak_seconds = o.quick ? 0.004 : 0.02;  // one repetition of a peak loop
   const size_t dram_bytes = (o.quick ? size_t{64} : size_t{512}) << 20;
   const size_t l2_bytes = 256 << 10;
   const int l2_passes = o.quick ? 128 : 4096;
 
-  std::vector<int> thread_counts = {1};
+  std::vector<int> thread_counts;
+  if (!only_threads || o.threads == 1) thread_counts.push_back(1);
   if (o.threads > 1) thread_counts.push_back(o.threads);
   std::vector<Figure> figs;
 
@@ -475,15 +477,26 @@ Status Run(const RooflineBenchOptions& o) {
     for (int n : thread_counts) figs.push_back(MeasurePeak(k, n, iters, reps));
   }
   figs.push_back(MeasurePeak(clock, 1, Calibrate(clock.fn, peak_seconds), reps));
+  return figs;
+}
 
-  // The best figure whose key starts with `key` (dram_read: over the load widths).
-  auto find = [&](const std::string& key, int n) -> double {
-    double best = 0;
-    for (const Figure& f : figs) {
-      if (f.key.rfind(key, 0) == 0 && f.threads == n) best = std::max(best, f.value);
-    }
-    return best;
-  };
+// The best figure whose key starts with `key` (dram_read: over the load widths).
+double BestFigure(const std::vector<Figure>& figs, const std::string& key, int n) {
+  double best = 0;
+  for (const Figure& f : figs) {
+    if (f.key.rfind(key, 0) == 0 && f.threads == n) best = std::max(best, f.value);
+  }
+  return best;
+}
+
+Status Run(const RooflineBenchOptions& o) {
+  const Paths p = ChoosePaths();
+  const int reps = o.quick ? 3 : 7;
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<Figure> figs, MeasureFigures(o, p, reps));
+  std::vector<int> thread_counts = {1};
+  if (o.threads > 1) thread_counts.push_back(o.threads);
+
+  auto find = [&](const std::string& key, int n) { return BestFigure(figs, key, n); };
 
   // Ceilings.
   struct Ceiling {
@@ -554,6 +567,20 @@ Status Run(const RooflineBenchOptions& o) {
 Status RunRooflineBench(const RooflineBenchOptions& o) {
   if (o.threads < 1 || o.threads > 256) return Failure("bench roofline: --threads must be in 1..256");
   return Run(o);
+}
+
+Result<MachineLimits> MeasureLimits(int threads, bool quick) {
+  if (threads < 1 || threads > 256) return Failure("limits: threads must be in 1..256");
+  RooflineBenchOptions o;
+  o.threads = threads;
+  o.quick = quick;
+  const Paths p = ChoosePaths();
+  TRELLIS_ASSIGN_OR_RETURN(std::vector<Figure> figs, MeasureFigures(o, p, quick ? 3 : 5, /*only_threads=*/true));
+  MachineLimits m;
+  m.int8_ops = BestFigure(figs, "int8_dot", threads) * 1e9;
+  m.f32_flops = BestFigure(figs, "f32_fma", threads) * 1e9;
+  m.dram_bytes = BestFigure(figs, "dram_read", threads) * 1e9;
+  return m;
 }
 
 }  // namespace trellis::bench

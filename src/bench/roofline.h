@@ -27,4 +27,12 @@ struct RooflineBenchOptions {
 
 Status RunRooflineBench(const RooflineBenchOptions& o);
 
+// This machine's limits at `threads` threads, measured now (the same loops as the bench;
+// quick: ~1 s, else ~3 s), per second: the int8 dot and f32 FMA peaks in ops, the DRAM read
+// bandwidth in bytes (the better of the load widths). 0 where the CPU has no such loop.
+struct MachineLimits {
+  double int8_ops = 0, f32_flops = 0, dram_bytes = 0;
+};
+Result<MachineLimits> MeasureLimits(int threads, bool quick);
+
 }  // namespace trellis::bench

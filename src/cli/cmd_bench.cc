@@ -36,6 +36,8 @@ struct SpeedOpts {
   int depth = 0;  // tokens already in the KV cache before each pp / tg test (llama-bench's -d)
   std::string threads_how;  // how the default thread count was chosen ("" with -t)
   bool json = false;
+  bool limits = false;  // measure this machine's limits before and after, report fractions
+  bool limits_quick = false;  // with the roofline's --quick loops (tests)
   KvTypeFlags kv_types;
 };
 
@@ -55,9 +57,40 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
+// What the limits allow a model: prefill tokens/s at the arithmetic peak (int8 for
+// quantized weights, f32 FMA for float ones), decode tokens/s of b sessions at the DRAM
+// bandwidth (one read of the active weights per step, or b tokens of arithmetic).
+struct SpeedLimits {
+  double pp = 0, tg = 0, tg_batched = 0;
+};
+SpeedLimits LimitsFor(const Model& m, const bench::MachineLimits& l, int sessions) {
+  // The layers' weight type (a mixture's experts when it has no dense FFN).
+  const LayerWeights& l0 = m.layer(m.part().first_layer);
+  const GgmlType t = m.n_local_layers() == 0 ? GgmlType::kF32
+                     : l0.wq.rows > 0        ? l0.wq.type
+                                             : l0.w_up.type;
+  const bool float_weights = t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+  const double peak = float_weights ? l.f32_flops : l.int8_ops;
+  const double ops = 2.0 * static_cast<double>(m.ActiveMacsPerToken());
+  const double bytes = static_cast<double>(m.ActiveWeightBytes());
+  auto decode = [&](int b) {
+    const double step = std::max(bytes / l.dram_bytes, peak > 0 ? b * ops / peak : 0.0);
+    return step > 0 ? b / step : 0.0;
+  };
+  return {peak > 0 ? peak / ops : 0, l.dram_bytes > 0 ? decode(1) : 0, l.dram_bytes > 0 ? decode(sessions) : 0};
+}
+
 int RunSpeed(const SpeedOpts& o) {
   auto model = Model::Load(o.model);
   if (!model.ok()) return Fail(model.status().ToString());
+  // Limits measured right before and right after the tests (this machine's bandwidth moves
+  // from minute to minute): the fractions use their mean.
+  bench::MachineLimits before, after;
+  if (o.limits) {
+    auto l = bench::MeasureLimits(o.threads, o.limits_quick);
+    if (!l.ok()) return Fail(l.status().ToString());
+    before = *l;
+  }
   bench::SpeedParams sp;
   sp.threads = o.threads;
   sp.pp = o.pp;
@@ -74,6 +107,17 @@ int RunSpeed(const SpeedOpts& o) {
   const int d = o.depth;
   const double pp_med = pp.empty() ? 0 : Median(pp);
   const double tg_med = tg.empty() ? 0 : Median(tg);
+  bench::MachineLimits lim;
+  SpeedLimits ceil;
+  if (o.limits) {
+    auto l = bench::MeasureLimits(o.threads, o.limits_quick);
+    if (!l.ok()) return Fail(l.status().ToString());
+    after = *l;
+    lim = {(before.int8_ops + after.int8_ops) / 2, (before.f32_flops + after.f32_flops) / 2,
+           (before.dram_bytes + after.dram_bytes) / 2};
+    ceil = LimitsFor(**model, lim, o.sessions);
+  }
+  auto fraction = [](double v, double limit) { return limit > 0 ? v / limit : 0.0; };
   const int64_t rss = PeakRssBytes();
   const std::string type = (*model)->TypeSummary();
   const std::string isa = KernelPathName(), cpu = CpuModelName();
@@ -88,6 +132,21 @@ int RunSpeed(const SpeedOpts& o) {
       j["tg_batched_tok_s"] = Median(tgb);
       j["tg_batched_over_single"] = Median(tgb) / tg_med;
       j["tg_batched_runs"] = tgb;
+    }
+    if (o.limits) {
+      j["limits"] = {{"int8_ops_per_s", lim.int8_ops}, {"f32_flops_per_s", lim.f32_flops},
+                     {"dram_bytes_per_s", lim.dram_bytes}, {"dram_bytes_per_s_before", before.dram_bytes},
+                     {"dram_bytes_per_s_after", after.dram_bytes},
+                     {"macs_per_token", (*model)->ActiveMacsPerToken()},
+                     {"weight_bytes_per_token", (*model)->ActiveWeightBytes()}};
+      j["pp_limit_tok_s"] = ceil.pp;
+      j["pp_fraction"] = fraction(pp_med, ceil.pp);
+      j["tg_limit_tok_s"] = ceil.tg;
+      j["tg_fraction"] = fraction(tg_med, ceil.tg);
+      if (!tgb.empty()) {
+        j["tg_batched_limit_tok_s"] = ceil.tg_batched;
+        j["tg_batched_fraction"] = fraction(Median(tgb), ceil.tg_batched);
+      }
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -106,6 +165,22 @@ int RunSpeed(const SpeedOpts& o) {
       const std::string name = "tg" + std::to_string(o.tg) + " x" + std::to_string(o.sessions) + " sessions, aggregate: tg";
       row(name.c_str(), o.tg, tgb);
       std::printf("batched decode: %d sessions give %.2fx the tokens/s of one\n", o.sessions, Median(tgb) / tg_med);
+    }
+    if (o.limits) {
+      std::printf("\nlimits (mean of before / after the tests): int8 dot %.0f GOP/s, f32 FMA %.0f GFLOP/s, DRAM read "
+                  "%.1f GB/s (%.1f / %.1f); %.3f GOP and %.1f MB of weights per token\n\n",
+                  lim.int8_ops * 1e-9, lim.f32_flops * 1e-9, lim.dram_bytes * 1e-9, before.dram_bytes * 1e-9,
+                  after.dram_bytes * 1e-9, 2e-9 * static_cast<double>((*model)->ActiveMacsPerToken()),
+                  1e-6 * static_cast<double>((*model)->ActiveWeightBytes()));
+      std::printf("| test | tokens/s | limit tokens/s | fraction | bound |\n|---|---|---|---|---|\n");
+      auto frow = [&](const std::string& test, const std::vector<double>& v, double limit, const char* bound) {
+        if (!v.empty()) std::printf("| %s | %.2f | %.1f | %.2f | %s |\n", test.c_str(), Median(v), limit, fraction(Median(v), limit), bound);
+      };
+      frow("pp" + std::to_string(o.pp), pp, ceil.pp, "arithmetic peak");
+      frow("tg" + std::to_string(o.tg), tg, ceil.tg, "DRAM bandwidth");
+      frow("tg" + std::to_string(o.tg) + " x" + std::to_string(o.sessions), tgb, ceil.tg_batched,
+           "DRAM bandwidth (one read per step) or arithmetic");
+      std::printf("\n");
     }
     std::printf("peak RSS: %.1f MiB (weights %.1f MiB mmapped)\n", static_cast<double>(rss) / (1 << 20),
                 static_cast<double>((*model)->WeightBytes()) / (1 << 20));
@@ -321,6 +396,11 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_option("--block-size", o->block_size, "KV block size")->capture_default_str();
   speed->add_option("-s,--sessions", o->sessions, "also decode this many sessions at once (aggregate tok/s)")->capture_default_str();
   speed->add_flag("--json", o->json, "print one JSON object");
+  speed->add_flag("--limits", o->limits,
+                  "measure this machine's limits (`bench roofline`'s int8 / f32 peaks and DRAM bandwidth) right before "
+                  "and after the tests and report each figure as a fraction of what they allow (~7 s more)");
+  speed->add_flag("--limits-quick", o->limits_quick, "--limits with the roofline's --quick loops (~1 s; a smoke test)")
+      ->group("");
   AddKvTypeFlags(*speed, &o->kv_types);
   speed->add_option("--csv", o->csv, "append a CSV row to this file");
   auto serve = AddServeBench(app);
@@ -403,6 +483,7 @@ Runner AddBenchCommand(CLI::App& app) {
     if (o->depth < 0 || o->depth > (1 << 20)) return Fail("bench: n-depth must be in 0..1048576");
     if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
     o->threads = ResolveThreads(o->threads, &o->threads_how);
+    o->limits = o->limits || o->limits_quick;
     return RunSpeed(*o);
   };
 }

@@ -406,4 +406,17 @@ int64_t Model::ActiveWeightBytes() const {
   return WeightBytes() - experts + experts / c.n_expert * c.n_expert_used;
 }
 
+int64_t Model::ActiveMacsPerToken() const {
+  int64_t macs = part_.head ? output_.rows * output_.cols : 0, experts = 0;
+  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
+    const LayerWeights& l = layers_[static_cast<size_t>(i)];
+    for (const WeightMatrix* w : l.Matrices()) macs += w->rows * w->cols;
+    for (const auto* v : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
+      for (const WeightMatrix& w : *v) experts += w.rows * w.cols;
+    }
+  }
+  if (!config_.moe()) return macs;
+  return macs - experts + experts / config_.n_expert * config_.n_expert_used;
+}
+
 }  // namespace trellis

@@ -110,6 +110,9 @@ class Model {
   // Bytes one token's decode step reads: WeightBytes(), but of a mixture's experts only
   // the n_expert_used / n_expert share a token routes through.
   int64_t ActiveWeightBytes() const;
+  // Matmul multiply-adds one token costs, over the same matrices as ActiveWeightBytes()
+  // (attention's own products left out): the arithmetic a prefill token needs.
+  int64_t ActiveMacsPerToken() const;
   // Identifies the weights for cache and store keys: hash of the config, the tensor
   // table and every weight byte (XXH3).
   uint64_t fingerprint() const { return fingerprint_; }

@@ -230,6 +230,12 @@ TEST(ModelTest, MixtureOfExpertsFilesAreChecked) {
     EXPECT_EQ(static_cast<const uint8_t*>(d5.data), t->data + 5 * d5.rows * d5.row_bytes);
     // A token's decode step reads 2 of the 8 experts.
     EXPECT_LT((*m)->ActiveWeightBytes(), (*m)->WeightBytes() / 2);
+    // Its arithmetic, from the shape: per layer q, k, v, o, the router and 2 experts' gate,
+    // up and down; then the output head.
+    const int64_t E = c.n_embd, Q = static_cast<int64_t>(c.n_head) * c.head_dim,
+                  KV = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+    const int64_t per_layer = 2 * E * Q + 2 * E * KV + E * c.n_expert + 2 * 3 * E * c.n_ff_exp;
+    EXPECT_EQ((*m)->ActiveMacsPerToken(), c.n_layer * per_layer + E * c.n_vocab);
   }
   auto with_key = [&](const char* name, const char* key, uint64_t value) {
     const std::string path = TempPath(name);

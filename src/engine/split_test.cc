@@ -50,6 +50,11 @@ TEST(ModelPartTest, KeepsItsLayersAndTheWholeFingerprint) {
   EXPECT_EQ(node->n_local_layers(), 1);
   // The parts' weights add up to the whole's.
   EXPECT_EQ(head->WeightBytes() + node->WeightBytes(), whole->WeightBytes());
+  EXPECT_EQ(head->ActiveMacsPerToken() + node->ActiveMacsPerToken(), whole->ActiveMacsPerToken());
+  const ModelConfig& c = whole->config();
+  const int64_t E = c.n_embd, Q = static_cast<int64_t>(c.n_head) * c.head_dim,
+                KV = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+  EXPECT_EQ(whole->ActiveMacsPerToken(), c.n_layer * (2 * E * Q + 2 * E * KV + 3 * E * c.n_ff) + E * c.n_vocab);
 }
 
 TEST(ModelPartTest, RangesOutsideTheModelAreRefused) {

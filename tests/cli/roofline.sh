@@ -42,6 +42,28 @@ done
 grep -qE '^\| Q4_0 \| 1 \| 598\.8 \| 2\.069 \|' "$tmp/md.txt" || die "Q4_0 TinyLlama shape: expected 598.8 MB and 2.069 GOP per token: $(grep Q4_0 "$tmp/md.txt")"
 ok "Q4_0: 598.8 MB and 2.069 GOP per token"
 
+say "bench speed --limits: each figure as a fraction of the limits measured in the same run"
+timeout "$(scaled 60)" "$TRELLIS" gen-model --shape tiny --type q4_0 -o "$tmp/tiny.gguf" >/dev/null 2>"$tmp/gen.err" ||
+  die "gen-model: $(cat "$tmp/gen.err")"
+timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 4 -r 1 -s 2 --limits-quick --json \
+  >"$tmp/speed.json" 2>"$tmp/speed.err" || die "bench speed --limits failed: $(cat "$tmp/speed.err")"
+python3 - "$tmp/speed.json" "$simd" <<'PY' || die "bench speed --limits: $(cat "$tmp/speed.json")"
+import json, sys
+j = json.load(open(sys.argv[1])); simd = sys.argv[2] == "1"
+l = j["limits"]
+assert l["dram_bytes_per_s"] > 0 and l["macs_per_token"] > 0 and l["weight_bytes_per_token"] > 0, l
+assert (l["int8_ops_per_s"] > 0) == simd, l
+if simd:
+    limit = l["int8_ops_per_s"] / (2 * l["macs_per_token"])
+    assert abs(j["pp_limit_tok_s"] - limit) <= 1e-6 * limit, (j["pp_limit_tok_s"], limit)
+    assert abs(j["pp_fraction"] - j["pp_tok_s"] / limit) <= 1e-9 + 1e-6 * j["pp_fraction"], j
+tg_limit = min(l["dram_bytes_per_s"] / l["weight_bytes_per_token"], l["int8_ops_per_s"] / (2 * l["macs_per_token"]) if simd else 1e30)
+assert abs(j["tg_limit_tok_s"] - tg_limit) <= 1e-6 * tg_limit, (j["tg_limit_tok_s"], tg_limit)
+assert 0 < j["tg_fraction"] and 0 < j["tg_batched_fraction"], j
+print(f"  ok   pp {j['pp_tok_s']:.0f} of {j['pp_limit_tok_s']:.0f} tok/s ({j['pp_fraction']:.2f}), tg {j['tg_tok_s']:.0f} of "
+      f"{j['tg_limit_tok_s']:.0f} ({j['tg_fraction']:.2f}), 2 sessions {j['tg_batched_fraction']:.2f}")
+PY
+
 say "--json prints one object per line, --csv appends the same figures"
 timeout 60 "$TRELLIS" bench roofline --quick --threads 2 --json --csv "$tmp/r.csv" >"$tmp/j.txt" 2>"$tmp/j.err" ||
   die "bench roofline --json failed: $(cat "$tmp/j.err")"
