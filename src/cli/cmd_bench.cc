@@ -38,6 +38,7 @@ struct SpeedOpts {
   bool json = false;
   bool limits = false;  // measure this machine's limits before and after, report fractions
   bool limits_quick = false;  // with the roofline's --quick loops (tests)
+  bool thread_sweep = false;  // run at 1, 2, ..., threads threads
   KvTypeFlags kv_types;
 };
 
@@ -399,6 +400,9 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_flag("--limits", o->limits,
                   "measure this machine's limits (`bench roofline`'s int8 / f32 peaks and DRAM bandwidth) right before "
                   "and after the tests and report each figure as a fraction of what they allow (~7 s more)");
+  speed->add_flag("--thread-sweep", o->thread_sweep,
+                  "run the tests at 1, 2, ..., -t threads (thread scaling; with --limits, each against the limits "
+                  "at its own thread count)");
   speed->add_flag("--limits-quick", o->limits_quick, "--limits with the roofline's --quick loops (~1 s; a smoke test)")
       ->group("");
   AddKvTypeFlags(*speed, &o->kv_types);
@@ -484,7 +488,18 @@ Runner AddBenchCommand(CLI::App& app) {
     if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
     o->threads = ResolveThreads(o->threads, &o->threads_how);
     o->limits = o->limits || o->limits_quick;
-    return RunSpeed(*o);
+    if (!o->thread_sweep) return RunSpeed(*o);
+    // Thread scaling: the same tests at 1..threads threads, a table (or JSON object) each.
+    const int n = o->threads;
+    for (int t = 1; t <= n; ++t) {
+      SpeedOpts one = *o;
+      one.threads = t;
+      one.threads_how.clear();
+      if (!o->json) std::printf("%s## %d thread%s\n\n", t > 1 ? "\n" : "", t, t > 1 ? "s" : "");
+      std::fflush(stdout);
+      if (int rc = RunSpeed(one); rc != 0) return rc;
+    }
+    return 0;
   };
 }
 

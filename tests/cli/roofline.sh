@@ -63,6 +63,11 @@ assert 0 < j["tg_fraction"] and 0 < j["tg_batched_fraction"], j
 print(f"  ok   pp {j['pp_tok_s']:.0f} of {j['pp_limit_tok_s']:.0f} tok/s ({j['pp_fraction']:.2f}), tg {j['tg_tok_s']:.0f} of "
       f"{j['tg_limit_tok_s']:.0f} ({j['tg_fraction']:.2f}), 2 sessions {j['tg_batched_fraction']:.2f}")
 PY
+timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 4 -r 1 --thread-sweep --json \
+  >"$tmp/sweep.json" 2>"$tmp/sweep.err" || die "bench speed --thread-sweep failed: $(cat "$tmp/sweep.err")"
+[[ $(python3 -c 'import json, sys; print([json.loads(l)["threads"] for l in open(sys.argv[1])])' "$tmp/sweep.json") == "[1, 2]" ]] \
+  || die "--thread-sweep -t 2 did not run 1 and 2 threads: $(cat "$tmp/sweep.json")"
+ok "--thread-sweep: one result per thread count, 1 and 2"
 
 say "--json prints one object per line, --csv appends the same figures"
 timeout 60 "$TRELLIS" bench roofline --quick --threads 2 --json --csv "$tmp/r.csv" >"$tmp/j.txt" 2>"$tmp/j.err" ||
