@@ -44,11 +44,10 @@ __attribute__((always_inline)) inline void StoreRows(const PackedArgs& p, int g,
 constexpr int64_t kPrefetchBytes = 1024;
 
 // One 32-element block of 4-bit x16 weights (4 lines at wb, packed.h) against NT tokens'
-// activation bytes at arow[t] + offset: iacc[t] (16 rows) += sum of e * a. The nibbles
-// are split once per line and shared by all tokens.
-template <int NT>
-__attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, const uint8_t* const (&arow)[NT],
-                                                          int64_t offset, __m512i (&iacc)[NT]) {
+// activation bytes: iacc[t] (16 rows) += sum of e * a, token t's bytes 8i..8i+7 of the
+// block at act(t, i). The nibbles are split once per line and shared by all tokens.
+template <int NT, typename Act>
+__attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
@@ -58,7 +57,7 @@ __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, con
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const uint8_t* a = arow[t] + offset + 8 * i;
+      const uint8_t* a = act(t, i);
       iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
       iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
     }
@@ -74,7 +73,6 @@ void TilePacked(const PackedArgs& p) {
   constexpr int64_t kD = 32 * kPackedMaxTokens, kCorr = 36 * kPackedMaxTokens;
   const uint8_t* qs = p.g;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -85,18 +83,7 @@ void TilePacked(const PackedArgs& p) {
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(Load32(ab + kCorr + 4 * t));
     if constexpr (kQ4) {
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
-        const __m512i packed = _mm512_load_si512(wb + 64 * i);
-        const __m512i lo = _mm512_and_si512(packed, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) {
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(ab + 32 * t + 8 * i)));
-          iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(ab + 32 * t + 8 * i + 4)));
-        }
-      }
+      DotNibbleBlock<NT>(wb, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc);
     } else {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
@@ -191,7 +178,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
       if constexpr (kQ5) {
         DotQ5Block<NT>(wb, arow, 32 * b, iacc);
       } else {
-        DotNibbleBlock<NT>(wb, arow, 32 * b, iacc);
+        DotNibbleBlock<NT>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
       }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
