@@ -39,9 +39,13 @@ __attribute__((always_inline)) inline void StoreRows(const PackedArgs& p, int g,
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(p.y + t * p.y_stride + 16 * g, mask, acc[t]);
 }
 
-// Lines ahead of the current one to prefetch: about 1 KiB, measured best for streaming
-// weights from DRAM with 1..8 tokens.
-constexpr int64_t kPrefetchBytes = 1024;
+// How far ahead of the current line to prefetch. 1 KiB was best on Zen 4 with the row
+// activation layout; with tiled activations the Q4_0 / Q8_0 tiles run faster and 2 KiB
+// is better on Zen 5 (`bench speed -t 2 -p 0 -n 32 -r 2 -s 8`, TinyLlama shape, medians
+// of 4 alternating rounds: Q4_0 tg 58.9 -> 63.4, 8 sessions 272 -> 290 tok/s; Q8_0 30.1 ->
+// 32.5 and 174 -> 188; Q4_K_M 54.1 -> 64.4 and 177 -> 203; pp512 422 vs 415, noise; 4 KiB
+// no better than 2).
+constexpr int64_t kPrefetchBytes = 2048;
 
 // One 32-element block of 4-bit x16 weights (4 lines at wb, packed.h) against NT tokens'
 // activation bytes: iacc[t] (16 rows) += sum of e * a, token t's bytes 8i..8i+7 of the
