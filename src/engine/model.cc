@@ -384,39 +384,32 @@ std::string Model::TypeSummary() const {
   return s;
 }
 
-int64_t Model::WeightBytes() const {
-  int64_t b = part_.head ? output_.rows * output_.row_bytes : 0;
+// Sums per(w) over the matrices this part holds (the output head included); with
+// active_only, a mixture's experts count by the share a token routes through.
+template <typename F>
+int64_t Model::SumOverMatrices(F per, bool active_only) const {
+  int64_t total = part_.head ? per(output_) : 0, experts = 0;
   for (int i = part_.first_layer; i < part_.last_layer; ++i) {
     const LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (const WeightMatrix* w : l.Matrices()) b += w->rows * w->row_bytes;
+    for (const WeightMatrix* w : l.Matrices()) total += per(*w);
+    for (const auto* v : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
+      for (const WeightMatrix& w : *v) experts += per(w);
+    }
   }
-  return b;
+  if (!active_only || !config_.moe()) return total;
+  return total - experts + experts / config_.n_expert * config_.n_expert_used;
+}
+
+int64_t Model::WeightBytes() const {
+  return SumOverMatrices([](const WeightMatrix& w) { return w.rows * w.row_bytes; }, false);
 }
 
 int64_t Model::ActiveWeightBytes() const {
-  const ModelConfig& c = config_;
-  if (!c.moe()) return WeightBytes();
-  int64_t experts = 0;
-  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
-    const LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (const auto* v : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
-      for (const WeightMatrix& w : *v) experts += w.rows * w.row_bytes;
-    }
-  }
-  return WeightBytes() - experts + experts / c.n_expert * c.n_expert_used;
+  return SumOverMatrices([](const WeightMatrix& w) { return w.rows * w.row_bytes; }, true);
 }
 
 int64_t Model::ActiveMacsPerToken() const {
-  int64_t macs = part_.head ? output_.rows * output_.cols : 0, experts = 0;
-  for (int i = part_.first_layer; i < part_.last_layer; ++i) {
-    const LayerWeights& l = layers_[static_cast<size_t>(i)];
-    for (const WeightMatrix* w : l.Matrices()) macs += w->rows * w->cols;
-    for (const auto* v : {&l.exp_gate, &l.exp_up, &l.exp_down}) {
-      for (const WeightMatrix& w : *v) experts += w.rows * w.cols;
-    }
-  }
-  if (!config_.moe()) return macs;
-  return macs - experts + experts / config_.n_expert * config_.n_expert_used;
+  return SumOverMatrices([](const WeightMatrix& w) { return w.rows * w.cols; }, true);
 }
 
 }  // namespace trellis

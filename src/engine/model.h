@@ -127,6 +127,8 @@ class Model {
   size_t packed_bytes() const { return packed_bytes_; }
 
  private:
+  template <typename F>
+  int64_t SumOverMatrices(F per, bool active_only) const;
   explicit Model(GgufFile gguf, const ModelPart& part) : gguf_(std::move(gguf)), part_(part) {}
   Status Init();
   void Repack();
