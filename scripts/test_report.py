@@ -4,7 +4,8 @@
 usage: test_report.py REPORT_DIR --budget SECONDS --elapsed SECONDS --rc CODE
 
 REPORT_DIR holds stages.tsv (name, seconds, exit code per stage, in order) and one JUnit
-file per ctest stage (ctest --output-junit). Prints both tables; exits 1 when the run
+file per ctest stage (ctest --output-junit). Prints both tables, then the last lines of
+each failed test's output (at most three tests); exits 1 when the run
 passed but took longer than the budget (0: no budget), else 0.
 """
 import argparse
@@ -30,6 +31,7 @@ def main():
             stages.append((name, int(seconds), int(rc)))
 
     tests = []  # (seconds, stage, name, status)
+    failures = []  # (stage, name, the last lines of its output)
     for xml in sorted(glob.glob(os.path.join(a.report, "*.xml"))):
         stage = os.path.basename(xml)[:-4].replace("_", " ")
         try:
@@ -39,6 +41,9 @@ def main():
             continue
         for tc in root.iter("testcase"):
             tests.append((float(tc.get("time", "0")), stage, tc.get("name", "?"), tc.get("status", "?")))
+            if tc.get("status") == "fail":
+                out = tc.findtext("system-out") or ""
+                failures.append((stage, tc.get("name", "?"), out.rstrip("\n").splitlines()[-25:]))
 
     print("\n== stage times (wall)")
     for name, seconds, rc in stages:
@@ -56,6 +61,13 @@ def main():
             print(f"  {seconds:7.1f} s  {stage:<16} {name}")
         print("  (sum of test times per stage: "
               + ", ".join(f"{s} {sum(t[0] for t in ts):.0f} s" for s, ts in by_stage.items()) + ")")
+
+    # Last, so a summary cut to the run's tail still shows why each test failed (ctest
+    # prints the whole output of a failed test earlier, among the rest).
+    for stage, name, lines in failures[:3]:
+        print(f"\n== the end of {name}'s output ({stage})")
+        for line in lines:
+            print("  " + line[:300])
 
     if a.rc == 0 and a.budget and a.elapsed > a.budget:
         print(f"\ntest.sh: FAILED: the run took {a.elapsed} s, over its budget of {a.budget} s "

@@ -694,21 +694,24 @@ try:
             clean_detail[d] = clean_detail.get(d, 0) + 1
     for d, n in sorted(clean_detail.items(), key=lambda x: -x[1])[:6]:
         print(f"  failed cleanly x{n}: {d}")
-    failed = bool(bad or wrong or leaks)
+    why = [f"{len(bad)} unclean or hung: {bad[0]['outcome']} {bad[0]['front']} {bad[0]['kind']}: {bad[0]['detail']}"] if bad else []
+    why += [f"{len(wrong)} wrong, first: {wrong[0]}"] if wrong else []
+    why += [f"{len(leaks)} leaks, first: {leaks[0]}"] if leaks else []
     if by("ok") < max(20, len(results) // 3):
-        print(f"  only {by('ok')} of {len(results)} requests completed")
-        failed = True
+        why.append(f"only {by('ok')} of {len(results)} requests completed")
     if store_hits == 0:
-        print("  no answer used the store: the run proved nothing about it")
-        failed = True
+        why.append("no answer used the store: the run proved nothing about it")
     if args.faults == "all" and not args.only and len(faults) < len(schedule) - 1:
-        print(f"  only {len(faults)} fault kinds of {len(schedule)} injected: make the run longer")
-        failed = True
+        why.append(f"only {len(faults)} fault kinds of {len(schedule)} injected: make the run longer")
+    failed = bool(why)
     if failed:
         failed_run = True
         print("fault schedule (s since start, kind, target):")
         for t, kind, what in fault_log:
             print(f"  {t:>6} {kind} {what}")
+        # Last, so a log cut to its tail (a CI summary) still says why.
+        for w_ in why:
+            print("  why: " + w_[:400])
     print("chaos: " + ("FAILED" if failed else "ok"))
     sys.exit(1 if failed else 0)
 finally:
