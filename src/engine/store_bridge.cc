@@ -267,7 +267,9 @@ StoreFetchDone StoreBridge::RunFetch(const StoreFetch& f) {
   // The deadline: the configured bound, or sooner if computing the blocks would be.
   auto budget = opt_.fetch_timeout;
   if (f.compute_seconds_per_block > 0) {
-    const auto compute = std::chrono::milliseconds(static_cast<int64_t>(f.compute_seconds_per_block * 1000.0 * static_cast<double>(want)) + 5);
+    const auto compute =
+        std::chrono::milliseconds(static_cast<int64_t>(f.compute_seconds_per_block * 1000.0 * static_cast<double>(want))) +
+        opt_.compute_bound_slack;
     budget = std::min(budget, compute);
   }
   const net::Deadline deadline = net::Clock::now() + budget;

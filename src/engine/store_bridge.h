@@ -33,6 +33,9 @@ struct StoreBridgeOptions {
   // The longest a fetch may take (lookup and read); less when computing the blocks is
   // estimated to be quicker.
   std::chrono::milliseconds fetch_timeout{2000};
+  // Added to the compute estimate when it bounds a fetch (the estimate of a small model's
+  // few blocks is microseconds; a lookup's round trip is not).
+  std::chrono::milliseconds compute_bound_slack{5};
   std::chrono::milliseconds publish_timeout{10000};
   std::chrono::milliseconds connect_timeout{3000};
   size_t max_queued_publishes = 64;  // past this, publishes are dropped (counted)

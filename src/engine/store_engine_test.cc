@@ -2,6 +2,7 @@
 // pool, tree and store client) sharing store servers over real UCX on loopback. The
 // central property: a request's greedy tokens and logits are the same whether its prefix
 // was computed, taken from the local cache, or read from the store.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -80,8 +81,10 @@ std::unique_ptr<StoreBridge> BridgeTo(const std::vector<std::string>& addrs, std
 }
 
 std::unique_ptr<StoreBridge> Bridge(const std::vector<const store::StoreServer*>& servers, size_t local = 0,
-                                    std::chrono::milliseconds timeout = 2000ms) {
+                                    std::chrono::milliseconds timeout = 2000ms,
+                                    std::chrono::milliseconds compute_bound_slack = 5ms) {
   StoreBridgeOptions o;
+  o.compute_bound_slack = compute_bound_slack;
   for (auto* s : servers) o.client.servers.push_back("127.0.0.1:" + std::to_string(s->port()));
   o.client.local = o.client.servers[local];
   o.client.transport = Lo();
@@ -662,7 +665,10 @@ TEST(StoreEngine, AFailedFetchOverAPartialMatchComputesTheCopiedSlotsAgain) {
   const SchedulerOptions o = SixteenTokenBlocks();
   const auto p = Prompt(100, 31);
   PublishThenCorruptBlock2(*s1, pool, p, 10);  // in block 2's first slot (layer 0's K)
-  auto bb = Bridge({s1.get()});
+  // B's earlier prompt measures its compute rate, which then bounds the fetch (this tiny
+  // model's blocks compute in microseconds): without slack the read missed that deadline
+  // on a loaded machine and never reached the checksum.
+  auto bb = Bridge({s1.get()}, 0, 2000ms, 2000ms);
   ASSERT_TRUE(bb);
   SchedulerOptions ob = o;
   ob.store = bb.get();
@@ -675,7 +681,9 @@ TEST(StoreEngine, AFailedFetchOverAPartialMatchComputesTheCopiedSlotsAgain) {
   bb->Drain();
   const auto got = RunAll(*b, {Greedy(p, 4)});
   const CacheReceipt& c = got[0].result.cache;
-  EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kChecksum)], 0) << "no checksum miss: store " << c.store;
+  std::string misses;
+  for (int k = 1; k < kStoreMissKinds; ++k) misses += fmt::format(" {}={}", StoreMissName(static_cast<StoreMiss>(k)), c.misses[k]);
+  EXPECT_GT(c.misses[static_cast<int>(StoreMiss::kChecksum)], 0) << "no checksum miss: store " << c.store << misses;
   EXPECT_EQ(c.store, 0);
   EXPECT_EQ(c.local, 32) << "the 8 copied slots were overwritten by the failed read: not reused";
   EXPECT_EQ(c.store + c.local + c.computed, static_cast<int>(p.size()));
