@@ -5,7 +5,8 @@
 // counter GOP/s is 2 x rows x cols x tokens per second (one multiply-add = 2 ops), to set
 // against `trellis bench roofline`'s int8 / f32 peaks measured in the same minute.
 //
-// The weights (random Gaussian, quantized by quant.h; packed as the loader packs them
+// The weights (random Gaussian, quantized by quant.h, or random blocks for the types
+// Trellis does not write; packed as the loader packs them
 // where the CPU runs packed kernels) are ~6-23 MB, so they sit in L3 here: the 1-token
 // rows measure the tiles' streaming, not DRAM (decode against DRAM: `trellis bench
 // speed`). The kernel family is the one the CPU selects; TRELLIS_ISA=avx2|scalar and
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "kernels/cpu_features.h"
+#include "kernels/kernels_test_util.h"
 #include "kernels/matmul.h"
 #include "kernels/packed.h"
 #include "kernels/quant.h"
@@ -62,7 +64,8 @@ std::unique_ptr<Weights> MakeWeights(GgmlType type) {
   m->rows.resize(static_cast<size_t>(rb * kRows));
   for (int64_t r = 0; r < kRows; ++r) {
     for (float& v : row) v = nd(rng);
-    if (!QuantizeRow(type, row.data(), m->rows.data() + r * rb, kCols).ok()) return nullptr;
+    // Quantized, or random blocks for the types Trellis reads but does not write.
+    if (!testing_util::MakeWeightRow(type, row.data(), kCols, m->rows.data() + r * rb, rng)) return nullptr;
   }
   m->w = WeightMatrix{type, m->rows.data(), kRows, kCols, rb};
   if (PackableType(type) && PackingUseful(m->w)) {
@@ -101,8 +104,8 @@ int main(int argc, char** argv) {
   const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   benchmark::AddCustomContext("kernels", KernelIsaName(BestKernelIsa()));
   std::vector<std::unique_ptr<Weights>> keep;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL,
+                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16}) {
     auto m = MakeWeights(type);
     if (!m) {
       std::fprintf(stderr, "bench_kernels: cannot quantize %s\n", std::string(GetGgmlTypeTraits(type).name).c_str());

@@ -413,14 +413,14 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
 int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
                             int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
-  TRELLIS_CHECK(!tiled || type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0);
+  TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0);
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
 #if TRELLIS_X86
       if (tiled) {
-        QuantizeActTiledAvx2(x + t * x_stride, cols, type == GgmlType::kQ4_0 ? 8 : 128,
+        QuantizeActTiledAvx2(x + t * x_stride, cols, TiledActOffset(type),
                              s + t / kPackedMaxTokens * a_stride, static_cast<int>(t % kPackedMaxTokens));
         continue;
       }
@@ -543,7 +543,7 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   using namespace matmul_internal;
   const size_t rows = ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
-  if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0) return rows;
+  if (ActFamily(type) != GgmlType::kQ8_0) return rows;
   return std::max(rows, static_cast<size_t>(TiledActBytes(cols, n_tokens)));  // a packed kernel's tiles
 }
 

@@ -147,7 +147,7 @@ struct PackedKernel {
   bool tiled = false;     // reads tiled Q8_0 activations (below), not rows
 };
 
-// Tiled Q8_0 activations, for the AVX-512 packed Q4_0 / Q8_0 kernels: tokens in tiles of
+// Tiled Q8_0 activations, for the AVX-512 packed kernels of the 32-element block types: tokens in tiles of
 // kPackedMaxTokens, tile T at T * TiledActStride(cols) (PackedArgs::a is the tile, a_stride
 // the tile stride); in a tile, block b at kTiledBlockBytes * b holds int8 qs[8][32] (token
 // slot-major), float d[8], int32 corr[8]. corr = -offset * the sum of the block's qs, with
@@ -160,6 +160,17 @@ inline constexpr int64_t kTiledBlockBytes = 32 * kPackedMaxTokens + 8 * kPackedM
 inline int64_t TiledActStride(int64_t cols) { return (cols / 32) * kTiledBlockBytes; }
 inline int64_t TiledActBytes(int64_t cols, int64_t n_tokens) {
   return (n_tokens + kPackedMaxTokens - 1) / kPackedMaxTokens * TiledActStride(cols);
+}
+// The tiled activations' offset for a packed weight type: the unsigned bias of its stored
+// weights (Q4_0 8, Q5_0 16, Q8_0 and IQ4_NL's grid 128), so corr starts the accumulator
+// at the correction; Q5_1 (no bias, an offset m per block) takes -1: corr is the sum.
+inline int32_t TiledActOffset(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return 8;
+    case GgmlType::kQ5_0: return 16;
+    case GgmlType::kQ5_1: return -1;
+    default: return 128;
+  }
 }
 // Writes one token's activations x[cols] into slot `slot` of the tile at `tile`, the same
 // values as QuantizeActRow's Q8_0 row (AVX2 + F16C, matmul_avx2.cc).

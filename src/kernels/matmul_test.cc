@@ -30,49 +30,16 @@ struct TestMatrix {
   WeightMatrix w;
 };
 
-// Byte offsets of a block's f16 scales, and whether each may be negative: the types Trellis
-// reads but does not quantize get random blocks (every bit pattern of their quants and
-// packed scales is valid) with these set to moderate values.
-struct F16Field {
-  int offset;
-  bool signed_value;
-};
-std::vector<F16Field> ReadOnlyTypeScales(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ5_0:
-    case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS: return {{0, false}};
-    case GgmlType::kQ5_1: return {{0, false}, {2, true}};
-    case GgmlType::kQ2_K: return {{80, false}, {82, false}};
-    case GgmlType::kQ3_K: return {{108, false}};
-    default: return {};
-  }
-}
-
 TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   TestMatrix m;
   const std::vector<float> src = Gaussian(rows * cols, seed);
   const int64_t rb = RowBytes(type, cols);
   m.bytes.resize(rb * rows);
   m.dequant.resize(rows * cols);
-  const std::vector<F16Field> scales = ReadOnlyTypeScales(type);
   std::mt19937 rng(seed);
-  const int64_t block_bytes = GetGgmlTypeTraits(type).block_bytes;
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = m.bytes.data() + r * rb;
-    if (scales.empty()) {
-      EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, row, cols).ok());
-    } else {
-      for (int64_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(rng());
-      for (int64_t b = 0; b < rb / block_bytes; ++b) {
-        for (const F16Field& f : scales) {
-          float v = std::uniform_real_distribution<float>(0.002f, 0.02f)(rng);
-          if (f.signed_value && (rng() & 1)) v = -v;
-          const uint16_t h = Fp32ToFp16(v);
-          std::memcpy(row + b * block_bytes + f.offset, &h, 2);
-        }
-      }
-    }
+    EXPECT_TRUE(testing_util::MakeWeightRow(type, src.data() + r * cols, cols, row, rng));
     EXPECT_TRUE(DequantizeRow(type, row, m.dequant.data() + r * cols, cols).ok());
   }
   m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};

@@ -13,14 +13,48 @@ namespace {
 
 constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// 64-byte lines per 32-element block.
-int Lines(GgmlType type) { return type == GgmlType::kQ4_0 ? 4 : 8; }
+// The 32-element block types (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL): f16 arrays per block (d;
+// Q5_1 also m).
+int ScaleArrays(GgmlType type) { return type == GgmlType::kQ5_1 ? 2 : 1; }
+
+// Row r's 32 elements e(0..31) of a block as its 4 nibble lines at out: line i byte 4r+q
+// holds the low nibbles of e(8i+q) and e(8i+4+q) (packed.h).
+template <typename E>
+void PackNibbleLines(E e, int r, uint8_t* out) {
+  for (int i = 0; i < 4; ++i) {
+    for (int q = 0; q < 4; ++q) {
+      out[64 * i + 4 * r + q] = static_cast<uint8_t>((e(8 * i + q) & 0xF) | (e(8 * i + 4 + q) & 0xF) << 4);
+    }
+  }
+}
+
+// The 5th bits of row r's elements e(0..31) as the line at out: byte 4r+q holds those of
+// e(8i+q) at bit 2i and e(8i+4+q) at bit 2i+1, i = 0..3 (packed.h).
+template <typename E>
+void PackFifthBitLine(E e, int r, uint8_t* out) {
+  for (int q = 0; q < 4; ++q) {
+    int high = 0;
+    for (int i = 0; i < 4; ++i) high |= (e(8 * i + q) >> 4 & 1) << (2 * i) | (e(8 * i + 4 + q) >> 4 & 1) << (2 * i + 1);
+    out[4 * r + q] = static_cast<uint8_t>(high);
+  }
+}
 
 }  // namespace
 
 bool PackableType(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
-         type == GgmlType::kQ6_K || type == GgmlType::kF16 || type == GgmlType::kBF16;
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kF16:
+    case GgmlType::kBF16: return true;
+    default: return false;
+  }
 }
 
 bool PackingUseful(const WeightMatrix& w) {
@@ -35,7 +69,7 @@ size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
   if (type == GgmlType::kF16 || type == GgmlType::kBF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
-  return static_cast<size_t>(RoundUp(nb * (64 * Lines(type) + 2 * kPackRows), 64));
+  return static_cast<size_t>(RoundUp(nb * (64 * PackedLines(type) + 2 * kPackRows * ScaleArrays(type)), 64));
 }
 
 size_t PackedBytes(const WeightMatrix& w) {
@@ -62,19 +96,11 @@ void PackGroupQ4_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
       uint8_t* m = sc + 128;
       d[r] = blk.d;
       dmin[r] = blk.dmin;
-      // Element k of the super-block: chunk k / 64, low nibble for the first 32 of it.
-      auto nib = [&](int k) {
-        const uint8_t byte = blk.qs[32 * (k / 64) + k % 32];
-        return (k % 64) < 32 ? byte & 0xF : byte >> 4;
-      };
       for (int j = 0; j < 8; ++j) {
         GetScaleMinK4(j, blk.scales, &sc[16 * j + r], &m[16 * j + r]);
-        for (int i = 0; i < 4; ++i) {
-          for (int q = 0; q < 4; ++q) {
-            sb[256 * j + 64 * i + 4 * r + q] =
-                static_cast<uint8_t>(nib(32 * j + 8 * i + q) | nib(32 * j + 8 * i + 4 + q) << 4);
-          }
-        }
+        // Element k of sub-block j: chunk j / 2 of 64, low nibbles for even j.
+        PackNibbleLines([&](int k) { const uint8_t byte = blk.qs[32 * (j / 2) + k]; return j % 2 == 0 ? byte & 0xF : byte >> 4; },
+                        r, sb + 256 * j);
       }
     }
   }
@@ -100,14 +126,8 @@ void PackGroupQ5_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
         GetScaleMinK4(j, blk.scales, &sc[16 * j + r], &m[16 * j + r]);
         uint8_t* bl = sb + 320 * j;
         auto e = [&](int k) { return Q5KElement(blk, 32 * j + k); };
-        for (int q = 0; q < 4; ++q) {
-          int high = 0;
-          for (int i = 0; i < 4; ++i) {
-            bl[64 * i + 4 * r + q] = static_cast<uint8_t>((e(8 * i + q) & 0xF) | (e(8 * i + 4 + q) & 0xF) << 4);
-            high |= (e(8 * i + q) >> 4) << (2 * i) | (e(8 * i + 4 + q) >> 4) << (2 * i + 1);
-          }
-          bl[256 + 4 * r + q] = static_cast<uint8_t>(high);
-        }
+        PackNibbleLines(e, r, bl);
+        PackFifthBitLine(e, r, bl + 256);
       }
     }
   }
@@ -140,11 +160,7 @@ void PackGroupQ6_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
       for (int j = 0; j < 8; ++j) {
         uint8_t* bl = sb + 384 * j;
         auto q = [&](int e) { return Q6Element(blk, 32 * j + e); };
-        for (int i = 0; i < 4; ++i) {
-          for (int qq = 0; qq < 4; ++qq) {
-            bl[64 * i + 4 * r + qq] = static_cast<uint8_t>((q(8 * i + qq) & 0xF) | (q(8 * i + 4 + qq) & 0xF) << 4);
-          }
-        }
+        PackNibbleLines(q, r, bl);
         for (int m = 0; m < 2; ++m) {
           for (int qq = 0; qq < 4; ++qq) {
             int bits = 0;
@@ -205,34 +221,55 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     return;
   }
   const int64_t nb = w.cols / 32;
-  const int lines = Lines(w.type);
+  const int lines = PackedLines(w.type);
   const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
   const uint8_t* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = g_begin; g < g_end; ++g) {
     uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
     std::memset(out, 0, group_bytes);
     uint16_t* scales = reinterpret_cast<uint16_t*>(out + nb * 64 * lines);
+    uint16_t* mins = scales + 16 * nb;  // Q5_1
     for (int r = 0; r < kPackRows; ++r) {
       const int64_t row = g * kPackRows + r;
       if (row >= w.rows) break;
       const uint8_t* rp = src + row * w.row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
         uint8_t* qs = out + b * 64 * lines;
-        if (w.type == GgmlType::kQ4_0) {
-          const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(rp) + b;
-          scales[16 * b + r] = blk->d;
-          auto nib = [&](int k) { return k < 16 ? blk->qs[k] & 0xF : blk->qs[k - 16] >> 4; };
-          for (int i = 0; i < 4; ++i) {
-            for (int q = 0; q < 4; ++q) {
-              qs[64 * i + 4 * r + q] = static_cast<uint8_t>(nib(8 * i + q) | nib(8 * i + 4 + q) << 4);
-            }
+        switch (w.type) {
+          case GgmlType::kQ4_0: {
+            const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(rp)[b];
+            scales[16 * b + r] = blk.d;
+            PackNibbleLines([&](int k) { return k < 16 ? blk.qs[k] & 0xF : blk.qs[k - 16] >> 4; }, r, qs);
+            break;
           }
-        } else {
-          const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(rp) + b;
-          scales[16 * b + r] = blk->d;
-          for (int j = 0; j < 8; ++j) {
-            for (int q = 0; q < 4; ++q) {
-              qs[64 * j + 4 * r + q] = static_cast<uint8_t>(blk->qs[4 * j + q]) ^ 0x80;
+          case GgmlType::kIQ4_NL: {  // the grid indices
+            const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(rp)[b];
+            scales[16 * b + r] = blk.d;
+            PackNibbleLines([&](int k) { return k < 16 ? blk.qs[k] & 0xF : blk.qs[k - 16] >> 4; }, r, qs);
+            break;
+          }
+          case GgmlType::kQ5_0: {
+            const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(rp)[b];
+            scales[16 * b + r] = blk.d;
+            auto e = [&](int k) { return Q5Element(blk, k); };
+            PackNibbleLines(e, r, qs);
+            PackFifthBitLine(e, r, qs + 256);
+            break;
+          }
+          case GgmlType::kQ5_1: {
+            const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(rp)[b];
+            scales[16 * b + r] = blk.d;
+            mins[16 * b + r] = blk.m;
+            auto e = [&](int k) { return Q5Element(blk, k); };
+            PackNibbleLines(e, r, qs);
+            PackFifthBitLine(e, r, qs + 256);
+            break;
+          }
+          default: {
+            const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(rp)[b];
+            scales[16 * b + r] = blk.d;
+            for (int j = 0; j < 8; ++j) {
+              for (int q = 0; q < 4; ++q) qs[64 * j + 4 * r + q] = static_cast<uint8_t>(blk.qs[4 * j + q]) ^ 0x80;
             }
           }
         }

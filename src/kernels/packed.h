@@ -13,7 +13,12 @@
 //     Q4_0 (4 lines per block): line i byte 4r+q = e(r, 8i+q) | e(r, 8i+4+q) << 4, where
 //          e(r, k) in 0..15 is row r's k-th nibble of the block (value e - 8).
 //     Q8_0 (8 lines per block): line j byte 4r+q = q(r, 4j+q) + 128 (as unsigned).
-//   scales: nb x 16 f16, scales[16 b + r] = row r's block b scale.
+//     IQ4_NL (4 lines): as Q4_0, e(r, k) the grid index (value kIq4NlValues[e]).
+//     Q5_0, Q5_1 (5 lines): 4 nibble lines of the low 4 bits as Q4_0, then a line whose
+//          byte 4r+q holds the 5th bits of elements 8i+q (bit 2i) and 8i+4+q (bit 2i+1),
+//          i = 0..3; e in 0..31 (Q5_0 value e - 16, Q5_1 d * e + m).
+//   scales: nb x 16 f16, scales[16 b + r] = row r's block b scale;
+//   Q5_1 only: then mins: nb x 16 f16, row r's block b offset m.
 //   padding to a multiple of 64 bytes.
 // Q4_K (value d * sc_j * e - dmin * m_j, e in 0..15, 8 sub-blocks j of 32 per 256): per
 // super-block of 256 elements, 2368 bytes:
@@ -50,7 +55,16 @@ inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 col
 inline constexpr int64_t kPackedQ5KSuperBytes = 8 * 320 + 64 + 256;       // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 
-// True if `type` has an x16 layout (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16). Whether MatMul uses it
+// 64-byte lines per 32-element block of the x16 layout of Q4_0, IQ4_NL (4), Q5_0, Q5_1
+// (5) and Q8_0 (8).
+constexpr int PackedLines(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kIQ4_NL ? 4
+         : type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ? 5
+                                                              : 8;
+}
+
+// True if `type` has an x16 layout (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, F16,
+// BF16). Whether MatMul uses it
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 

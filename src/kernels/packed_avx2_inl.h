@@ -1,5 +1,5 @@
-// AVX2 kernels over the x16 packed layouts (packed.h: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16,
-// BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
+// AVX2 kernels over the x16 packed layouts (packed.h: Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL,
+// Q4_K, Q5_K, Q6_K, F16, BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
 // saturating, <= 30480) and by packed_avxvnni.cc (AVX-VNNI, e.g. Intel Alder Lake and
@@ -23,6 +23,7 @@
 
 #include "kernels/matmul_internal.h"
 #include "kernels/packed.h"
+#include "kernels/quant.h"
 #include "kernels/unroll.h"
 
 #ifndef TRELLIS_PACKED_AVXVNNI
@@ -36,19 +37,23 @@ constexpr int kAvx2PackedTokens = 4;
 
 // One 32-element block of 4-bit x16 weights, the half of the group at wb (4 lines of 64
 // bytes, this half's 32 bytes in each), against NT tokens' activation bytes at
-// arow[t] + offset, into sum[t]: with AVX-VNNI int32 dots per row (vpdpbusd ymm), else
-// int16 pair sums (vpmaddubsw; ToInt32 finishes them).
-template <int NT>
+// arow[t] + offset, into sum[t]: with AVX-VNNI int32 dots per row (vpdpbusd ymm) of
+// map(e) (the identity, or IQ4_NL's grid + 128), else int16 pair sums of e (vpmaddubsw;
+// ToInt32 finishes them).
+struct Nibbles {
+  __m256i operator()(__m256i e) const { return e; }
+};
+template <int NT, typename Map = Nibbles>
 __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, const uint8_t* const (&arow)[NT],
-                                                          int64_t offset, __m256i (&sum)[NT]) {
+                                                          int64_t offset, __m256i (&sum)[NT], Map map = {}) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
   auto line = [&](int i) __attribute__((always_inline)) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
-    const __m256i lo = _mm256_and_si256(packed, m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+    const __m256i lo = map(_mm256_and_si256(packed, m4));
+    const __m256i hi = map(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4));
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       const uint8_t* a = arow[t] + offset + 8 * i;
@@ -294,6 +299,104 @@ void HalfQ4_K(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
+// IQ4_NL's grid (signed) in both 128-bit lanes, for a byte shuffle by nibble.
+inline __m256i Iq4GridSigned() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+}
+
+// IQ4_NL's grid + 128 (1..241, unsigned) by nibble: vpdpbusd's unsigned operand.
+struct Iq4GridUnsigned {
+  __m256i grid = _mm256_add_epi8(Iq4GridSigned(), _mm256_set1_epi8(static_cast<char>(0x80)));
+  __m256i operator()(__m256i e) const { return _mm256_shuffle_epi8(grid, e); }
+};
+
+// An IQ4_NL block's half (4 index lines at wb, this half's 32 bytes of each) against NT
+// tokens: isum[t] = int32 row dots of grid value * a. With AVX-VNNI, vpdpbusd of grid +
+// 128 and the correction -128 * sum(a); plain AVX2 as its Q8_0 kernel: vpmaddubsw(|w|,
+// sign(a, w)), each pair widened by vpmaddwd (grid values reach 127 in magnitude).
+template <int NT>
+__attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const uint8_t* const (&arow)[NT],
+                                                      const int32_t* const (&asum)[NT], int64_t b,
+                                                      __m256i (&isum)[NT]) {
+#if TRELLIS_PACKED_AVXVNNI
+  SumNibbleBlock<NT>(wb, arow, 32 * b, isum, Iq4GridUnsigned{});
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(-128 * asum[t][b]));
+#else
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i grid = Iq4GridSigned();
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+  for (int i = 0; i < 4; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
+    const __m256i ws[2] = {_mm256_shuffle_epi8(grid, _mm256_and_si256(packed, m4)),
+                           _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4))};
+    const __m256i wa[2] = {_mm256_abs_epi8(ws[0]), _mm256_abs_epi8(ws[1])};
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = arow[t] + 32 * b + 8 * i;
+#pragma GCC unroll 2
+      for (int x = 0; x < 2; ++x) {
+        const __m256i as = _mm256_sign_epi8(_mm256_set1_epi32(Load32(a + 4 * x)), ws[x]);
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[x], as), _mm256_set1_epi16(1)));
+      }
+    }
+  }
+#endif
+}
+
+// Q5_0, Q5_1 and IQ4_NL (layouts in packed.h), Q8_0 row activations: per block the row
+// dots (DotQ5Half, e in 0..31; DotIq4Half, the grid's values), then one convert + FMA
+// applies d[rows] * da[t]; Q5_0 starts its dots from -16 * sum(a), Q5_1 adds m[rows] *
+// (da * sum)[t].
+template <GgmlType kType, int NT, int NH>
+void HalfQ32(const PackedArgs& p, int h0) {
+  constexpr int kLines = PackedLines(kType);
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* asum[NT];
+  const float* dsum[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
+  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols) + 4 * (p.cols / 32), dsum);
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
+  [[maybe_unused]] const uint16_t* mins = scales + 16 * p.nb;
+  __m256 acc[NH][NT];
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh)
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.nb; ++b) {
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      const uint8_t* wb = p.g + b * 64 * kLines + 32 * h;
+      __m256i isum[NT];
+      if constexpr (kType == GgmlType::kIQ4_NL) {
+        DotIq4Half<NT>(wb, arow, asum, b, isum);
+      } else {
+        DotQ5Half<NT>(wb, arow, 32 * b, isum);
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        if constexpr (kType == GgmlType::kQ5_0) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(-16 * asum[t][b]));
+        acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[hh][t]);
+      }
+      if constexpr (kType == GgmlType::kQ5_1) {
+        const __m256 mw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * b + 8 * h)));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(dsum[t][b]), acc[hh][t]);
+      }
+    }
+  }
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
+}
+
 // Q6_K (layout in packed.h), Q8_K activations: per 16-element group, 4 dots of the 6-bit
 // weights (nibble | high pair << 4) from -32 * bsum, times the group's int8 scale in
 // int32; one convert + FMA per super-block. Without AVX-VNNI the int16 pair sums are
@@ -413,6 +516,16 @@ struct Q6_KHalf {
   static constexpr bool kBothHalves = false;
   static void Both(const PackedArgs&) {}
   static void Run(const PackedArgs& p, int h) { HalfQ6_K<NT>(p, h); }
+};
+
+template <GgmlType kType>
+struct Q32Half {
+  template <int NT>
+  struct Of {
+    static constexpr bool kBothHalves = false;
+    static void Run(const PackedArgs& p, int h) { HalfQ32<kType, NT, 1>(p, h); }
+    static void Both(const PackedArgs& p) { HalfQ32<kType, NT, 2>(p, 0); }
+  };
 };
 
 // The driver hands tiles of up to kPackedMaxTokens tokens: run them 4 at a time.
@@ -583,6 +696,9 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
     case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1};
     case GgmlType::kQ8_0: return {DispatchHalves<Q8_0Half>, 1};
+    case GgmlType::kQ5_0: return {DispatchHalves<Q32Half<GgmlType::kQ5_0>::Of>, 1};
+    case GgmlType::kQ5_1: return {DispatchHalves<Q32Half<GgmlType::kQ5_1>::Of>, 1};
+    case GgmlType::kIQ4_NL: return {DispatchHalves<Q32Half<GgmlType::kIQ4_NL>::Of>, 1};
     case GgmlType::kF16: return {DispatchFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchFloat<true>, kFloatGroups};
     default: return {};

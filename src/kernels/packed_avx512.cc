@@ -1,5 +1,5 @@
-// AVX-512 kernels over the x16 packed layouts (packed.h): VNNI for Q4_0 / Q8_0 / Q4_K /
-// Q6_K, FMA for F16, AVX512-BF16 for BF16.
+// AVX-512 kernels over the x16 packed layouts (packed.h): VNNI for Q4_0 / Q5_0 / Q5_1 /
+// Q8_0 / IQ4_NL / Q4_K / Q5_K / Q6_K, FMA for F16, AVX512-BF16 for BF16.
 //
 // Per 32-element block and token: 8 vpdpbusd, each taking one packed zmm (4 unsigned
 // weight bytes of 16 rows) and 4 activation bytes broadcast to all lanes, into an int32
@@ -26,6 +26,7 @@
 
 #include "kernels/matmul_internal.h"
 #include "kernels/packed.h"
+#include "kernels/quant.h"
 
 namespace trellis::matmul_internal {
 namespace {
@@ -48,17 +49,22 @@ __attribute__((always_inline)) inline void StoreRows(const PackedArgs& p, int g,
 constexpr int64_t kPrefetchBytes = 2048;
 
 // One 32-element block of 4-bit x16 weights (4 lines at wb, packed.h) against NT tokens'
-// activation bytes: iacc[t] (16 rows) += sum of e * a, token t's bytes 8i..8i+7 of the
-// block at act(t, i). The nibbles are split once per line and shared by all tokens.
-template <int NT, typename Act>
-__attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
+// activation bytes: iacc[t] (16 rows) += sum of map(e) * a, token t's bytes 8i..8i+7 of
+// the block at act(t, i). The nibbles are split (and mapped) once per line and shared by
+// all tokens; map is the identity for Q4_0 / Q4_K, the grid lookup for IQ4_NL.
+struct Nibbles {
+  __m512i operator()(__m512i e) const { return e; }
+};
+template <int NT, typename Act, typename Map = Nibbles>
+__attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act act, __m512i (&iacc)[NT],
+                                                          Map map = {}) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
     const __m512i packed = _mm512_load_si512(wb + 64 * i);
-    const __m512i lo = _mm512_and_si512(packed, m4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
+    const __m512i lo = map(_mm512_and_si512(packed, m4));
+    const __m512i hi = map(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4));
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const uint8_t* a = act(t, i);
@@ -68,26 +74,85 @@ __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act
   }
 }
 
-// Q4_0 / Q8_0 against tiled activations (matmul_internal.h): per block, every operand a
-// token needs is at a fixed offset from the block's pointer ab: its 32 bytes at 32 t, its
-// scale at 256 + 4 t, its accumulator start (-offset * sum) at 288 + 4 t.
-template <bool kQ4, int NT>
+// IQ4_NL's grid plus 128 (1..241, unsigned), indexed by a nibble in every byte: the
+// weights as vpdpbusd's unsigned operand, corrected by -128 * sum(a).
+struct Iq4Grid {
+  __m512i grid;
+  Iq4Grid() {
+    alignas(16) uint8_t t[16];
+    for (int i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(kIq4NlValues[i] + 128);
+    grid = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+  __m512i operator()(__m512i e) const { return _mm512_shuffle_epi8(grid, e); }
+};
+
+// Bit `src` of every byte moved to bit 4 (other bits of the result are garbage).
+template <int kSrc>
+__attribute__((always_inline)) inline __m512i BitTo4(__m512i v) {
+  if constexpr (kSrc < 4) return _mm512_slli_epi16(v, 4 - kSrc);
+  else if constexpr (kSrc == 4) return v;
+  else return _mm512_srli_epi16(v, kSrc - 4);
+}
+
+// A 5-bit block (4 nibble lines + the 5th-bit line at wb + 256, packed.h: Q5_0, Q5_1 and
+// Q5_K's sub-blocks) against NT tokens: iacc[t] += sum of e * a, e in 0..31, token t's
+// bytes 8i..8i+7 of the block at act(t, i).
+template <int NT, typename Act>
+__attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m10 = _mm512_set1_epi8(0x10);
+  _mm_prefetch(reinterpret_cast<const char*>(wb + 256 + kPrefetchBytes), _MM_HINT_T0);
+  const __m512i high = _mm512_load_si512(wb + 256);
+  auto line = [&](auto i_const) {
+    constexpr int i = decltype(i_const)::value;
+    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i packed = _mm512_load_si512(wb + 64 * i);
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
+    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
+                                       _mm512_and_si512(BitTo4<2 * i + 1>(high), m10));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* a = act(t, i);
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
+      iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
+    }
+  };
+  line(std::integral_constant<int, 0>{});
+  line(std::integral_constant<int, 1>{});
+  line(std::integral_constant<int, 2>{});
+  line(std::integral_constant<int, 3>{});
+}
+
+// The 32-element block types against tiled activations (matmul_internal.h): per block,
+// every operand a token needs is at a fixed offset from the block's pointer ab: its 32
+// bytes at 32 t, its scale at 256 + 4 t, its accumulator start at 288 + 4 t (-offset *
+// sum, TiledActOffset: the weights' unsigned bias; for Q5_1, whose weights have none, the
+// sum itself, which its offset m multiplies).
+template <GgmlType kType, int NT>
 void TilePacked(const PackedArgs& p) {
-  constexpr int kLines = kQ4 ? 4 : 8;
+  constexpr int kLines = PackedLines(kType);
+  constexpr bool kMin = kType == GgmlType::kQ5_1;
   constexpr int64_t kD = 32 * kPackedMaxTokens, kCorr = 36 * kPackedMaxTokens;
   const uint8_t* qs = p.g;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
+  [[maybe_unused]] const uint16_t* mins = scales + 16 * p.nb;
+  [[maybe_unused]] const Iq4Grid grid;
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < p.nb; ++b) {
     const uint8_t* wb = qs + b * 64 * kLines;
     const uint8_t* ab = p.a + b * kTiledBlockBytes;
+    auto act = [ab](int t, int i) { return ab + 32 * t + 8 * i; };
     __m512i iacc[NT];
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(Load32(ab + kCorr + 4 * t));
-    if constexpr (kQ4) {
-      DotNibbleBlock<NT>(wb, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc);
+    for (int t = 0; t < NT; ++t) iacc[t] = kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(Load32(ab + kCorr + 4 * t));
+    if constexpr (kType == GgmlType::kQ4_0) {
+      DotNibbleBlock<NT>(wb, act, iacc);
+    } else if constexpr (kType == GgmlType::kIQ4_NL) {
+      DotNibbleBlock<NT>(wb, act, iacc, grid);
+    } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
+      DotQ5Block<NT>(wb, act, iacc);
     } else {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
@@ -105,6 +170,14 @@ void TilePacked(const PackedArgs& p) {
     for (int t = 0; t < NT; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da[t])), acc[t]);
     }
+    if constexpr (kMin) {  // + m[rows] * (da * sum)[t]
+      const __m512 mw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins + 16 * b)));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const float dsum = da[t] * static_cast<float>(Load32(ab + kCorr + 4 * t));
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(dsum), acc[t]);
+      }
+    }
   }
   StoreRows(p, 0, acc);
 }
@@ -113,43 +186,6 @@ void TilePacked(const PackedArgs& p) {
 // acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t], with
 // llama.cpp's Q8_K activations (one scale per 256, so results match its rounding). The
 // per-row f32 scale and min of a sub-block are built once per tile from the 6-bit ints.
-// Bit `src` of every byte moved to bit 4 (other bits of the result are garbage).
-template <int kSrc>
-__attribute__((always_inline)) inline __m512i BitTo4(__m512i v) {
-  if constexpr (kSrc < 4) return _mm512_slli_epi16(v, 4 - kSrc);
-  else if constexpr (kSrc == 4) return v;
-  else return _mm512_srli_epi16(v, kSrc - 4);
-}
-
-// A Q5_K sub-block (4 nibble lines + the 5th-bit line at wb + 256, packed.h) against NT
-// tokens: iacc[t] += sum of e * a, e in 0..31.
-template <int NT>
-__attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, const uint8_t* const (&arow)[NT],
-                                                      int64_t offset, __m512i (&iacc)[NT]) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i m10 = _mm512_set1_epi8(0x10);
-  _mm_prefetch(reinterpret_cast<const char*>(wb + 256 + kPrefetchBytes), _MM_HINT_T0);
-  const __m512i high = _mm512_load_si512(wb + 256);
-  auto line = [&](auto i_const) {
-    constexpr int i = decltype(i_const)::value;
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + kPrefetchBytes), _MM_HINT_T0);
-    const __m512i packed = _mm512_load_si512(wb + 64 * i);
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
-    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
-                                       _mm512_and_si512(BitTo4<2 * i + 1>(high), m10));
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const uint8_t* a = arow[t] + offset + 8 * i;
-      iacc[t] = _mm512_dpbusd_epi32(iacc[t], lo, _mm512_set1_epi32(Load32(a)));
-      iacc[t] = _mm512_dpbusd_epi32(iacc[t], hi, _mm512_set1_epi32(Load32(a + 4)));
-    }
-  };
-  line(std::integral_constant<int, 0>{});
-  line(std::integral_constant<int, 1>{});
-  line(std::integral_constant<int, 2>{});
-  line(std::integral_constant<int, 3>{});
-}
-
 template <bool kQ5, int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
   const int64_t nsb = p.cols / 256;
@@ -180,7 +216,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
       if constexpr (kQ5) {
-        DotQ5Block<NT>(wb, arow, 32 * b, iacc);
+        DotQ5Block<NT>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
       } else {
         DotNibbleBlock<NT>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
       }
@@ -346,11 +382,11 @@ void DispatchPackedFloat(const PackedArgs& p) {
   }
 }
 
-template <bool kQ4>
+template <GgmlType kType>
 void DispatchPacked(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
-      TilePacked<kQ4, 1>, TilePacked<kQ4, 2>, TilePacked<kQ4, 3>, TilePacked<kQ4, 4>,
-      TilePacked<kQ4, 5>, TilePacked<kQ4, 6>, TilePacked<kQ4, 7>, TilePacked<kQ4, 8>};
+      TilePacked<kType, 1>, TilePacked<kType, 2>, TilePacked<kType, 3>, TilePacked<kType, 4>,
+      TilePacked<kType, 5>, TilePacked<kType, 6>, TilePacked<kType, 7>, TilePacked<kType, 8>};
   kTable[p.nt - 1](p);
 }
 
@@ -358,8 +394,11 @@ void DispatchPacked(const PackedArgs& p) {
 
 PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {DispatchPacked<true>, 1, /*tiled=*/true};
-    case GgmlType::kQ8_0: return {DispatchPacked<false>, 1, /*tiled=*/true};
+    case GgmlType::kQ4_0: return {DispatchPacked<GgmlType::kQ4_0>, 1, /*tiled=*/true};
+    case GgmlType::kQ5_0: return {DispatchPacked<GgmlType::kQ5_0>, 1, /*tiled=*/true};
+    case GgmlType::kQ5_1: return {DispatchPacked<GgmlType::kQ5_1>, 1, /*tiled=*/true};
+    case GgmlType::kQ8_0: return {DispatchPacked<GgmlType::kQ8_0>, 1, /*tiled=*/true};
+    case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 1, /*tiled=*/true};
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};

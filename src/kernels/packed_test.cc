@@ -20,6 +20,11 @@ namespace {
 using testing_util::AlignedBuffer;
 using testing_util::Gaussian;
 
+// Every type with an x16 layout.
+constexpr GgmlType kPackedTypes[] = {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                                     GgmlType::kIQ4_NL, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                                     GgmlType::kF16, GgmlType::kBF16};
+
 struct Packed {
   std::vector<uint8_t> bytes;  // original rows
   AlignedBuffer packed{0};
@@ -31,7 +36,8 @@ Packed MakePacked(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   const std::vector<float> src = Gaussian(rows * cols, seed);
   const int64_t rb = RowBytes(type, cols);
   m.bytes.resize(static_cast<size_t>(rb * rows));
-  for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(QuantizeRow(type, src.data() + r * cols, m.bytes.data() + r * rb, cols).ok());
+  std::mt19937 rng(seed);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(testing_util::MakeWeightRow(type, src.data() + r * cols, cols, m.bytes.data() + r * rb, rng));
   m.w = WeightMatrix{type, m.bytes.data(), rows, cols, rb};
   m.packed = AlignedBuffer(PackedBytes(m.w));
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
@@ -90,6 +96,50 @@ TEST(PackedTest, LayoutHoldsEveryWeightAndScale) {
   }
 }
 
+// Q5_0, Q5_1 and IQ4_NL: every element's 5 (4) bits, scale and Q5_1's min where packed.h
+// says they are.
+TEST(PackedTest, LowBitBlockLayoutsHoldEveryWeightScaleAndMin) {
+  for (GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL}) {
+    SCOPED_TRACE(GetGgmlTypeTraits(type).name);
+    const Packed m = MakePacked(type, 21, 96, 2);
+    const int64_t nb = m.w.cols / 32;
+    const int lines = PackedLines(type);
+    for (int64_t r = 0; r < m.w.rows; ++r) {
+      const uint8_t* g = m.w.packed + (r / kPackRows) * PackedGroupBytes(type, m.w.cols);
+      const int rr = static_cast<int>(r % kPackRows);
+      const uint8_t* row = m.bytes.data() + r * m.w.row_bytes;
+      for (int64_t k = 0; k < m.w.cols; ++k) {
+        const int64_t b = k / 32;
+        const int e = static_cast<int>(k % 32), i = e / 8, q = e % 4, half = (e % 8) / 4;
+        const uint8_t* qs = g + b * 64 * lines;
+        const uint8_t byte = qs[64 * i + 4 * rr + q];
+        int got = half ? byte >> 4 : byte & 0xF;
+        if (lines == 5) got |= ((qs[256 + 4 * rr + q] >> (2 * i + half)) & 1) << 4;
+        const uint16_t* scales = reinterpret_cast<const uint16_t*>(g + nb * 64 * lines);
+        int want;
+        uint16_t want_d;
+        if (type == GgmlType::kQ5_0) {
+          const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+          want = Q5Element(blk, e);
+          want_d = blk.d;
+        } else if (type == GgmlType::kQ5_1) {
+          const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+          want = Q5Element(blk, e);
+          want_d = blk.d;
+          ASSERT_EQ(scales[16 * nb + 16 * b + rr], blk.m) << "r=" << r << " k=" << k;
+        } else {
+          const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
+          ASSERT_EQ(kIq4NlValues[got], IQ4NlElement(blk, e)) << "r=" << r << " k=" << k;
+          want = e < 16 ? blk.qs[e] & 0xF : blk.qs[e - 16] >> 4;
+          want_d = blk.d;
+        }
+        ASSERT_EQ(got, want) << "r=" << r << " k=" << k;
+        ASSERT_EQ(scales[16 * b + rr], want_d) << "r=" << r << " k=" << k;
+      }
+    }
+  }
+}
+
 TEST(PackedTest, Q4KLayoutHoldsEveryWeightScaleAndMin) {
   const Packed m = MakePacked(GgmlType::kQ4_K, 19, 512, 3);
   const size_t group_bytes = PackedGroupBytes(GgmlType::kQ4_K, 512);
@@ -132,6 +182,10 @@ TEST(PackedTest, SizesAndTypes) {
   // Same size as the original: 16 rows x 18 bytes per Q4_0 block, 16 x 34 per Q8_0 block.
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_0, 2048), 16u * 18 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ8_0, 2048), 16u * 34 * 64);
+  // Q5_0 16 x 22, Q5_1 16 x 24 and IQ4_NL 16 x 18 bytes per block, as the originals.
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_0, 2048), 16u * 22 * 64);
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_1, 2048), 16u * 24 * 64);
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kIQ4_NL, 2048), 16u * 18 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_0, 96) % 64, 0u);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_K, 2048), 8u * 2368);  // 16 x 144 + 64 per super-block
   EXPECT_EQ(PackedBytes(WeightMatrix{GgmlType::kQ4_0, nullptr, 17, 64, 36}), 2 * PackedGroupBytes(GgmlType::kQ4_0, 64));
@@ -147,8 +201,7 @@ void PoisonRowMajor(Packed& m) { std::fill(m.bytes.begin(), m.bytes.end(), uint8
 // than skipping it and passing with nothing run.
 std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
   if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kAvx2) {
-    return {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-            GgmlType::kF16, GgmlType::kBF16};
+    return {std::begin(kPackedTypes), std::end(kPackedTypes)};
   }
   return {};
 }
@@ -158,8 +211,7 @@ std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
 template <typename F>
 void ForEachPackedType(KernelIsa isa, F check) {
   const std::vector<GgmlType> required = RequiredPacked(isa);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
+  for (GgmlType type : kPackedTypes) {
     if (matmul_internal::GetPackedKernel(isa, type).fn == nullptr) {
       EXPECT_EQ(std::find(required.begin(), required.end(), type), required.end())
           << KernelIsaName(isa) << " has no packed kernel for " << GetGgmlTypeTraits(type).name;
@@ -272,8 +324,7 @@ void KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa isa) {
 // (the row-major kernels) writes non-finite values once its bytes are poisoned.
 TEST(PackedTest, PoisonedRowMajorBytesGiveNaN) {
   ThreadPool pool(1);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
+  for (GgmlType type : kPackedTypes) {
     SCOPED_TRACE(GetGgmlTypeTraits(type).name);
     Packed m = MakePacked(type, 16, 256, 5);
     PoisonRowMajor(m);
@@ -311,8 +362,7 @@ using testing_util::Gaussian;
 // MatMulShared (one conversion of x, one parallel pass over every matrix's tiles) gives
 // exactly what one MatMul per matrix gives, packed or not, whatever the thread count.
 TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                        GgmlType::kF16, GgmlType::kBF16}) {
+  for (GgmlType type : kPackedTypes) {
     for (int64_t n_tokens : {1, 5, 21}) {
       SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(type).name << " n_tokens=" << n_tokens);
       const int64_t cols = 512;
