@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kernels", KernelIsaName(BestKernelIsa()));
   std::vector<std::unique_ptr<Weights>> keep;
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL,
-                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16}) {
+                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kF16,
+                        GgmlType::kBF16}) {
     auto m = MakeWeights(type);
     if (!m) {
       std::fprintf(stderr, "bench_kernels: cannot quantize %s\n", std::string(GetGgmlTypeTraits(type).name).c_str());

@@ -51,6 +51,7 @@ bool PackableType(GgmlType type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS:
     case GgmlType::kF16:
     case GgmlType::kBF16: return true;
     default: return false;
@@ -67,6 +68,7 @@ size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ4_K) return static_cast<size_t>(cols / kQkK * kPackedQ4KSuperBytes);
   if (type == GgmlType::kQ5_K) return static_cast<size_t>(cols / kQkK * kPackedQ5KSuperBytes);
   if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
+  if (type == GgmlType::kIQ4_XS) return static_cast<size_t>(cols / kQkK * kPackedIQ4XSSuperBytes);
   if (type == GgmlType::kF16 || type == GgmlType::kBF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * PackedLines(type) + 2 * kPackRows * ScaleArrays(type)), 64));
@@ -173,6 +175,28 @@ void PackGroupQ6_K(const WeightMatrix& w, int64_t g, uint8_t* out) {
   }
 }
 
+// One 16-row group of an IQ4_XS matrix (layout in packed.h).
+void PackGroupIQ4_XS(const WeightMatrix& w, int64_t g, uint8_t* out) {
+  const int64_t nsb = w.cols / kQkK;
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t row = g * kPackRows + r;
+    if (row >= w.rows) break;
+    const BlockIQ4_XS* blocks = reinterpret_cast<const BlockIQ4_XS*>(src + row * w.row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      const BlockIQ4_XS& blk = blocks[s];
+      uint8_t* sb = out + s * kPackedIQ4XSSuperBytes;
+      reinterpret_cast<uint16_t*>(sb + 2048)[r] = blk.d;
+      int8_t* sc = reinterpret_cast<int8_t*>(sb + 2048 + 32);
+      for (int j = 0; j < 8; ++j) {
+        sc[16 * j + r] = static_cast<int8_t>(IQ4XsScale(blk, j));
+        const uint8_t* q = blk.qs + 16 * j;
+        PackNibbleLines([&](int k) { return k < 16 ? q[k] & 0xF : q[k - 16] >> 4; }, r, sb + 256 * j);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
@@ -205,7 +229,8 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     }
     return;
   }
-  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K) {
+  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K ||
+      w.type == GgmlType::kIQ4_XS) {
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
@@ -214,6 +239,8 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
         PackGroupQ4_K(w, g, out);
       } else if (w.type == GgmlType::kQ5_K) {
         PackGroupQ5_K(w, g, out);
+      } else if (w.type == GgmlType::kIQ4_XS) {
+        PackGroupIQ4_XS(w, g, out);
       } else {
         PackGroupQ6_K(w, g, out);
       }

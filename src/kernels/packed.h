@@ -33,6 +33,9 @@
 // lines of high bit pairs: line m byte 4r+q holds, from bit 0, the high bits of the
 // elements 16m+q, 16m+4+q, 16m+8+q, 16m+12+q of the block (the lo and hi nibbles of
 // nibble lines 2m and 2m+1); then sc[16 groups][16 rows] int8, d[16] f16, 32 bytes pad.
+// IQ4_XS (value d * sc_j * kIq4NlValues[e], 8 sub-blocks j of 32 per 256): per super-block,
+// 2240 bytes: qs[8 sub-blocks][4 lines][64] of grid indices packed as Q4_0 blocks; d[16]
+// f16; sc[8][16] int8 (sc[16 j + r] is row r's scale, -32..31); 32 bytes pad.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
 // BF16: per group, column pairs: element (r, k) at 32 (k / 2) + 2 r + k % 2 (u16 units), so
@@ -54,6 +57,7 @@ inline constexpr int64_t kPackRows = 16;
 inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 columns
 inline constexpr int64_t kPackedQ5KSuperBytes = 8 * 320 + 64 + 256;       // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
+inline constexpr int64_t kPackedIQ4XSSuperBytes = 8 * 256 + 32 + 128 + 32;  // per 256 columns
 
 // 64-byte lines per 32-element block of the x16 layout of Q4_0, IQ4_NL (4), Q5_0, Q5_1
 // (5) and Q8_0 (8).
@@ -63,8 +67,8 @@ constexpr int PackedLines(GgmlType type) {
                                                               : 8;
 }
 
-// True if `type` has an x16 layout (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, F16,
-// BF16). Whether MatMul uses it
+// True if `type` has an x16 layout (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K,
+// IQ4_XS, F16, BF16). Whether MatMul uses it
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 

@@ -1,5 +1,5 @@
 // AVX2 kernels over the x16 packed layouts (packed.h: Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL,
-// Q4_K, Q5_K, Q6_K, F16, BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
+// Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
 // saturating, <= 30480) and by packed_avxvnni.cc (AVX-VNNI, e.g. Intel Alder Lake and
@@ -314,14 +314,14 @@ struct Iq4GridUnsigned {
 // tokens: isum[t] = int32 row dots of grid value * a. With AVX-VNNI, vpdpbusd of grid +
 // 128 and the correction -128 * sum(a); plain AVX2 as its Q8_0 kernel: vpmaddubsw(|w|,
 // sign(a, w)), each pair widened by vpmaddwd (grid values reach 127 in magnitude).
-template <int NT>
-__attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const uint8_t* const (&arow)[NT],
-                                                      const int32_t* const (&asum)[NT], int64_t b,
-                                                      __m256i (&isum)[NT]) {
+// corr(t) is -128 * the sum of token t's 32 activation bytes of the block.
+template <int NT, typename Corr>
+__attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const uint8_t* const (&arow)[NT], int64_t b,
+                                                      [[maybe_unused]] Corr corr, __m256i (&isum)[NT]) {
 #if TRELLIS_PACKED_AVXVNNI
   SumNibbleBlock<NT>(wb, arow, 32 * b, isum, Iq4GridUnsigned{});
   TRELLIS_UNROLL
-  for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(-128 * asum[t][b]));
+  for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(corr(t)));
 #else
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i grid = Iq4GridSigned();
@@ -376,7 +376,7 @@ void HalfQ32(const PackedArgs& p, int h0) {
       const uint8_t* wb = p.g + b * 64 * kLines + 32 * h;
       __m256i isum[NT];
       if constexpr (kType == GgmlType::kIQ4_NL) {
-        DotIq4Half<NT>(wb, arow, asum, b, isum);
+        DotIq4Half<NT>(wb, arow, b, [&asum, b](int t) { return -128 * asum[t][b]; }, isum);
       } else {
         DotQ5Half<NT>(wb, arow, 32 * b, isum);
       }
@@ -516,6 +516,52 @@ struct Q6_KHalf {
   static constexpr bool kBothHalves = false;
   static void Both(const PackedArgs&) {}
   static void Run(const PackedArgs& p, int h) { HalfQ6_K<NT>(p, h); }
+};
+
+// IQ4_XS (layout in packed.h), Q8_K activations: per sub-block the IQ4_NL dots
+// (DotIq4Half; the correction from the row's -32 * bsum pair), times the sub-block's int8
+// scale in int32; one convert + FMA per super-block, as Q6_K.
+template <int NT>
+void HalfIQ4_XS(const PackedArgs& p, int h) {
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  __m256 acc[NT];
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedIQ4XSSuperBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * h)));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
+    __m256i isum[NT];
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;
+      __m256i dot[NT];
+      DotIq4Half<NT>(sb + 256 * j + 32 * h, arow, b,
+                     [&bias16, b](int t) { return 4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]); }, dot);
+      const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)));
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot[t], scale));
+    }
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[t]);
+    }
+  }
+  StoreHalf(p, h, acc);
+}
+
+template <int NT>
+struct IQ4_XSHalf {
+  static constexpr bool kBothHalves = false;
+  static void Both(const PackedArgs&) {}
+  static void Run(const PackedArgs& p, int h) { HalfIQ4_XS<NT>(p, h); }
 };
 
 template <GgmlType kType>
@@ -699,6 +745,7 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
     case GgmlType::kQ5_0: return {DispatchHalves<Q32Half<GgmlType::kQ5_0>::Of>, 1};
     case GgmlType::kQ5_1: return {DispatchHalves<Q32Half<GgmlType::kQ5_1>::Of>, 1};
     case GgmlType::kIQ4_NL: return {DispatchHalves<Q32Half<GgmlType::kIQ4_NL>::Of>, 1};
+    case GgmlType::kIQ4_XS: return {DispatchHalves<IQ4_XSHalf>, 1};
     case GgmlType::kF16: return {DispatchFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchFloat<true>, kFloatGroups};
     default: return {};

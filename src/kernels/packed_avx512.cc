@@ -1,5 +1,5 @@
 // AVX-512 kernels over the x16 packed layouts (packed.h): VNNI for Q4_0 / Q5_0 / Q5_1 /
-// Q8_0 / IQ4_NL / Q4_K / Q5_K / Q6_K, FMA for F16, AVX512-BF16 for BF16.
+// Q8_0 / IQ4_NL / Q4_K / Q5_K / Q6_K / IQ4_XS, FMA for F16, AVX512-BF16 for BF16.
 //
 // Per 32-element block and token: 8 vpdpbusd, each taking one packed zmm (4 unsigned
 // weight bytes of 16 rows) and 4 activation bytes broadcast to all lanes, into an int32
@@ -293,6 +293,55 @@ void TilePackedQ6_K(const PackedArgs& p) {
   StoreRows(p, 0, acc);
 }
 
+// IQ4_XS: per 32-element sub-block the IQ4_NL dots (grid + 128, vpshufb once per line)
+// from -128 * sum(a) (four times the Q8_K row's -32 * bsum pair), times the sub-block's
+// int8 scale in int32 (|sum| < 2^28 over a super-block); one convert + FMA per
+// super-block applies d[rows] * da[t], as Q6_K.
+template <int NT>
+void TilePackedIQ4_XS(const PackedArgs& p) {
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Iq4Grid grid;
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedIQ4XSSuperBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
+    __m512i isum[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * s + j;  // 32-element block of the row
+      __m512i iacc[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]));
+      DotNibbleBlock<NT>(sb + 256 * j, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc, grid);
+      const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t][s])), acc[t]);
+    }
+  }
+  StoreRows(p, 0, acc);
+}
+
+void DispatchPackedIQ4_XS(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kPackedMaxTokens] = {
+      TilePackedIQ4_XS<1>, TilePackedIQ4_XS<2>, TilePackedIQ4_XS<3>, TilePackedIQ4_XS<4>,
+      TilePackedIQ4_XS<5>, TilePackedIQ4_XS<6>, TilePackedIQ4_XS<7>, TilePackedIQ4_XS<8>};
+  kTable[p.nt - 1](p);
+}
+
 void DispatchPackedQ6_K(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
       TilePackedQ6_K<1>, TilePackedQ6_K<2>, TilePackedQ6_K<3>, TilePackedQ6_K<4>,
@@ -402,6 +451,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};
+    case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
     case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups};
     default: return {};

@@ -23,7 +23,7 @@ using testing_util::Gaussian;
 // Every type with an x16 layout.
 constexpr GgmlType kPackedTypes[] = {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
                                      GgmlType::kIQ4_NL, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                                     GgmlType::kF16, GgmlType::kBF16};
+                                     GgmlType::kIQ4_XS, GgmlType::kF16, GgmlType::kBF16};
 
 struct Packed {
   std::vector<uint8_t> bytes;  // original rows
@@ -166,6 +166,26 @@ TEST(PackedTest, Q4KLayoutHoldsEveryWeightScaleAndMin) {
   }
 }
 
+TEST(PackedTest, IQ4XSLayoutHoldsEveryIndexScaleAndD) {
+  const Packed m = MakePacked(GgmlType::kIQ4_XS, 19, 512, 4);
+  const size_t group_bytes = PackedGroupBytes(GgmlType::kIQ4_XS, 512);
+  for (int64_t r = 0; r < m.w.rows; ++r) {
+    const uint8_t* g = m.w.packed + (r / kPackRows) * group_bytes;
+    const int rr = static_cast<int>(r % kPackRows);
+    const BlockIQ4_XS* blocks = reinterpret_cast<const BlockIQ4_XS*>(m.bytes.data() + r * m.w.row_bytes);
+    for (int64_t k = 0; k < m.w.cols; ++k) {
+      const BlockIQ4_XS& blk = blocks[k / 256];
+      const int e = static_cast<int>(k % 256), j = e / 32, i = (e % 32) / 8, q = e % 4;
+      const uint8_t* sb = g + (k / 256) * kPackedIQ4XSSuperBytes;
+      const uint8_t byte = sb[256 * j + 64 * i + 4 * rr + q];
+      const int got = (e % 8) < 4 ? (byte & 0xF) : (byte >> 4);
+      ASSERT_EQ(kIq4NlValues[got], IQ4XsElement(blk, e)) << "r=" << r << " k=" << k;
+      ASSERT_EQ(reinterpret_cast<const int8_t*>(sb + 2048 + 32)[16 * j + rr], IQ4XsScale(blk, j));
+      ASSERT_EQ(reinterpret_cast<const uint16_t*>(sb + 2048)[rr], blk.d);
+    }
+  }
+}
+
 TEST(PackedTest, SizesAndTypes) {
   EXPECT_TRUE(PackableType(GgmlType::kQ4_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ8_0));
@@ -186,6 +206,7 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_0, 2048), 16u * 22 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_1, 2048), 16u * 24 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kIQ4_NL, 2048), 16u * 18 * 64);
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kIQ4_XS, 512), 2u * 2240);  // 16 x 136 + 64 per super-block
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_0, 96) % 64, 0u);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_K, 2048), 8u * 2368);  // 16 x 144 + 64 per super-block
   EXPECT_EQ(PackedBytes(WeightMatrix{GgmlType::kQ4_0, nullptr, 17, 64, 36}), 2 * PackedGroupBytes(GgmlType::kQ4_0, 64));
@@ -257,7 +278,7 @@ void KernelsMatchReferenceFor(KernelIsa isa) {
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = Fp16ToFp32(Fp32ToFp16(xt[c]));
         } else if (type == GgmlType::kBF16) {
           for (int64_t c = 0; c < s.cols; ++c) xa[c] = Bf16ToFp32(Fp32ToBf16(xt[c]));
-        } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K) {  // Q8_K
+        } else if (matmul_internal::ActFamily(type) == GgmlType::kQ8_K) {
           std::vector<uint8_t> k8(matmul_internal::ActRowBytes(type, s.cols));
           matmul_internal::QuantizeActRow(type, xt, s.cols, k8.data());
           const int8_t* q = reinterpret_cast<const int8_t*>(k8.data());
