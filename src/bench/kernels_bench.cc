@@ -10,7 +10,8 @@
 // where the CPU runs packed kernels) are ~6-23 MB, so they sit in L3 here: the 1-token
 // rows measure the tiles' streaming, not DRAM (decode against DRAM: `trellis bench
 // speed`). The kernel family is the one the CPU selects; TRELLIS_ISA=avx2|scalar and
-// TRELLIS_AVXVNNI=0 force others, as for the `trellis` binary.
+// TRELLIS_AVXVNNI=0 force others, and TRELLIS_REPACK=0 keeps the row-major layouts, as
+// for the `trellis` binary.
 //
 // usage: build/bench_kernels [--benchmark_filter=Q4_0] [--benchmark_repetitions=5]
 //          [--benchmark_out=FILE.csv --benchmark_out_format=csv]
@@ -68,7 +69,7 @@ std::unique_ptr<Weights> MakeWeights(GgmlType type) {
     if (!testing_util::MakeWeightRow(type, row.data(), kCols, m->rows.data() + r * rb, rng)) return nullptr;
   }
   m->w = WeightMatrix{type, m->rows.data(), kRows, kCols, rb};
-  if (PackableType(type) && PackingUseful(m->w)) {
+  if (ChosenKernels().repack && PackableType(type) && PackingUseful(m->w)) {
     m->packed = std::make_unique<Aligned>(PackedBytes(m->w));
     PackWeights(m->w, 0, (kRows + kPackRows - 1) / kPackRows, m->packed->p);
     m->w.packed = m->packed->p;
@@ -105,8 +106,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kernels", KernelIsaName(BestKernelIsa()));
   std::vector<std::unique_ptr<Weights>> keep;
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL,
-                        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kF16,
-                        GgmlType::kBF16}) {
+                        GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kIQ4_XS, GgmlType::kF16, GgmlType::kBF16}) {
     auto m = MakeWeights(type);
     if (!m) {
       std::fprintf(stderr, "bench_kernels: cannot quantize %s\n", std::string(GetGgmlTypeTraits(type).name).c_str());

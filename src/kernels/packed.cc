@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
@@ -52,6 +53,8 @@ bool PackableType(GgmlType type) {
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
     case GgmlType::kIQ4_XS:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kF16:
     case GgmlType::kBF16: return true;
     default: return false;
@@ -69,6 +72,8 @@ size_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ5_K) return static_cast<size_t>(cols / kQkK * kPackedQ5KSuperBytes);
   if (type == GgmlType::kQ6_K) return static_cast<size_t>(cols / kQkK * kPackedQ6KSuperBytes);
   if (type == GgmlType::kIQ4_XS) return static_cast<size_t>(cols / kQkK * kPackedIQ4XSSuperBytes);
+  if (type == GgmlType::kQ2_K) return static_cast<size_t>(cols / kQkK * kPackedQ2KSuperBytes);
+  if (type == GgmlType::kQ3_K) return static_cast<size_t>(cols / kQkK * kPackedQ3KSuperBytes);
   if (type == GgmlType::kF16 || type == GgmlType::kBF16) return static_cast<size_t>(RoundUp(cols * 2 * kPackRows, 64));
   const int64_t nb = cols / 32;
   return static_cast<size_t>(RoundUp(nb * (64 * PackedLines(type) + 2 * kPackRows * ScaleArrays(type)), 64));
@@ -197,6 +202,61 @@ void PackGroupIQ4_XS(const WeightMatrix& w, int64_t g, uint8_t* out) {
   }
 }
 
+// Row r's 32 elements e(0..31) of a block, low 2 bits, as the 2 crumb lines at out: line m
+// byte 4r+q holds e(16m+4f+q) at bits 2f, f = 0..3 (packed.h).
+template <typename E>
+void PackCrumbLines(E e, int r, uint8_t* out) {
+  for (int m = 0; m < 2; ++m) {
+    for (int q = 0; q < 4; ++q) {
+      int bits = 0;
+      for (int f = 0; f < 4; ++f) bits |= (e(16 * m + 4 * f + q) & 3) << (2 * f);
+      out[64 * m + 4 * r + q] = static_cast<uint8_t>(bits);
+    }
+  }
+}
+
+// One 16-row group of a Q2_K or Q3_K matrix (layouts in packed.h).
+template <bool kQ3>
+void PackGroupLowK(const WeightMatrix& w, int64_t g, uint8_t* out) {
+  const int64_t nsb = w.cols / kQkK;
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  using Block = std::conditional_t<kQ3, BlockQ3_K, BlockQ2_K>;
+  constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+  for (int r = 0; r < kPackRows; ++r) {
+    const int64_t row = g * kPackRows + r;
+    if (row >= w.rows) break;
+    const Block* blocks = reinterpret_cast<const Block*>(src + row * w.row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      const Block& blk = blocks[s];
+      uint8_t* sb = out + s * kSuper;
+      uint16_t* d = reinterpret_cast<uint16_t*>(sb + 8 * kBlock + 256);
+      d[r] = blk.d;
+      for (int grp = 0; grp < 16; ++grp) {
+        if constexpr (kQ3) {
+          reinterpret_cast<int8_t*>(sb + 8 * kBlock)[16 * grp + r] = static_cast<int8_t>(Q3KScale(blk, grp));
+        } else {
+          sb[8 * kBlock + 16 * grp + r] = blk.scales[grp];
+        }
+      }
+      if constexpr (!kQ3) d[16 + r] = blk.dmin;
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* bl = sb + kBlock * j;
+        if constexpr (kQ3) {
+          auto e = [&](int k) { return Q3KElement(blk, 32 * j + k) + 4; };  // 0..7
+          PackCrumbLines(e, r, bl);
+          for (int q = 0; q < 4; ++q) {
+            int bits = 0;
+            for (int f = 0; f < 8; ++f) bits |= (e(4 * f + q) >> 2 & 1) << f;
+            bl[128 + 4 * r + q] = static_cast<uint8_t>(bits);
+          }
+        } else {
+          PackCrumbLines([&](int k) { return Q2KElement(blk, 32 * j + k); }, r, bl);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t* dst) {
@@ -230,7 +290,7 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
     return;
   }
   if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K ||
-      w.type == GgmlType::kIQ4_XS) {
+      w.type == GgmlType::kIQ4_XS || w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) {
     const size_t group_bytes = PackedGroupBytes(w.type, w.cols);
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* out = dst + static_cast<size_t>(g) * group_bytes;
@@ -241,6 +301,10 @@ void PackWeights(const WeightMatrix& w, int64_t g_begin, int64_t g_end, uint8_t*
         PackGroupQ5_K(w, g, out);
       } else if (w.type == GgmlType::kIQ4_XS) {
         PackGroupIQ4_XS(w, g, out);
+      } else if (w.type == GgmlType::kQ2_K) {
+        PackGroupLowK<false>(w, g, out);
+      } else if (w.type == GgmlType::kQ3_K) {
+        PackGroupLowK<true>(w, g, out);
       } else {
         PackGroupQ6_K(w, g, out);
       }

@@ -36,6 +36,15 @@
 // IQ4_XS (value d * sc_j * kIq4NlValues[e], 8 sub-blocks j of 32 per 256): per super-block,
 // 2240 bytes: qs[8 sub-blocks][4 lines][64] of grid indices packed as Q4_0 blocks; d[16]
 // f16; sc[8][16] int8 (sc[16 j + r] is row r's scale, -32..31); 32 bytes pad.
+// Q2_K (value d * sc_g * q - dmin * m_g, q in 0..3, 16 groups g of 16 per 256) and Q3_K
+// (value d * sc_g * (e - 4), e in 0..7): per 32-element block j of a super-block, 2 lines
+// of 2-bit values: line m byte 4r+q holds the low 2 bits of the elements 16m+q, 16m+4+q,
+// 16m+8+q, 16m+12+q of the block at bits 0, 2, 4, 6 (so line m is group 2j+m); Q3_K then
+// a line whose byte 4r+q holds the 3rd bit of element 4f+q at bit f, f = 0..7.
+//   Q2_K, 1344 bytes: the 8 blocks (128 bytes each); scm[16 groups][16 rows] u8 (scale |
+//     min << 4, as GGUF stores them); d[16] f16; dmin[16] f16.
+//   Q3_K, 1856 bytes: the 8 blocks (192 bytes each); sc[16 groups][16 rows] int8 (-32..31);
+//     d[16] f16; 32 bytes pad.
 // F16: per group, cols x 16 f16, element (r, k) at 16 k + r: one 32-byte load gives column k
 // of all 16 rows (kernels take the f16-rounded f32 activation scratch).
 // BF16: per group, column pairs: element (r, k) at 32 (k / 2) + 2 r + k % 2 (u16 units), so
@@ -58,6 +67,8 @@ inline constexpr int64_t kPackedQ4KSuperBytes = 2048 + 64 + 256;  // per 256 col
 inline constexpr int64_t kPackedQ5KSuperBytes = 8 * 320 + 64 + 256;       // per 256 columns
 inline constexpr int64_t kPackedQ6KSuperBytes = 8 * 384 + 256 + 32 + 32;  // per 256 columns
 inline constexpr int64_t kPackedIQ4XSSuperBytes = 8 * 256 + 32 + 128 + 32;  // per 256 columns
+inline constexpr int64_t kPackedQ2KSuperBytes = 8 * 128 + 256 + 32 + 32;      // per 256 columns
+inline constexpr int64_t kPackedQ3KSuperBytes = 8 * 192 + 256 + 32 + 32;      // per 256 columns
 
 // 64-byte lines per 32-element block of the x16 layout of Q4_0, IQ4_NL (4), Q5_0, Q5_1
 // (5) and Q8_0 (8).
@@ -67,8 +78,8 @@ constexpr int PackedLines(GgmlType type) {
                                                               : 8;
 }
 
-// True if `type` has an x16 layout (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K,
-// IQ4_XS, F16, BF16). Whether MatMul uses it
+// True if `type` has an x16 layout (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, IQ4_XS, F16, BF16). Whether MatMul uses it
 // depends on the CPU as well: see PackingUseful().
 bool PackableType(GgmlType type);
 

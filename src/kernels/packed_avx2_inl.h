@@ -1,5 +1,5 @@
 // AVX2 kernels over the x16 packed layouts (packed.h: Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL,
-// Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16), for CPUs without AVX-512 VNNI (most laptops). Included by packed_avx2.cc (plain AVX2: a 4-byte dot is
 // vpmaddubsw into int16 pairs, finished once per block by vpmaddwd; nibble products are
 // at most 15 * 127 * 2 = 3810 per pair, so a 32-element block sums in int16 without
 // saturating, <= 30480) and by packed_avxvnni.cc (AVX-VNNI, e.g. Intel Alder Lake and
@@ -557,6 +557,118 @@ void HalfIQ4_XS(const PackedArgs& p, int h) {
   StoreHalf(p, h, acc);
 }
 
+// Bit `src` of every byte moved to bit `dst` (other bits of the result are garbage).
+template <int kSrc, int kDst>
+__attribute__((always_inline)) inline __m256i MoveBit(__m256i v) {
+  if constexpr (kSrc < kDst) return _mm256_slli_epi16(v, kDst - kSrc);
+  else if constexpr (kSrc == kDst) return v;
+  else return _mm256_srli_epi16(v, kSrc - kDst);
+}
+
+// Q2_K and Q3_K (layouts in packed.h), Q8_K activations, as the AVX-512 kernel: per group
+// 4 dots of the 2-bit (Q3_K: 3-bit) weights from 0 (Q3_K: bias16 / 8 = -4 * bsum), times
+// the group's scale in int32; Q2_K's mins as m x bias16. Without AVX-VNNI the 4 products
+// of a group sum in int16 (at most 4 x 2 x 7 x 128 = 7168) and one vpmaddwd widens them.
+template <bool kQ3, int NT>
+void HalfLowK(const PackedArgs& p, int h) {
+  constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(4);
+  __m256 acc[NT];
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kSuper;
+    const uint8_t* sc = sb + 8 * kBlock;
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 16 * h)));
+    __m256i isum[NT], msum[NT];
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) isum[t] = msum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* bl = sb + kBlock * j + 32 * h;
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 64 + 1024), _MM_HINT_T0);
+      [[maybe_unused]] __m256i hb;
+      if constexpr (kQ3) {
+        _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + 1024), _MM_HINT_T0);
+        hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128));
+      }
+      auto group = [&](auto m_const) __attribute__((always_inline)) {
+        constexpr int m = decltype(m_const)::value;
+        const __m256i line = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 64 * m));
+        __m256i w[4] = {_mm256_and_si256(line, m3), _mm256_and_si256(_mm256_srli_epi16(line, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(line, 4), m3), _mm256_and_si256(_mm256_srli_epi16(line, 6), m3)};
+        if constexpr (kQ3) {
+          w[0] = _mm256_or_si256(w[0], _mm256_and_si256(MoveBit<4 * m, 2>(hb), m4));
+          w[1] = _mm256_or_si256(w[1], _mm256_and_si256(MoveBit<4 * m + 1, 2>(hb), m4));
+          w[2] = _mm256_or_si256(w[2], _mm256_and_si256(MoveBit<4 * m + 2, 2>(hb), m4));
+          w[3] = _mm256_or_si256(w[3], _mm256_and_si256(MoveBit<4 * m + 3, 2>(hb), m4));
+        }
+        const int grp = 2 * j + m;
+        __m256i scale, mins;
+        if constexpr (kQ3) {
+          scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
+        } else {
+          const __m256i scm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
+          scale = _mm256_and_si256(scm, _mm256_set1_epi32(15));
+          mins = _mm256_srli_epi32(scm, 4);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
+          const int32_t bias = bias16[t][16 * s + grp];
+          __m256i g = kQ3 ? _mm256_set1_epi32(bias / 8) : _mm256_setzero_si256();
+#if TRELLIS_PACKED_AVXVNNI
+          g = _mm256_dpbusd_avx_epi32(g, w[0], _mm256_set1_epi32(Load32(a)));
+          g = _mm256_dpbusd_avx_epi32(g, w[1], _mm256_set1_epi32(Load32(a + 4)));
+          g = _mm256_dpbusd_avx_epi32(g, w[2], _mm256_set1_epi32(Load32(a + 8)));
+          g = _mm256_dpbusd_avx_epi32(g, w[3], _mm256_set1_epi32(Load32(a + 12)));
+#else
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(a))),
+                                               _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(Load32(a + 4))));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(Load32(a + 8))),
+                                               _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(Load32(a + 12))));
+          g = _mm256_add_epi32(g, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1)));
+#endif
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(g, scale));
+          if constexpr (!kQ3) msum[t] = _mm256_add_epi32(msum[t], _mm256_mullo_epi32(mins, _mm256_set1_epi32(bias)));
+        }
+      };
+      group(std::integral_constant<int, 0>{});
+      group(std::integral_constant<int, 1>{});
+    }
+    [[maybe_unused]] __m256 dmin;
+    if constexpr (!kQ3) {
+      dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 32 + 16 * h))),
+                           _mm256_set1_ps(1.0f / 32));
+    }
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m256 dat = _mm256_set1_ps(da[t][s]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dat), acc[t]);
+      if constexpr (!kQ3) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, dat), acc[t]);
+    }
+  }
+  StoreHalf(p, h, acc);
+}
+
+template <bool kQ3>
+struct LowKHalf {
+  template <int NT>
+  struct Of {
+    static constexpr bool kBothHalves = false;
+    static void Both(const PackedArgs&) {}
+    static void Run(const PackedArgs& p, int h) { HalfLowK<kQ3, NT>(p, h); }
+  };
+};
+
 template <int NT>
 struct IQ4_XSHalf {
   static constexpr bool kBothHalves = false;
@@ -746,6 +858,8 @@ inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
     case GgmlType::kQ5_1: return {DispatchHalves<Q32Half<GgmlType::kQ5_1>::Of>, 1};
     case GgmlType::kIQ4_NL: return {DispatchHalves<Q32Half<GgmlType::kIQ4_NL>::Of>, 1};
     case GgmlType::kIQ4_XS: return {DispatchHalves<IQ4_XSHalf>, 1};
+    case GgmlType::kQ2_K: return {DispatchHalves<LowKHalf<false>::Of>, 1};
+    case GgmlType::kQ3_K: return {DispatchHalves<LowKHalf<true>::Of>, 1};
     case GgmlType::kF16: return {DispatchFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchFloat<true>, kFloatGroups};
     default: return {};

@@ -1,5 +1,6 @@
 // AVX-512 kernels over the x16 packed layouts (packed.h): VNNI for Q4_0 / Q5_0 / Q5_1 /
-// Q8_0 / IQ4_NL / Q4_K / Q5_K / Q6_K / IQ4_XS, FMA for F16, AVX512-BF16 for BF16.
+// Q8_0 / IQ4_NL / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS, FMA for F16, AVX512-BF16 for
+// BF16.
 //
 // Per 32-element block and token: 8 vpdpbusd, each taking one packed zmm (4 unsigned
 // weight bytes of 16 rows) and 4 activation bytes broadcast to all lanes, into an int32
@@ -335,6 +336,109 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
   StoreRows(p, 0, acc);
 }
 
+// Bit `src` of every byte moved to bit `dst` (other bits of the result are garbage).
+template <int kSrc, int kDst, typename V>
+__attribute__((always_inline)) inline V MoveBit(V v) {
+  if constexpr (kSrc < kDst) return _mm512_slli_epi16(v, kDst - kSrc);
+  else if constexpr (kSrc == kDst) return v;
+  else return _mm512_srli_epi16(v, kSrc - kDst);
+}
+
+// Q2_K and Q3_K (layouts in packed.h), Q8_K activations: per 16-element group (one crumb
+// line) 4 vpdpbusd of the 2-bit (Q3_K: | 3rd bit << 2) weights, from 0 (Q3_K: -4 * bsum,
+// an eighth of the row's bias16), times the group's scale in int32; Q2_K's mins sum in
+// int32 too, as m x bias16 (= -32 m bsum). One convert + FMA per super-block applies d x
+// da (and dmin x da / 32).
+template <bool kQ3, int NT>
+void TilePackedLowK(const PackedArgs& p) {
+  constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+  const int64_t nsb = p.cols / 256;
+  const uint8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i m4 = _mm512_set1_epi8(4);
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kSuper;
+    const uint8_t* sc = sb + 8 * kBlock;
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 256)));
+    __m512i isum[NT], msum[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) isum[t] = msum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* bl = sb + kBlock * j;
+      _mm_prefetch(reinterpret_cast<const char*>(bl + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bl + 64 + kPrefetchBytes), _MM_HINT_T0);
+      [[maybe_unused]] __m512i hb;
+      if constexpr (kQ3) {
+        _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + kPrefetchBytes), _MM_HINT_T0);
+        hb = _mm512_load_si512(bl + 128);
+      }
+      auto group = [&](auto m_const) {
+        constexpr int m = decltype(m_const)::value;
+        const __m512i line = _mm512_load_si512(bl + 64 * m);
+        __m512i w[4] = {_mm512_and_si512(line, m3), _mm512_and_si512(_mm512_srli_epi16(line, 2), m3),
+                        _mm512_and_si512(_mm512_srli_epi16(line, 4), m3), _mm512_and_si512(_mm512_srli_epi16(line, 6), m3)};
+        if constexpr (kQ3) {
+          w[0] = _mm512_or_si512(w[0], _mm512_and_si512(MoveBit<4 * m, 2>(hb), m4));
+          w[1] = _mm512_or_si512(w[1], _mm512_and_si512(MoveBit<4 * m + 1, 2>(hb), m4));
+          w[2] = _mm512_or_si512(w[2], _mm512_and_si512(MoveBit<4 * m + 2, 2>(hb), m4));
+          w[3] = _mm512_or_si512(w[3], _mm512_and_si512(MoveBit<4 * m + 3, 2>(hb), m4));
+        }
+        const int grp = 2 * j + m;
+        __m512i scale, mins;
+        if constexpr (kQ3) {
+          scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
+        } else {
+          const __m512i scm = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
+          scale = _mm512_and_si512(scm, _mm512_set1_epi32(15));
+          mins = _mm512_srli_epi32(scm, 4);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
+          const int32_t bias = bias16[t][16 * s + grp];
+          __m512i g = kQ3 ? _mm512_set1_epi32(bias / 8) : _mm512_setzero_si512();
+          g = _mm512_dpbusd_epi32(g, w[0], _mm512_set1_epi32(Load32(a)));
+          g = _mm512_dpbusd_epi32(g, w[1], _mm512_set1_epi32(Load32(a + 4)));
+          g = _mm512_dpbusd_epi32(g, w[2], _mm512_set1_epi32(Load32(a + 8)));
+          g = _mm512_dpbusd_epi32(g, w[3], _mm512_set1_epi32(Load32(a + 12)));
+          isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(g, scale));
+          if constexpr (!kQ3) msum[t] = _mm512_add_epi32(msum[t], _mm512_mullo_epi32(mins, _mm512_set1_epi32(bias)));
+        }
+      };
+      group(std::integral_constant<int, 0>{});
+      group(std::integral_constant<int, 1>{});
+    }
+    [[maybe_unused]] __m512 dmin;
+    if constexpr (!kQ3) {
+      dmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 256 + 32))),
+                           _mm512_set1_ps(1.0f / 32));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m512 dat = _mm512_set1_ps(da[t][s]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
+      if constexpr (!kQ3) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, dat), acc[t]);
+    }
+  }
+  StoreRows(p, 0, acc);
+}
+
+template <bool kQ3>
+void DispatchPackedLowK(const PackedArgs& p) {
+  static constexpr PackedFn kTable[kPackedMaxTokens] = {
+      TilePackedLowK<kQ3, 1>, TilePackedLowK<kQ3, 2>, TilePackedLowK<kQ3, 3>, TilePackedLowK<kQ3, 4>,
+      TilePackedLowK<kQ3, 5>, TilePackedLowK<kQ3, 6>, TilePackedLowK<kQ3, 7>, TilePackedLowK<kQ3, 8>};
+  kTable[p.nt - 1](p);
+}
+
 void DispatchPackedIQ4_XS(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
       TilePackedIQ4_XS<1>, TilePackedIQ4_XS<2>, TilePackedIQ4_XS<3>, TilePackedIQ4_XS<4>,
@@ -452,6 +556,8 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};
     case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
+    case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
+    case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1};
     case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups};
     default: return {};

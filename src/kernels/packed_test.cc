@@ -23,7 +23,8 @@ using testing_util::Gaussian;
 // Every type with an x16 layout.
 constexpr GgmlType kPackedTypes[] = {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
                                      GgmlType::kIQ4_NL, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                                     GgmlType::kIQ4_XS, GgmlType::kF16, GgmlType::kBF16};
+                                     GgmlType::kIQ4_XS, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kF16,
+                                     GgmlType::kBF16};
 
 struct Packed {
   std::vector<uint8_t> bytes;  // original rows
@@ -186,6 +187,42 @@ TEST(PackedTest, IQ4XSLayoutHoldsEveryIndexScaleAndD) {
   }
 }
 
+// Q2_K and Q3_K: every element's 2 (3) bits, each group's scale (and Q2_K's min) and d
+// (dmin) where packed.h says they are.
+TEST(PackedTest, Q2KAndQ3KLayoutsHoldEveryWeightScaleAndMin) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K}) {
+    SCOPED_TRACE(GetGgmlTypeTraits(type).name);
+    const bool q3 = type == GgmlType::kQ3_K;
+    const Packed m = MakePacked(type, 19, 512, 6);
+    const size_t group_bytes = PackedGroupBytes(type, 512);
+    const int64_t block = q3 ? 192 : 128, super = q3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+    for (int64_t r = 0; r < m.w.rows; ++r) {
+      const uint8_t* g = m.w.packed + (r / kPackRows) * group_bytes;
+      const int rr = static_cast<int>(r % kPackRows);
+      const uint8_t* row = m.bytes.data() + r * m.w.row_bytes;
+      for (int64_t k = 0; k < m.w.cols; ++k) {
+        const int e = static_cast<int>(k % 256), j = e / 32, x = e % 32, mm = x / 16, f = (x % 16) / 4, q = x % 4;
+        const uint8_t* sb = g + (k / 256) * super;
+        int got = (sb[block * j + 64 * mm + 4 * rr + q] >> (2 * f)) & 3;
+        const uint16_t* d = reinterpret_cast<const uint16_t*>(sb + 8 * block + 256);
+        if (q3) {
+          const BlockQ3_K& blk = reinterpret_cast<const BlockQ3_K*>(row)[k / 256];
+          got |= ((sb[block * j + 128 + 4 * rr + q] >> (x / 4)) & 1) << 2;
+          ASSERT_EQ(got - 4, Q3KElement(blk, e)) << "r=" << r << " k=" << k;
+          ASSERT_EQ(reinterpret_cast<const int8_t*>(sb + 8 * block)[16 * (e / 16) + rr], Q3KScale(blk, e / 16));
+          ASSERT_EQ(d[rr], blk.d);
+        } else {
+          const BlockQ2_K& blk = reinterpret_cast<const BlockQ2_K*>(row)[k / 256];
+          ASSERT_EQ(got, Q2KElement(blk, e)) << "r=" << r << " k=" << k;
+          ASSERT_EQ(sb[8 * block + 16 * (e / 16) + rr], blk.scales[e / 16]);
+          ASSERT_EQ(d[rr], blk.d);
+          ASSERT_EQ(d[16 + rr], blk.dmin);
+        }
+      }
+    }
+  }
+}
+
 TEST(PackedTest, SizesAndTypes) {
   EXPECT_TRUE(PackableType(GgmlType::kQ4_0));
   EXPECT_TRUE(PackableType(GgmlType::kQ8_0));
@@ -207,6 +244,8 @@ TEST(PackedTest, SizesAndTypes) {
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ5_1, 2048), 16u * 24 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kIQ4_NL, 2048), 16u * 18 * 64);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kIQ4_XS, 512), 2u * 2240);  // 16 x 136 + 64 per super-block
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ2_K, 512), 2u * 1344);    // 16 x 84, as the original
+  EXPECT_EQ(PackedGroupBytes(GgmlType::kQ3_K, 512), 2u * 1856);    // 16 x 110 + 96 per super-block
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_0, 96) % 64, 0u);
   EXPECT_EQ(PackedGroupBytes(GgmlType::kQ4_K, 2048), 8u * 2368);  // 16 x 144 + 64 per super-block
   EXPECT_EQ(PackedBytes(WeightMatrix{GgmlType::kQ4_0, nullptr, 17, 64, 36}), 2 * PackedGroupBytes(GgmlType::kQ4_0, 64));
