@@ -72,11 +72,15 @@ def f(x, digits):
 # Issue 3 targets (trellis / llama.cpp), by weight type.
 SPEED_TARGETS = {"q4_0": (">= 1.5", ">= 1"), "q4_k_m": (">= 1.2", ">= 1"), "f16": (">= 1.2", ">= 1"),
                  "bf16": ("-", "-"), "q5_k_m": ("-", "-")}
+# Issue 34's targets for the six newer types, on AVX-512 and on forced AVX2.
+LOWBIT_TYPES = ("q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "iq4_xs")
+SPEED_TARGETS.update({k: (">= 1.2", ">= 1.05") for k in LOWBIT_TYPES})
 SPEED_LABELS = {"q4_0": "Q4_0 (Q6_K output)", "q4_k_m": "Q4_K_M", "f16": "F16", "bf16": "BF16", "q5_k_m": "Q5_K_M", "q8_0": "Q8_0"}
 
 
 # Issue 14's targets on an AVX2-only run, for every type.
 SPEED_TARGETS_AVX2 = {k: (">= 1.5", ">= 1.05") for k in ("q4_0", "q4_k_m", "q5_k_m", "q8_0", "f16")}
+SPEED_TARGETS_AVX2.update({k: (">= 1.2", ">= 1.05") for k in LOWBIT_TYPES})
 
 
 def test_names(rows):
