@@ -521,8 +521,8 @@ struct Q6_KHalf {
 // IQ4_XS (layout in packed.h), Q8_K activations: per sub-block the IQ4_NL dots
 // (DotIq4Half; the correction from the row's -32 * bsum pair), times the sub-block's int8
 // scale in int32; one convert + FMA per super-block, as Q6_K.
-template <int NT>
-void HalfIQ4_XS(const PackedArgs& p, int h) {
+template <int NT, int NH>
+void HalfIQ4_XS(const PackedArgs& p, int h0) {
   const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
   const float* da[NT];
@@ -530,31 +530,38 @@ void HalfIQ4_XS(const PackedArgs& p, int h) {
   RowFields(p.a, p.a_stride, 0, arow);
   RowFields(p.a, p.a_stride, p.cols, da);
   RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
-  __m256 acc[NT];
+  __m256 acc[NH][NT];
   TRELLIS_UNROLL
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int hh = 0; hh < NH; ++hh)
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedIQ4XSSuperBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * h)));
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
-    __m256i isum[NT];
     TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const int64_t b = 8 * s + j;
-      __m256i dot[NT];
-      DotIq4Half<NT>(sb + 256 * j + 32 * h, arow, b,
-                     [&bias16, b](int t) { return 4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]); }, dot);
-      const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)));
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * h)));
+      __m256i isum[NT];
       TRELLIS_UNROLL
-      for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot[t], scale));
-    }
-    TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[t]);
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = 8 * s + j;
+        __m256i dot[NT];
+        DotIq4Half<NT>(sb + 256 * j + 32 * h, arow, b,
+                       [&bias16, b](int t) { return 4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]); }, dot);
+        const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)));
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot[t], scale));
+      }
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[hh][t]);
+      }
     }
   }
-  StoreHalf(p, h, acc);
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
 // Bit `src` of every byte moved to bit `dst` (other bits of the result are garbage).
@@ -569,8 +576,8 @@ __attribute__((always_inline)) inline __m256i MoveBit(__m256i v) {
 // 4 dots of the 2-bit (Q3_K: 3-bit) weights from 0 (Q3_K: bias16 / 8 = -4 * bsum), times
 // the group's scale in int32; Q2_K's mins as m x bias16. Without AVX-VNNI the 4 products
 // of a group sum in int16 (at most 4 x 2 x 7 x 128 = 7168) and one vpmaddwd widens them.
-template <bool kQ3, int NT>
-void HalfLowK(const PackedArgs& p, int h) {
+template <bool kQ3, int NT, int NH>
+void HalfLowK(const PackedArgs& p, int h0) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
   const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
@@ -581,106 +588,119 @@ void HalfLowK(const PackedArgs& p, int h) {
   RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i m4 = _mm256_set1_epi8(4);
-  __m256 acc[NT];
+  __m256 acc[NH][NT];
   TRELLIS_UNROLL
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int hh = 0; hh < NH; ++hh)
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kSuper;
     const uint8_t* sc = sb + 8 * kBlock;
-    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 16 * h)));
-    __m256i isum[NT], msum[NT];
+    __m256i isum[NH][NT], msum[NH][NT];
     TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) isum[t] = msum[t] = _mm256_setzero_si256();
+    for (int hh = 0; hh < NH; ++hh)
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) isum[hh][t] = msum[hh][t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* bl = sb + kBlock * j + 32 * h;
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 64 + 1024), _MM_HINT_T0);
-      [[maybe_unused]] __m256i hb;
-      if constexpr (kQ3) {
-        _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + 1024), _MM_HINT_T0);
-        hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128));
-      }
-      auto group = [&](auto m_const) __attribute__((always_inline)) {
-        constexpr int m = decltype(m_const)::value;
-        const __m256i line = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 64 * m));
-        __m256i w[4] = {_mm256_and_si256(line, m3), _mm256_and_si256(_mm256_srli_epi16(line, 2), m3),
-                        _mm256_and_si256(_mm256_srli_epi16(line, 4), m3), _mm256_and_si256(_mm256_srli_epi16(line, 6), m3)};
-        if constexpr (kQ3) {
-          w[0] = _mm256_or_si256(w[0], _mm256_and_si256(MoveBit<4 * m, 2>(hb), m4));
-          w[1] = _mm256_or_si256(w[1], _mm256_and_si256(MoveBit<4 * m + 1, 2>(hb), m4));
-          w[2] = _mm256_or_si256(w[2], _mm256_and_si256(MoveBit<4 * m + 2, 2>(hb), m4));
-          w[3] = _mm256_or_si256(w[3], _mm256_and_si256(MoveBit<4 * m + 3, 2>(hb), m4));
+      TRELLIS_UNROLL
+      for (int hh = 0; hh < NH; ++hh) {
+        const int h = h0 + hh;
+        const uint8_t* bl = sb + kBlock * j + 32 * h;
+        if (hh == 0) {  // both halves of a line share its cache line
+          _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(bl + 64 + 1024), _MM_HINT_T0);
+          if constexpr (kQ3) _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + 1024), _MM_HINT_T0);
         }
-        const int grp = 2 * j + m;
-        __m256i scale, mins;
-        if constexpr (kQ3) {
-          scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
-        } else {
-          const __m256i scm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
-          scale = _mm256_and_si256(scm, _mm256_set1_epi32(15));
-          mins = _mm256_srli_epi32(scm, 4);
-        }
+        [[maybe_unused]] __m256i hb;
+        if constexpr (kQ3) hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128));
+        auto group = [&](auto m_const) __attribute__((always_inline)) {
+          constexpr int m = decltype(m_const)::value;
+          const __m256i line = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 64 * m));
+          __m256i w[4] = {_mm256_and_si256(line, m3), _mm256_and_si256(_mm256_srli_epi16(line, 2), m3),
+                          _mm256_and_si256(_mm256_srli_epi16(line, 4), m3), _mm256_and_si256(_mm256_srli_epi16(line, 6), m3)};
+          if constexpr (kQ3) {
+            w[0] = _mm256_or_si256(w[0], _mm256_and_si256(MoveBit<4 * m, 2>(hb), m4));
+            w[1] = _mm256_or_si256(w[1], _mm256_and_si256(MoveBit<4 * m + 1, 2>(hb), m4));
+            w[2] = _mm256_or_si256(w[2], _mm256_and_si256(MoveBit<4 * m + 2, 2>(hb), m4));
+            w[3] = _mm256_or_si256(w[3], _mm256_and_si256(MoveBit<4 * m + 3, 2>(hb), m4));
+          }
+          const int grp = 2 * j + m;
+          __m256i scale, mins;
+          if constexpr (kQ3) {
+            scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
+          } else {
+            const __m256i scm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * grp + 8 * h)));
+            scale = _mm256_and_si256(scm, _mm256_set1_epi32(15));
+            mins = _mm256_srli_epi32(scm, 4);
+          }
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
-          const int32_t bias = bias16[t][16 * s + grp];
-          __m256i g = kQ3 ? _mm256_set1_epi32(bias / 8) : _mm256_setzero_si256();
+          for (int t = 0; t < NT; ++t) {
+            const uint8_t* a = arow[t] + 256 * s + 16 * grp;
+            const int32_t bias = bias16[t][16 * s + grp];
+            __m256i g = kQ3 ? _mm256_set1_epi32(bias / 8) : _mm256_setzero_si256();
 #if TRELLIS_PACKED_AVXVNNI
-          g = _mm256_dpbusd_avx_epi32(g, w[0], _mm256_set1_epi32(Load32(a)));
-          g = _mm256_dpbusd_avx_epi32(g, w[1], _mm256_set1_epi32(Load32(a + 4)));
-          g = _mm256_dpbusd_avx_epi32(g, w[2], _mm256_set1_epi32(Load32(a + 8)));
-          g = _mm256_dpbusd_avx_epi32(g, w[3], _mm256_set1_epi32(Load32(a + 12)));
+            g = _mm256_dpbusd_avx_epi32(g, w[0], _mm256_set1_epi32(Load32(a)));
+            g = _mm256_dpbusd_avx_epi32(g, w[1], _mm256_set1_epi32(Load32(a + 4)));
+            g = _mm256_dpbusd_avx_epi32(g, w[2], _mm256_set1_epi32(Load32(a + 8)));
+            g = _mm256_dpbusd_avx_epi32(g, w[3], _mm256_set1_epi32(Load32(a + 12)));
 #else
-          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(a))),
-                                               _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(Load32(a + 4))));
-          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(Load32(a + 8))),
-                                               _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(Load32(a + 12))));
-          g = _mm256_add_epi32(g, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1)));
+            const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(Load32(a))),
+                                                 _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(Load32(a + 4))));
+            const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(Load32(a + 8))),
+                                                 _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(Load32(a + 12))));
+            g = _mm256_add_epi32(g, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1)));
 #endif
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(g, scale));
-          if constexpr (!kQ3) msum[t] = _mm256_add_epi32(msum[t], _mm256_mullo_epi32(mins, _mm256_set1_epi32(bias)));
-        }
-      };
-      group(std::integral_constant<int, 0>{});
-      group(std::integral_constant<int, 1>{});
-    }
-    [[maybe_unused]] __m256 dmin;
-    if constexpr (!kQ3) {
-      dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 32 + 16 * h))),
-                           _mm256_set1_ps(1.0f / 32));
+            isum[hh][t] = _mm256_add_epi32(isum[hh][t], _mm256_mullo_epi32(g, scale));
+            if constexpr (!kQ3) msum[hh][t] = _mm256_add_epi32(msum[hh][t], _mm256_mullo_epi32(mins, _mm256_set1_epi32(bias)));
+          }
+        };
+        group(std::integral_constant<int, 0>{});
+        group(std::integral_constant<int, 1>{});
+      }
     }
     TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const __m256 dat = _mm256_set1_ps(da[t][s]);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dat), acc[t]);
-      if constexpr (!kQ3) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[t]), _mm256_mul_ps(dmin, dat), acc[t]);
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 16 * h)));
+      [[maybe_unused]] __m256 dmin;
+      if constexpr (!kQ3) {
+        dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 256 + 32 + 16 * h))),
+                             _mm256_set1_ps(1.0f / 32));
+      }
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dat = _mm256_set1_ps(da[t][s]);
+        acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[hh][t]), _mm256_mul_ps(d, dat), acc[hh][t]);
+        if constexpr (!kQ3) acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[hh][t]), _mm256_mul_ps(dmin, dat), acc[hh][t]);
+      }
     }
   }
-  StoreHalf(p, h, acc);
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
 template <bool kQ3>
 struct LowKHalf {
   template <int NT>
   struct Of {
-    static constexpr bool kBothHalves = false;
-    static void Both(const PackedArgs&) {}
-    static void Run(const PackedArgs& p, int h) { HalfLowK<kQ3, NT>(p, h); }
+    static constexpr bool kBothHalves = true;
+    static void Both(const PackedArgs& p) { HalfLowK<kQ3, NT, 2>(p, 0); }
+    static void Run(const PackedArgs& p, int h) { HalfLowK<kQ3, NT, 1>(p, h); }
   };
 };
 
 template <int NT>
 struct IQ4_XSHalf {
-  static constexpr bool kBothHalves = false;
-  static void Both(const PackedArgs&) {}
-  static void Run(const PackedArgs& p, int h) { HalfIQ4_XS<NT>(p, h); }
+  static constexpr bool kBothHalves = true;
+  static void Both(const PackedArgs& p) { HalfIQ4_XS<NT, 2>(p, 0); }
+  static void Run(const PackedArgs& p, int h) { HalfIQ4_XS<NT, 1>(p, h); }
 };
 
 template <GgmlType kType>
 struct Q32Half {
   template <int NT>
   struct Of {
-    static constexpr bool kBothHalves = false;
+    static constexpr bool kBothHalves = true;
     static void Run(const PackedArgs& p, int h) { HalfQ32<kType, NT, 1>(p, h); }
     static void Both(const PackedArgs& p) { HalfQ32<kType, NT, 2>(p, 0); }
   };
