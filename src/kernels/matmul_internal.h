@@ -140,6 +140,21 @@ struct PackedArgs {
   int nt;               // tokens (1..kPackedMaxTokens)
 };
 using PackedFn = void (*)(const PackedArgs&);
+
+// Each of a tile's NT tokens' Q8_K activation row fields (layout above): qs, d (one per
+// 256) and bias16 (-32 x each 16-element sum), as the Q2_K / Q3_K / Q6_K / IQ4_XS tiles
+// read them.
+template <int NT>
+struct Q8KTokens {
+  const uint8_t* q[NT];
+  const float* d[NT];
+  const int32_t* bias16[NT];
+  explicit Q8KTokens(const PackedArgs& p) {
+    RowFields(p.a, p.a_stride, 0, q);
+    RowFields(p.a, p.a_stride, p.cols, d);
+    RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  }
+};
 inline constexpr int kPackedMaxTokens = 8;
 struct PackedKernel {
   PackedFn fn = nullptr;  // null: no x16 layout for the type

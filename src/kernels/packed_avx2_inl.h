@@ -404,12 +404,10 @@ void HalfQ32(const PackedArgs& p, int h0) {
 template <int NT>
 void HalfQ6_K(const PackedArgs& p, int h) {
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   __m256 acc[NT];
@@ -524,12 +522,10 @@ struct Q6_KHalf {
 template <int NT, int NH>
 void HalfIQ4_XS(const PackedArgs& p, int h0) {
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   __m256 acc[NH][NT];
   TRELLIS_UNROLL
   for (int hh = 0; hh < NH; ++hh)
@@ -580,12 +576,10 @@ template <bool kQ3, int NT, int NH>
 void HalfLowK(const PackedArgs& p, int h0) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i m4 = _mm256_set1_epi8(4);
   __m256 acc[NH][NT];

@@ -238,12 +238,10 @@ void TilePackedQ4_K(const PackedArgs& p) {
 template <int NT>
 void TilePackedQ6_K(const PackedArgs& p) {
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -301,12 +299,10 @@ void TilePackedQ6_K(const PackedArgs& p) {
 template <int NT>
 void TilePackedIQ4_XS(const PackedArgs& p) {
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   const Iq4Grid grid;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -353,12 +349,10 @@ template <bool kQ3, int NT>
 void TilePackedLowK(const PackedArgs& p) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& arow = tok.q;
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i m4 = _mm512_set1_epi8(4);
   __m512 acc[NT];
