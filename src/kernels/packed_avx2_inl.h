@@ -150,39 +150,6 @@ __attribute__((always_inline)) inline void StoreHalf(const PackedArgs& p, int h,
   for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(p.y + t * p.y_stride + 8 * h, mask, acc[t]);
 }
 
-// Rows [8 h, 8 h + 8) of the group x NT tokens.
-template <int NT, int NH>
-void HalfQ4_0(const PackedArgs& p, int h0) {
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* asum[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8_0SumOffset(p.cols), asum);
-  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 256);
-  __m256 acc[NH][NT];
-  TRELLIS_UNROLL
-  for (int hh = 0; hh < NH; ++hh)
-    TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < p.nb; ++b) {
-#pragma GCC unroll 2
-    for (int hh = 0; hh < NH; ++hh) {
-      const int h = h0 + hh;
-      __m256i sum[NT];
-      SumNibbleBlock<NT>(p.g + b * 256 + 32 * h, arow, 32 * b, sum);
-      const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) {
-        const __m256i isum = _mm256_add_epi32(ToInt32(sum[t]), _mm256_set1_epi32(-8 * asum[t][b]));
-        acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[hh][t]);
-      }
-    }
-  }
-  TRELLIS_UNROLL
-  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
-}
-
 // Q8_0: weights stored as q + 128. With AVX-VNNI, 8 vpdpbusd per block from
 // -128 * sum(a). Plain AVX2 cannot use q + 128 against int8 activations (vpmaddubsw's
 // pair of 255 * 127 products saturates int16), so it takes the signed weight (q + 128
@@ -347,13 +314,15 @@ __attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const u
 #endif
 }
 
-// Q5_0, Q5_1 and IQ4_NL (layouts in packed.h), Q8_0 row activations: per block the row
-// dots (DotQ5Half, e in 0..31; DotIq4Half, the grid's values), then one convert + FMA
-// applies d[rows] * da[t]; Q5_0 starts its dots from -16 * sum(a), Q5_1 adds m[rows] *
-// (da * sum)[t].
+// Rows [8 h, 8 h + 8) of the group x NT tokens for the 32-element block types but Q8_0
+// (layouts in packed.h), Q8_0 row activations: per block the row dots (SumNibbleBlock, e in
+// 0..15; DotQ5Half, e in 0..31; DotIq4Half, the grid's values), then one convert + FMA
+// applies d[rows] * da[t]; Q4_0 and Q5_0 add -8 (-16) * sum(a) for their bias, Q5_1 adds
+// m[rows] * (da * sum)[t].
 template <GgmlType kType, int NT, int NH>
 void HalfQ32(const PackedArgs& p, int h0) {
   constexpr int kLines = PackedLines(kType);
+  constexpr int32_t kOffset = kType == GgmlType::kQ4_0 ? 8 : kType == GgmlType::kQ5_0 ? 16 : 0;  // unsigned bias
   const uint8_t* arow[NT];
   const float* da[NT];
   const int32_t* asum[NT];
@@ -375,7 +344,11 @@ void HalfQ32(const PackedArgs& p, int h0) {
       const int h = h0 + hh;
       const uint8_t* wb = p.g + b * 64 * kLines + 32 * h;
       __m256i isum[NT];
-      if constexpr (kType == GgmlType::kIQ4_NL) {
+      if constexpr (kType == GgmlType::kQ4_0) {
+        SumNibbleBlock<NT>(wb, arow, 32 * b, isum);
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) isum[t] = ToInt32(isum[t]);
+      } else if constexpr (kType == GgmlType::kIQ4_NL) {
         DotIq4Half<NT>(wb, arow, b, [&asum, b](int t) { return -128 * asum[t][b]; }, isum);
       } else {
         DotQ5Half<NT>(wb, arow, 32 * b, isum);
@@ -383,7 +356,7 @@ void HalfQ32(const PackedArgs& p, int h0) {
       const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
-        if constexpr (kType == GgmlType::kQ5_0) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(-16 * asum[t][b]));
+        if constexpr (kOffset != 0) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(-kOffset * asum[t][b]));
         acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), acc[hh][t]);
       }
       if constexpr (kType == GgmlType::kQ5_1) {
@@ -483,12 +456,6 @@ void TileHalves(const PackedArgs& p) {
   if (p.nr > 8) Half<NT>::Run(p, 1);
 }
 
-template <int NT>
-struct Q4_0Half {
-  static constexpr bool kBothHalves = true;
-  static void Run(const PackedArgs& p, int h) { HalfQ4_0<NT, 1>(p, h); }
-  static void Both(const PackedArgs& p) { HalfQ4_0<NT, 2>(p, 0); }
-};
 template <int NT>
 struct Q4_KHalf {
   static constexpr bool kBothHalves = true;
@@ -863,7 +830,7 @@ void DispatchFloat(const PackedArgs& p) {
 // The packed kernel for `type` built by the including file ({} if none).
 inline PackedKernel PackedKernelAvx2Family(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {DispatchHalves<Q4_0Half>, 1};
+    case GgmlType::kQ4_0: return {DispatchHalves<Q32Half<GgmlType::kQ4_0>::Of>, 1};
     case GgmlType::kQ4_K: return {DispatchHalves<Q4_KHalf>, 1};
     case GgmlType::kQ5_K: return {DispatchHalves<Q5_KHalf>, 1};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6_KHalf>, 1};
