@@ -580,6 +580,7 @@ Result<MachineLimits> MeasureLimits(int threads, bool quick) {
   m.int8_ops = BestFigure(figs, "int8_dot", threads) * 1e9;
   m.f32_flops = BestFigure(figs, "f32_fma", threads) * 1e9;
   m.dram_bytes = BestFigure(figs, "dram_read", threads) * 1e9;
+  m.clock_hz = BestFigure(figs, "clock", 1) * 1e9;
   return m;
 }
 

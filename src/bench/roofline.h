@@ -32,6 +32,7 @@ Status RunRooflineBench(const RooflineBenchOptions& o);
 // bandwidth in bytes (the better of the load widths). 0 where the CPU has no such loop.
 struct MachineLimits {
   double int8_ops = 0, f32_flops = 0, dram_bytes = 0;
+  double clock_hz = 0;  // one core's clock while the peaks ran (16 dependent adds per loop)
 };
 Result<MachineLimits> MeasureLimits(int threads, bool quick);
 

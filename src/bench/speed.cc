@@ -114,17 +114,23 @@ Result<SpeedRuns> MeasureSpeed(const Model& model, const SpeedParams& p) {
 
   if (p.tg > 0) TRELLIS_RETURN_IF_ERROR(run_tg().status());  // warm-up
   SpeedRuns r;
+  auto profiled = [&](ForwardProfile& prof, auto&& run) -> Result<double> {
+    if (p.profile) fwd.set_profile(&prof);
+    Result<double> v = run();
+    fwd.set_profile(nullptr);
+    return v;
+  };
   for (int rep = 0; rep < p.reps; ++rep) {
     if (!tables.empty() && p.tg > 0) {
-      TRELLIS_ASSIGN_OR_RETURN(double v, run_batched());
+      TRELLIS_ASSIGN_OR_RETURN(double v, profiled(r.tg_batched_profile, run_batched));
       r.tg_batched.push_back(v);
     }
     if (p.pp > 0) {
-      TRELLIS_ASSIGN_OR_RETURN(double v, run_pp());
+      TRELLIS_ASSIGN_OR_RETURN(double v, profiled(r.pp_profile, run_pp));
       r.pp.push_back(v);
     }
     if (p.tg > 0) {
-      TRELLIS_ASSIGN_OR_RETURN(double v, run_tg());
+      TRELLIS_ASSIGN_OR_RETURN(double v, profiled(r.tg_profile, run_tg));
       r.tg.push_back(v);
     }
   }

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "engine/forward.h"
 #include "engine/model.h"
 #include "util/status.h"
 
@@ -20,11 +21,14 @@ struct SpeedParams {
   int block_size = 32;
   int sessions = 1;       // > 1: also the batched-decode test
   KvType kv_type_k = KvType::kF16, kv_type_v = KvType::kF16;  // the cache's element types
+  bool profile = false;   // fill SpeedRuns' profiles (the timed repetitions' phases)
 };
 
 // Tokens/s of every repetition, in the order run.
 struct SpeedRuns {
   std::vector<double> pp, tg, tg_batched;
+  // With SpeedParams::profile: where each test's time went, summed over its repetitions.
+  ForwardProfile pp_profile, tg_profile, tg_batched_profile;
 };
 
 // Runs the tests (one untimed tg warm-up first: it faults the mapped weights in).

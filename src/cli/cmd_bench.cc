@@ -39,6 +39,7 @@ struct SpeedOpts {
   bool limits = false;  // measure this machine's limits before and after, report fractions
   bool limits_quick = false;  // with the roofline's --quick loops (tests)
   bool thread_sweep = false;  // run at 1, 2, ..., threads threads
+  bool budget = false;  // per phase of a pass: time, cycles per layer, against its own limit (implies limits)
   KvTypeFlags kv_types;
 };
 
@@ -81,6 +82,81 @@ SpeedLimits LimitsFor(const Model& m, const bench::MachineLimits& l, int session
   return {peak > 0 ? peak / ops : 0, l.dram_bytes > 0 ? decode(1) : 0, l.dram_bytes > 0 ? decode(sessions) : 0};
 }
 
+// One test's cycle budget (--budget): per phase of its passes, the wall time per pass and
+// in core cycles per layer, its share, and where the phase has one, its own limit: a
+// product's multiply-adds at the int8 (float weights: f32 FMA) peak or its weight bytes at
+// the DRAM bandwidth, whichever is longer; attention's FLOPs at the f32 FMA peak. The
+// products' activation conversion is its own row, out of their times.
+struct BudgetRow {
+  std::string phase;
+  double ns_per_pass = 0, cycles_per_layer = 0, share = 0, limit_ns_per_pass = 0;
+};
+std::vector<BudgetRow> BudgetRows(const ForwardProfile& prof, const bench::MachineLimits& lim, int layers) {
+  std::vector<BudgetRow> rows;
+  if (prof.passes == 0) return rows;
+  const double passes = static_cast<double>(prof.passes), total = static_cast<double>(prof.TotalNs());
+  auto add = [&](std::string name, double ns, double limit_ns) {
+    BudgetRow r;
+    r.phase = std::move(name);
+    r.ns_per_pass = ns / passes;
+    r.cycles_per_layer = r.ns_per_pass * 1e-9 * lim.clock_hz / std::max(layers, 1);
+    r.share = total > 0 ? ns / total : 0;
+    r.limit_ns_per_pass = limit_ns / passes;
+    rows.push_back(std::move(r));
+  };
+  double act_ns = 0;
+  for (int i = 0; i < ForwardProfile::kPhases; ++i) {
+    const ForwardProfile::Counts& c = prof.phase[static_cast<size_t>(i)];
+    double limit = 0;
+    if (c.macs + c.float_macs > 0) {
+      const double arith = (lim.int8_ops > 0 ? 2 * c.macs / lim.int8_ops : 0) +
+                           (lim.f32_flops > 0 ? 2 * c.float_macs / lim.f32_flops : 0);
+      limit = std::max(arith, lim.dram_bytes > 0 ? c.weight_bytes / lim.dram_bytes : 0) * 1e9;
+    } else if (c.flops > 0 && lim.f32_flops > 0) {
+      limit = c.flops / lim.f32_flops * 1e9;
+    }
+    if (c.ns == 0 && limit == 0) continue;
+    add(ForwardProfile::Name(i), static_cast<double>(c.ns - c.act_ns), limit);
+    act_ns += static_cast<double>(c.act_ns);
+  }
+  if (act_ns > 0) add("activation conversion (of the products)", act_ns, 0);
+  return rows;
+}
+
+void PrintBudget(const std::string& test, const ForwardProfile& prof, const bench::MachineLimits& lim, int layers) {
+  const std::vector<BudgetRow> rows = BudgetRows(prof, lim, layers);
+  if (rows.empty()) return;
+  const double tokens = static_cast<double>(prof.tokens) / static_cast<double>(prof.passes);
+  std::printf("cycle budget, %s: %.0f token(s) per pass, %lld passes, %d layers, core clock %.2f GHz (cycles per "
+              "layer: a pass's / layers, embeddings and logits included)\n\n",
+              test.c_str(), tokens, static_cast<long long>(prof.passes), layers, lim.clock_hz * 1e-9);
+  std::printf("| phase | us per pass | k cycles per layer | share | limit us per pass | fraction of limit |\n"
+              "|---|---|---|---|---|---|\n");
+  double ns = 0, cycles = 0, limit = 0;
+  for (const BudgetRow& r : rows) {
+    ns += r.ns_per_pass;
+    cycles += r.cycles_per_layer;
+    limit += r.limit_ns_per_pass;
+    if (r.limit_ns_per_pass > 0) {
+      std::printf("| %s | %.1f | %.1f | %.1f %% | %.1f | %.2f |\n", r.phase.c_str(), r.ns_per_pass * 1e-3,
+                  r.cycles_per_layer * 1e-3, 100 * r.share, r.limit_ns_per_pass * 1e-3, r.limit_ns_per_pass / r.ns_per_pass);
+    } else {
+      std::printf("| %s | %.1f | %.1f | %.1f %% | | |\n", r.phase.c_str(), r.ns_per_pass * 1e-3, r.cycles_per_layer * 1e-3,
+                  100 * r.share);
+    }
+  }
+  std::printf("| all | %.1f | %.1f | 100 %% | %.1f | %.2f |\n\n", ns * 1e-3, cycles * 1e-3, limit * 1e-3, ns > 0 ? limit / ns : 0);
+}
+
+nlohmann::json BudgetJson(const ForwardProfile& prof, const bench::MachineLimits& lim, int layers) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const BudgetRow& r : BudgetRows(prof, lim, layers)) {
+    rows.push_back({{"phase", r.phase}, {"ns_per_pass", r.ns_per_pass}, {"cycles_per_layer", r.cycles_per_layer},
+                    {"share", r.share}, {"limit_ns_per_pass", r.limit_ns_per_pass}});
+  }
+  return {{"passes", prof.passes}, {"tokens", prof.tokens}, {"layers", layers}, {"clock_hz", lim.clock_hz}, {"phases", rows}};
+}
+
 int RunSpeed(const SpeedOpts& o) {
   auto model = Model::Load(o.model);
   if (!model.ok()) return Fail(model.status().ToString());
@@ -102,6 +178,7 @@ int RunSpeed(const SpeedOpts& o) {
   sp.sessions = o.sessions;
   sp.kv_type_k = o.kv_types.K();
   sp.kv_type_v = o.kv_types.V();
+  sp.profile = o.budget;
   auto runs = bench::MeasureSpeed(**model, sp);
   if (!runs.ok()) return Fail(runs.status().ToString());
   const std::vector<double>&pp = runs->pp, &tg = runs->tg, &tgb = runs->tg_batched;
@@ -115,11 +192,12 @@ int RunSpeed(const SpeedOpts& o) {
     if (!l.ok()) return Fail(l.status().ToString());
     after = *l;
     lim = {(before.int8_ops + after.int8_ops) / 2, (before.f32_flops + after.f32_flops) / 2,
-           (before.dram_bytes + after.dram_bytes) / 2};
+           (before.dram_bytes + after.dram_bytes) / 2, (before.clock_hz + after.clock_hz) / 2};
     ceil = LimitsFor(**model, lim, o.sessions);
   }
   auto fraction = [](double v, double limit) { return limit > 0 ? v / limit : 0.0; };
   const int64_t rss = PeakRssBytes();
+  const int layers = (*model)->n_local_layers();
   const std::string type = (*model)->TypeSummary();
   const std::string isa = KernelPathName(), cpu = CpuModelName();
   const std::string kv = o.kv_types.k + "/" + o.kv_types.v;
@@ -148,6 +226,11 @@ int RunSpeed(const SpeedOpts& o) {
         j["tg_batched_limit_tok_s"] = ceil.tg_batched;
         j["tg_batched_fraction"] = fraction(Median(tgb), ceil.tg_batched);
       }
+      j["limits"]["clock_hz"] = lim.clock_hz;
+    }
+    if (o.budget) {
+      j["budget"] = {{"pp", BudgetJson(runs->pp_profile, lim, layers)}, {"tg", BudgetJson(runs->tg_profile, lim, layers)},
+                     {"tg_batched", BudgetJson(runs->tg_batched_profile, lim, layers)}};
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -182,6 +265,11 @@ int RunSpeed(const SpeedOpts& o) {
       frow("tg" + std::to_string(o.tg) + " x" + std::to_string(o.sessions), tgb, ceil.tg_batched,
            "DRAM bandwidth (one read per step) or arithmetic");
       std::printf("\n");
+    }
+    if (o.budget) {
+      PrintBudget("pp" + std::to_string(o.pp), runs->pp_profile, lim, layers);
+      PrintBudget("tg" + std::to_string(o.tg), runs->tg_profile, lim, layers);
+      PrintBudget("tg" + std::to_string(o.tg) + " x" + std::to_string(o.sessions), runs->tg_batched_profile, lim, layers);
     }
     std::printf("peak RSS: %.1f MiB (weights %.1f MiB mmapped)\n", static_cast<double>(rss) / (1 << 20),
                 static_cast<double>((*model)->WeightBytes()) / (1 << 20));
@@ -403,6 +491,9 @@ Runner AddBenchCommand(CLI::App& app) {
   speed->add_flag("--thread-sweep", o->thread_sweep,
                   "run the tests at 1, 2, ..., -t threads (thread scaling; with --limits, each against the limits "
                   "at its own thread count)");
+  speed->add_flag("--budget", o->budget,
+                  "also where each test's time goes: per phase of a forward pass (norms, products, attention, ...) "
+                  "the time, core cycles per layer and the fraction of its own limit (implies --limits)");
   speed->add_flag("--limits-quick", o->limits_quick, "--limits with the roofline's --quick loops (~1 s; a smoke test)")
       ->group("");
   AddKvTypeFlags(*speed, &o->kv_types);
@@ -487,7 +578,7 @@ Runner AddBenchCommand(CLI::App& app) {
     if (o->depth < 0 || o->depth > (1 << 20)) return Fail("bench: n-depth must be in 0..1048576");
     if (o->threads < 0) return Fail("bench: --threads must be >= 0 (0 = the physical cores available)");
     o->threads = ResolveThreads(o->threads, &o->threads_how);
-    o->limits = o->limits || o->limits_quick;
+    o->limits = o->limits || o->limits_quick || o->budget;
     if (!o->thread_sweep) return RunSpeed(*o);
     // Thread scaling: the same tests at 1..threads threads, a table (or JSON object) each.
     const int n = o->threads;

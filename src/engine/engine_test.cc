@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine/test_models.h"
+#include "util/clock.h"
 #include "util/fault_env.h"
 #include "util/slowdown.h"
 
@@ -202,6 +203,72 @@ TEST_P(EngineInvariance, BatchMixDoesNotChangeResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, EngineInvariance, ::testing::Values("f32", "q4_0", "q4_k_m", "q5_k_m"));
+
+// A profiled pass (bench speed --budget) gives the same logits as an unprofiled one,
+// counts its passes, tokens and layers, and each phase's work exactly: the products'
+// multiply-adds and weight bytes, attention's 4 x q width x context FLOPs; its phases add
+// up to no more than the wall time around the pass.
+TEST(EngineTest, AProfiledPassCountsEveryPhaseAndChangesNothing) {
+  auto m = Model::Load(testing::WriteSmallModel("profile_q4_0.gguf", "q4_0"));
+  ASSERT_TRUE(m.ok());
+  const ModelConfig& c = (*m)->config();
+  ThreadPool threads(2);
+  auto pool = BlockPool::Create(KvLayoutFor(c, 32), 16);
+  ASSERT_TRUE(pool.ok());
+  Forward fwd(**m, (*pool)->view(), 64, 64, threads, c.DefaultContext());
+  std::vector<int32_t> table;
+  for (int b = 0; b < 4; ++b) table.push_back((*pool)->Allocate());
+  std::vector<int32_t> prompt(40), step(1, 7);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + 17 * i % 1000);
+  // Unprofiled, then profiled: a prompt of 40 and one decode step after it.
+  auto run = [&](std::vector<float>* out) {
+    SeqBatch a{prompt, 0, table, 1};
+    ASSERT_TRUE(fwd.Run({&a, 1}).ok());
+    out->assign(fwd.logits().begin(), fwd.logits().end());
+    SeqBatch b{step, 40, table, 1};
+    ASSERT_TRUE(fwd.Run({&b, 1}).ok());
+    out->insert(out->end(), fwd.logits().begin(), fwd.logits().end());
+  };
+  std::vector<float> plain, profiled;
+  run(&plain);
+  ForwardProfile prof;
+  fwd.set_profile(&prof);
+  const int64_t t0 = NowNanos();
+  run(&profiled);
+  const int64_t wall = NowNanos() - t0;
+  fwd.set_profile(nullptr);
+  EXPECT_EQ(plain, profiled);
+
+  const double L = c.n_layer, E = c.n_embd, QD = static_cast<double>(c.n_head) * c.head_dim, KD = static_cast<double>(c.kv_dim()),
+               F = c.n_ff;
+  EXPECT_EQ(prof.passes, 2);
+  EXPECT_EQ(prof.tokens, 41);
+  EXPECT_EQ(prof.layer_passes, 2 * c.n_layer);
+  using P = ForwardProfile;
+  EXPECT_EQ(prof.phase[P::kQkv].macs, 41 * L * E * (QD + 2 * KD));
+  EXPECT_EQ(prof.phase[P::kOut].macs, 41 * L * QD * E);
+  EXPECT_EQ(prof.phase[P::kFfnIn].macs, 41 * L * 2 * E * F);
+  EXPECT_EQ(prof.phase[P::kFfnDown].macs, 41 * L * F * E);
+  EXPECT_EQ(prof.phase[P::kLogits].macs, 2 * E * double(c.n_vocab));  // one logit row per pass
+  const WeightMatrix& wq = (*m)->layer(0).wq;
+  EXPECT_GT(prof.phase[P::kQkv].weight_bytes, 2 * L * static_cast<double>(wq.rows * wq.row_bytes));
+  // Context summed over the query rows: 1 + 2 + ... + 40 for the prompt, 41 for the step.
+  EXPECT_EQ(prof.phase[P::kAttention].flops, L * 4 * QD * (40 * 41 / 2 + 41));
+  for (int i = 0; i < P::kPhases; ++i) {
+    if (i == P::kRouting) {
+      EXPECT_EQ(prof.phase[static_cast<size_t>(i)].ns, 0) << "a dense model has no routing";
+      continue;
+    }
+    EXPECT_GT(prof.phase[static_cast<size_t>(i)].ns, 0) << P::Name(i);
+  }
+  for (int i : {P::kQkv, P::kOut, P::kFfnIn, P::kFfnDown, P::kLogits}) {
+    const P::Counts& k = prof.phase[static_cast<size_t>(i)];
+    EXPECT_GT(k.act_ns, 0) << P::Name(i);
+    EXPECT_LT(k.act_ns, k.ns) << P::Name(i);
+  }
+  EXPECT_LE(prof.TotalNs(), wall);
+  EXPECT_GT(prof.TotalNs(), wall / 2);
+}
 
 TEST(EngineTest, BadRequestsAreRefusedAndLeakNothing) {
   auto m = Model::Load(testing::WriteSmallModel("bad.gguf"));

@@ -7,6 +7,7 @@
 
 #include "engine/moe.h"
 #include "kernels/matmul.h"
+#include "util/clock.h"
 
 namespace trellis {
 
@@ -132,9 +133,52 @@ void Forward::AddInPlace(float* x, const float* y, int64_t n) {
   ForRange(n, n, add);
 }
 
+const char* ForwardProfile::Name(int phase) {
+  static constexpr const char* kNames[kPhases] = {
+      "embeddings, plan", "norms", "q/k/v products", "biases, q/k norms, rope", "K/V write", "attention",
+      "output projection", "residual adds", "gate/up products", "SwiGLU / GeGLU", "down product",
+      "expert routing, gather, scatter", "logits"};
+  return phase >= 0 && phase < kPhases ? kNames[phase] : "?";
+}
+
+int64_t ForwardProfile::TotalNs() const {
+  int64_t ns = 0;
+  for (const Counts& c : phase) ns += c.ns;
+  return ns;
+}
+
+void Forward::Mark(ForwardProfile::Phase p) {
+  if (profile_ == nullptr) return;
+  const int64_t now = NowNanos();
+  profile_->phase[p].ns += now - mark_ns_;
+  mark_ns_ = now;
+}
+
+void Forward::CountMatMul(ForwardProfile::Phase p, const WeightMatrix& w, int64_t n) {
+  if (profile_ == nullptr) return;
+  ForwardProfile::Counts& c = profile_->phase[p];
+  const bool float_weights = w.type == GgmlType::kF32 || w.type == GgmlType::kF16 || w.type == GgmlType::kBF16;
+  (float_weights ? c.float_macs : c.macs) += static_cast<double>(w.rows) * static_cast<double>(w.cols) * static_cast<double>(n);
+  c.weight_bytes += static_cast<double>(w.rows) * static_cast<double>(w.row_bytes);
+  SetActivationTimer(&c.act_ns);
+}
+
 Status Forward::Run(std::span<const SeqBatch> seqs) {
   TRELLIS_CHECK(model_.whole());
+  // The matmuls' activation timer points into the profile only while this pass runs.
+  struct TimerOff {
+    bool on;
+    ~TimerOff() {
+      if (on) SetActivationTimer(nullptr);
+    }
+  } timer_off{profile_ != nullptr};
+  if (profile_ != nullptr) mark_ns_ = NowNanos();
   TRELLIS_RETURN_IF_ERROR(Prepare(seqs));
+  Mark(ForwardProfile::kEmbed);
+  if (profile_ != nullptr) {
+    ++profile_->passes;
+    profile_->tokens += n_rows_;
+  }
   RunLayers();
   if (n_logit_rows_ == 0) return Status::Ok();
   // Gather the rows that want logits, norm them, project to the vocabulary. attn_seqs_
@@ -150,6 +194,7 @@ Status Forward::Run(std::span<const SeqBatch> seqs) {
     }
   }
   ProjectLogits(n_logit_rows_);
+  Mark(ForwardProfile::kLogits);
   return Status::Ok();
 }
 
@@ -219,6 +264,7 @@ void Forward::RunLayers() {
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int first = model_.part().first_layer;
 
+  if (profile_ != nullptr) profile_->layer_passes += model_.part().last_layer - first;
   for (int li = first; li < model_.part().last_layer; ++li) {
     const LayerWeights& l = model_.layer(li);
     const int kv_layer = li - first;  // the pool holds this part's layers only
@@ -227,8 +273,11 @@ void Forward::RunLayers() {
     const AttnOptions attn_opt{c.attn_softcap, swa ? c.n_swa : 0};
     // Attention block.
     RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
+    for (const MatMulOut& o : qkv) CountMatMul(ForwardProfile::kQkv, *o.w, n_rows);
     MatMulShared(qkv, xn_.data(), E, n_rows, pool_, scratch_);
+    Mark(ForwardProfile::kQkv);
     AddBias(q_.data(), QD, l.bq, n_rows);
     AddBias(k_.data(), KD, l.bk, n_rows);
     AddBias(v_.data(), KD, l.bv, n_rows);
@@ -238,6 +287,7 @@ void Forward::RunLayers() {
     }
     Rope(q_.data(), QD, n_rows, pos_.data(), c.n_head, c.head_dim, rope);
     Rope(k_.data(), KD, n_rows, pos_.data(), c.n_head_kv, c.head_dim, rope);
+    Mark(ForwardProfile::kRope);
     // Rotations and the K/V write go row by row over the pool's threads (each row's work is
     // what it was on one thread, so the bytes written are the same): for a quantized cache
     // on a narrow model they were ~5% of a prefill's CPU time on one core while the other
@@ -260,26 +310,45 @@ void Forward::RunLayers() {
       }
       KvWrite(kv_, kv_layer, part, k_.data(), KD, v_.data(), KD);
     });
+    Mark(ForwardProfile::kKvWrite);
     PagedAttention(kv_, kv_layer, attn_seqs_, q_.data(), QD, c.n_head, scale, attn_.data(), QD, pool_,
                    attn_scratch_.data(), attn_opt);
+    if (profile_ != nullptr) {  // QK and PV: 2 x 2 FLOPs per head dimension and context position
+      double ctx = 0;
+      for (const AttnSeq& s : attn_seqs_) {
+        for (int i = 0; i < s.n_tokens; ++i) {
+          const int64_t n = int64_t{s.pos0} + i + 1;
+          ctx += static_cast<double>(attn_opt.window > 0 ? std::min<int64_t>(n, attn_opt.window) : n);
+        }
+      }
+      profile_->phase[ForwardProfile::kAttention].flops += 4.0 * static_cast<double>(QD) * ctx;
+    }
     if (rot_v_ > 0) {  // back from V's rotation
       ForRange(n_rows, static_cast<int64_t>(n_rows) * QD, [&](int64_t b, int64_t e, int) {
         HadamardRows(attn_.data() + b * QD, QD, e - b, QD, rot_v_);
       });
     }
+    Mark(ForwardProfile::kAttention);
+    CountMatMul(ForwardProfile::kOut, l.wo, n_rows);
     MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
+    Mark(ForwardProfile::kOut);
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.attn_post_norm, tmp_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
+    Mark(ForwardProfile::kResidual);
 
     // Feed-forward block.
     RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     if (c.moe()) {
       MoeFfn(l, n_rows);
     } else {
       GatedFfn(l.w_gate, l.w_up, l.w_down, xn_.data(), n_rows, tmp_.data());
     }
     if (c.post_norms) RowsRmsNorm(tmp_.data(), l.ffn_post_norm, tmp_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     AddInPlace(x_.data(), tmp_.data(), n_rows * E);
+    Mark(ForwardProfile::kResidual);
   }
 }
 
@@ -288,7 +357,10 @@ void Forward::GatedFfn(const WeightMatrix& gate, const WeightMatrix& up, const W
   const ModelConfig& c = model_.config();
   const int64_t E = c.n_embd, F = gate.rows;
   const MatMulOut gate_up[] = {{&gate, gate_.data(), F}, {&up, up_.data(), F}};
+  CountMatMul(ForwardProfile::kFfnIn, gate, n_rows);
+  CountMatMul(ForwardProfile::kFfnIn, up, n_rows);
   MatMulShared(gate_up, x, E, n_rows, pool_, scratch_);
+  Mark(ForwardProfile::kFfnIn);
   const int64_t total = static_cast<int64_t>(n_rows) * F;
   ForRange(total, total, [&](int64_t b, int64_t e, int) {
     if (c.ffn_gelu) {
@@ -297,7 +369,10 @@ void Forward::GatedFfn(const WeightMatrix& gate, const WeightMatrix& up, const W
       SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     }
   });
+  Mark(ForwardProfile::kFfnAct);
+  CountMatMul(ForwardProfile::kFfnDown, down, n_rows);
   MatMul(down, gate_.data(), F, n_rows, out, E, pool_, scratch_);
+  Mark(ForwardProfile::kFfnDown);
 }
 
 void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
@@ -305,6 +380,7 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
   const int NE = c.n_expert, K = c.n_expert_used;
   const int64_t E = c.n_embd;
   // Route: logits in f32 (the router is kept f32 in GGUF files), then each row's choice.
+  CountMatMul(ForwardProfile::kRouting, l.router, n_rows);
   MatMul(l.router, xn_.data(), E, n_rows, router_.data(), NE, pool_, scratch_);
   const ExpertRouting routing = ExpertRouting::Of(c);
   std::fill(exp_count_.begin(), exp_count_.end(), 0);
@@ -335,6 +411,7 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
       for (int64_t i = b; i < end; ++i) std::copy_n(xn_.data() + (slots[i] / K) * E, E, xe_.data() + i * E);
     };
     ForRange(n, n * E, gather);
+    Mark(ForwardProfile::kRouting);
     const size_t ex = static_cast<size_t>(e);
     GatedFfn(l.exp_gate[ex], l.exp_up[ex], l.exp_down[ex], xe_.data(), n, de_.data());
     // Scatter: a row appears at most once among an expert's slots, so rows do not race.
@@ -347,14 +424,18 @@ void Forward::MoeFfn(const LayerWeights& l, int n_rows) {
       }
     };
     ForRange(n, n * E, scatter);
+    Mark(ForwardProfile::kRouting);
   }
   if (c.n_ff_shexp > 0) SharedExpert(l, n_rows);
+  Mark(ForwardProfile::kRouting);
 }
 
 void Forward::SharedExpert(const LayerWeights& l, int n_rows) {
   const ModelConfig& c = model_.config();
   const int64_t E = c.n_embd;
+  CountMatMul(ForwardProfile::kRouting, l.shexp_gate_inp, n_rows);
   MatMul(l.shexp_gate_inp, xn_.data(), E, n_rows, shexp_gate_.data(), 1, pool_, scratch_);
+  Mark(ForwardProfile::kRouting);
   GatedFfn(l.shexp_gate, l.shexp_up, l.shexp_down, xn_.data(), n_rows, de_.data());
   for (int r = 0; r < n_rows; ++r) {
     // llama.cpp computes the sigmoid as silu(g) / g; the same value away from g = 0.
@@ -388,6 +469,7 @@ Status Forward::ComputeLogits(std::span<const int32_t> n_tokens, std::span<const
 void Forward::ProjectLogits(int n_rows) {
   const int64_t E = model_.config().n_embd;
   RowsRmsNorm(tmp_.data(), model_.output_norm(), out_in_.data(), n_rows);
+  CountMatMul(ForwardProfile::kLogits, model_.output(), n_rows);
   MatMul(model_.output(), out_in_.data(), E, n_rows, logits_.data(), static_cast<int64_t>(n_vocab_), pool_, scratch_);
   if (const float cap = model_.config().final_softcap; cap > 0) {  // Gemma: c tanh(logit / c)
     const size_t n = static_cast<size_t>(n_rows) * n_vocab_;

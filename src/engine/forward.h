@@ -25,6 +25,7 @@
 // ThreadPool given at construction. The Model and KV memory are borrowed.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -43,6 +44,39 @@ struct SeqBatch {
   int32_t pos0 = 0;                      // number of tokens already in this sequence's KV
   std::span<const int32_t> block_table;  // must cover positions [0, pos0 + tokens.size())
   int32_t n_logits = 1;                  // logits for this many trailing tokens (0..tokens.size())
+};
+
+// Where forward passes' wall time goes, phase by phase (`bench speed --budget`): the
+// phases of a pass run one after another on the calling thread, each waiting for the pool,
+// so their times add up to the pass's. Summed over every pass run while attached
+// (Forward::set_profile). Per phase also the work done, for its own limit: multiply-adds
+// and weight bytes of the matrix products (act_ns: the part of ns spent converting their
+// activations), attention's FLOPs.
+struct ForwardProfile {
+  enum Phase : int {
+    kEmbed,      // Prepare: embeddings, plan
+    kNorm,       // RMS norms of the residual stream (and post-norms)
+    kQkv,        // the q / k / v products
+    kRope,       // biases, Q/K norms, rotary embedding
+    kKvWrite,    // K/V into the cache (and the Hadamard rotations of a quantized one)
+    kAttention,  // paged attention
+    kOut,        // the output projection (wo)
+    kResidual,   // the residual adds
+    kFfnIn,      // gate / up products
+    kFfnAct,     // SwiGLU / GeGLU
+    kFfnDown,    // the down product
+    kRouting,    // mixture of experts: router, grouping, gather and scatter
+    kLogits,     // output norm, vocabulary product, soft-cap
+    kPhases
+  };
+  struct Counts {
+    int64_t ns = 0, act_ns = 0;
+    double macs = 0, float_macs = 0, weight_bytes = 0, flops = 0;  // float_macs: of F32 / F16 / BF16 weights
+  };
+  std::array<Counts, kPhases> phase{};
+  int64_t passes = 0, tokens = 0, layer_passes = 0;  // layer_passes: layers run, summed over passes
+  static const char* Name(int phase);
+  int64_t TotalNs() const;
 };
 
 class Forward {
@@ -81,8 +115,16 @@ class Forward {
   int max_batch_tokens() const { return max_tokens_; }
   int max_logit_rows() const { return max_logit_rows_; }
   const Model& model() const { return model_; }
+  // Attaches a profile that every later Run adds its phases to (nullptr detaches; the
+  // stages below are not profiled). Costs one clock read per phase while attached.
+  void set_profile(ForwardProfile* profile) { profile_ = profile; }
 
  private:
+  // Adds the time since the previous mark to phase p (when a profile is attached).
+  void Mark(ForwardProfile::Phase p);
+  // Counts w's product over n rows of activations into phase p and points the matmul's
+  // activation timer at it.
+  void CountMatMul(ForwardProfile::Phase p, const WeightMatrix& w, int64_t n);
   // fn(begin, end, thread) over [0, n) on the pool, or all of it on the calling thread
   // when the work (`floats` touched) is too small for a fork/join to pay.
   template <class Fn>
@@ -146,6 +188,8 @@ class Forward {
   std::vector<uint8_t, std::allocator<uint8_t>> scratch_raw_;  // matmul scratch (+64 for alignment)
   void* scratch_ = nullptr;
   std::vector<float> attn_scratch_;
+  ForwardProfile* profile_ = nullptr;
+  int64_t mark_ns_ = 0;
 };
 
 }  // namespace trellis

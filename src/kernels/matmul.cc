@@ -8,6 +8,7 @@
 #include "kernels/matmul_internal.h"
 #include "kernels/packed.h"
 #include "kernels/quant.h"
+#include "util/clock.h"
 #include "util/fp16.h"
 #include "util/status.h"
 
@@ -410,8 +411,22 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
 
 // Activation rows x[t] -> scratch in `type`'s layout, or tiled (matmul_internal.h) for a
 // packed kernel that reads them so; returns the row stride (tiled: the tile stride).
+thread_local int64_t* activation_timer = nullptr;
+
+int64_t QuantizeActivationsImpl(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
+                                int64_t cols, ThreadPool& pool, void* scratch, bool tiled);
+
 int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
                             int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
+  if (activation_timer == nullptr) return QuantizeActivationsImpl(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
+  const int64_t t0 = NowNanos();
+  const int64_t stride = QuantizeActivationsImpl(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
+  *activation_timer += NowNanos() - t0;
+  return stride;
+}
+
+int64_t QuantizeActivationsImpl(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
+                                int64_t cols, ThreadPool& pool, void* scratch, bool tiled) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
   TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0);
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
@@ -539,6 +554,8 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
 }
 
 }  // namespace matmul_internal
+
+void SetActivationTimer(int64_t* ns) { matmul_internal::activation_timer = ns; }
 
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   using namespace matmul_internal;

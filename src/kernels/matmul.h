@@ -32,6 +32,11 @@ struct WeightMatrix {
   const uint8_t* packed = nullptr;
 };
 
+// While set on a thread, every MatMul / MatMulShared that thread calls adds the wall time
+// of its activation conversion (step 1 of the product) to *ns; nullptr turns it off. For
+// profiles (ForwardProfile); costs two clock reads per product while set.
+void SetActivationTimer(int64_t* ns);
+
 // Bytes of scratch MatMul needs for n_tokens activation rows of `cols` against `type`.
 // Pure function: callers size once at start-up (0 for F32 weights).
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens);

@@ -69,6 +69,33 @@ timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 
   || die "--thread-sweep -t 2 did not run 1 and 2 threads: $(cat "$tmp/sweep.json")"
 ok "--thread-sweep: one result per thread count, 1 and 2"
 
+say "bench speed --budget: each test's phases, their times adding up to the test's, the products against their limits"
+timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 4 -r 1 -s 2 --limits-quick --budget --json \
+  >"$tmp/budget.json" 2>"$tmp/budget.err" || die "bench speed --budget failed: $(cat "$tmp/budget.err")"
+python3 - "$tmp/budget.json" "$simd" <<'PY' || die "bench speed --budget: $(cat "$tmp/budget.json")"
+import json, sys
+j = json.load(open(sys.argv[1])); simd = sys.argv[2] == "1"
+b = j["budget"]
+assert j["limits"]["clock_hz"] > 0, j["limits"]
+want = {"pp": (1, 32, 1 / j["pp_tok_s"] * 32), "tg": (4, 4, 4 / j["tg_tok_s"]), "tg_batched": (4, 8, 8 / j["tg_batched_tok_s"])}
+products = ["q/k/v products", "output projection", "gate/up products", "down product", "logits"]
+for test, (passes, tokens, seconds) in want.items():
+    t = b[test]
+    assert (t["passes"], t["tokens"]) == (passes, tokens), (test, t["passes"], t["tokens"])
+    phases = {p["phase"]: p for p in t["phases"]}
+    for name in products + ["attention", "norms", "activation conversion (of the products)"]:
+        assert name in phases and phases[name]["ns_per_pass"] > 0, (test, name, sorted(phases))
+    if simd:
+        for name in products + ["attention"]:
+            assert phases[name]["limit_ns_per_pass"] > 0, (test, name, phases[name])
+    total = sum(p["ns_per_pass"] for p in t["phases"]) * passes * 1e-9
+    # pp times one pass: the phases add up to it; tg's timed work also samples between
+    # passes (on this tiny model as long as the passes): the phases fit within it
+    assert (0.9 * seconds if test == "pp" else 0) < total <= 1.01 * seconds, (test, total, seconds)
+    assert abs(sum(p["share"] for p in t["phases"]) - 1) < 1e-6, test
+print(f"  ok   pp32: {len(b['pp']['phases'])} phases adding up to the pass; products and attention against their limits")
+PY
+
 say "--json prints one object per line, --csv appends the same figures"
 timeout 60 "$TRELLIS" bench roofline --quick --threads 2 --json --csv "$tmp/r.csv" >"$tmp/j.txt" 2>"$tmp/j.err" ||
   die "bench roofline --json failed: $(cat "$tmp/j.err")"
