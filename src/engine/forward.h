@@ -172,6 +172,7 @@ class Forward {
   std::vector<float> gate_;  // (T, n_ff)
   std::vector<float> up_;    // (T, n_ff)
   std::vector<int32_t> pos_;  // (T) position of each row
+  std::vector<float> rope_cs_, rope_swa_cs_;  // (T, n_rot) each row's RoPE cos and sin (RopeTables); SWA layers'
   // Mixture of experts (empty for a dense model).
   std::vector<float> router_;       // (T, n_expert) router logits
   std::vector<int32_t> exp_ids_;    // (T, k) each row's experts

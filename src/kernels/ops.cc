@@ -143,15 +143,15 @@ void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int
   }
 }
 
-void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
-          int head_dim, const RopeParams& p) {
-  constexpr int kMaxPairs = 512;
-  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim && p.n_dims / 2 <= kMaxPairs);
+namespace {
+constexpr int kMaxRopePairs = 512;
+}  // namespace
+
+void RopeTables(const int32_t* pos, int64_t n_tokens, const RopeParams& p, float* cs) {
+  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims / 2 <= kMaxRopePairs);
   const int n_pairs = p.n_dims / 2;
-  // Per-call tables on the stack (no heap): inv_freq[i] = freq_scale * base^(-2i/n) / ff[i].
-  float inv_freq[kMaxPairs];  // [n_pairs]
-  float cos_t[kMaxPairs];     // [n_pairs] for the current token
-  float sin_t[kMaxPairs];     // [n_pairs]
+  // inv_freq[i] = freq_scale * base^(-2i/n) / ff[i], on the stack (no heap).
+  float inv_freq[kMaxRopePairs];
   for (int i = 0; i < n_pairs; ++i) {
     float f = static_cast<float>(RopeScale(p, i)) * std::pow(p.freq_base, -2.0f * static_cast<float>(i) /
                                                                                static_cast<float>(p.n_dims));
@@ -160,11 +160,33 @@ void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float position = static_cast<float>(pos[t]);
+    float* cos_t = cs + t * p.n_dims;
+    float* sin_t = cos_t + n_pairs;
     for (int i = 0; i < n_pairs; ++i) {
       const float theta = position * inv_freq[i];
       cos_t[i] = std::cos(theta) * p.attn_factor;
       sin_t[i] = std::sin(theta) * p.attn_factor;
     }
+  }
+}
+
+void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
+          int head_dim, const RopeParams& p) {
+  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim && p.n_dims / 2 <= kMaxRopePairs);
+  float cs[2 * kMaxRopePairs];  // one token's table
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    RopeTables(pos + t, 1, p, cs);
+    RopeApply(x + t * stride, stride, 1, cs, n_head, head_dim, p);
+  }
+}
+
+void RopeApply(float* x, int64_t stride, int64_t n_tokens, const float* cs, int n_head, int head_dim,
+               const RopeParams& p) {
+  TRELLIS_CHECK(p.n_dims % 2 == 0 && p.n_dims <= head_dim);
+  const int n_pairs = p.n_dims / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* cos_t = cs + t * p.n_dims;
+    const float* sin_t = cos_t + n_pairs;
     for (int h = 0; h < n_head; ++h) {
       float* v = x + t * stride + static_cast<int64_t>(h) * head_dim;
       if (p.neox) {

@@ -57,6 +57,13 @@ void Rope(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_
           int head_dim, const RopeParams& p);
 void RopeRef(float* x, int64_t stride, int64_t n_tokens, const int32_t* pos, int n_head,
              int head_dim, const RopeParams& p);
+// Rope in two steps, for callers that rotate several tensors (Q and K, every layer) at the
+// same positions: RopeTables computes each token's cos and sin once (cs: n_tokens rows of
+// n_dims floats, the n_dims / 2 cosines then the sines, times attn_factor), RopeApply
+// rotates with them. Together exactly Rope (Rope is built on them).
+void RopeTables(const int32_t* pos, int64_t n_tokens, const RopeParams& p, float* cs);
+void RopeApply(float* x, int64_t stride, int64_t n_tokens, const float* cs, int n_head, int head_dim,
+               const RopeParams& p);
 
 // In place, numerically stable (max-subtracted). x: [n], REQUIRES: n >= 1.
 void Softmax(float* x, int64_t n);
