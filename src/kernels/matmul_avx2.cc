@@ -281,13 +281,15 @@ inline __m256i PackToInt8(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// roundf(v): round half away from zero, exactly (v - trunc(v) is exact in f32).
+// roundf(v) for |v| < 2^23 (activations times their scale are within 127):
+// trunc(v + copysign(0.49999997f, v)), the largest float below one half, which rounds
+// every tie away from zero and nothing else up (checked against roundf for every float
+// below 2^23 in magnitude, both signs). The empty asm keeps GCC from fusing the multiply
+// that made v into the add (-ffp-contract=fast): that would round once, not twice.
 inline __m256i RoundHalfAway(__m256 v) {
-  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 frac_abs = _mm256_and_ps(_mm256_sub_ps(v, t), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-  const __m256 one_signed = _mm256_or_ps(_mm256_set1_ps(1.f), _mm256_and_ps(v, _mm256_set1_ps(-0.f)));
-  const __m256 adj = _mm256_and_ps(_mm256_cmp_ps(frac_abs, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one_signed);
-  return _mm256_cvttps_epi32(_mm256_add_ps(t, adj));
+  __asm__("" : "+x"(v));
+  const __m256 h = _mm256_or_ps(_mm256_set1_ps(0.49999997f), _mm256_and_ps(v, _mm256_set1_ps(-0.f)));
+  return _mm256_cvttps_epi32(_mm256_add_ps(v, h));
 }
 
 // One block of 32 activations as Q8_0: returns the 32 int8 values; *d = the scale rounded
@@ -308,11 +310,69 @@ inline __m256i QuantizeBlockQ8_0(const float* xb, float* d_out, int32_t* sum) {
   return PackToInt8(q[0], q[1], q[2], q[3]);
 }
 
+// Eight Q8_0 blocks at once (256 activations from x): their abs maxima and sums reduced
+// side by side (one transpose-and-reduce for eight rather than a horizontal reduction
+// each), the scales divided and rounded through f16 (F16C) eight at a time. The same
+// values as QuantizeBlockQ8_0 block by block: max and integer sums do not depend on the
+// order, the divisions and the f16 rounding are the same IEEE operations. store(j, q)
+// takes block j's 32 values; d[j], sum[j] its scale and sum.
+template <typename Store>
+inline void QuantizeEightBlocksQ8_0(const float* x, float d[8], int32_t sum[8], Store store) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const float* xb = x + 32 * j;
+    m[j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) m[j] = _mm256_max_ps(m[j], _mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask));
+  }
+  // Lane j of amax: the maximum of m[j]'s eight lanes.
+  __m256 a[4], b[2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    a[i] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * i], m[2 * i + 1]), _mm256_unpackhi_ps(m[2 * i], m[2 * i + 1]));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    b[i] = _mm256_max_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+  }
+  const __m256 amax = _mm256_max_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+  const __m256 dv = _mm256_div_ps(amax, _mm256_set1_ps(127.f));
+  const __m256 idv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.f), dv), _mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+  _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm256_cvtps_ph(dv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  alignas(32) float id[8];
+  _mm256_store_ps(id, idv);
+  __m256i s[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const float* xb = x + 32 * j;
+    const __m256 vid = _mm256_set1_ps(id[j]);
+    __m256i q[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) q[k] = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
+    s[j] = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    store(j, PackToInt8(q[0], q[1], q[2], q[3]));
+  }
+  // Lane j: the sum of s[j]'s lanes.
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(sum), _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                                                                          _mm256_permute2x128_si256(h0, h1, 0x31)));
+}
+
 void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
   float* dd = reinterpret_cast<float*>(dst + cols);
   int32_t* sums = reinterpret_cast<int32_t*>(dst + cols + 4 * (cols / 32));
   float* dsums = reinterpret_cast<float*>(dst + cols + 8 * (cols / 32));
-  for (int64_t b = 0; b < cols / 32; ++b) {
+  int64_t b0 = 0;
+  for (; b0 + 8 <= cols / 32; b0 += 8) {
+    QuantizeEightBlocksQ8_0(x + 32 * b0, dd + b0, sums + b0, [&](int j, __m256i q) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * (b0 + j)), q);
+    });
+    for (int64_t b = b0; b < b0 + 8; ++b) dsums[b] = dd[b] * static_cast<float>(sums[b]);
+  }
+  for (int64_t b = b0; b < cols / 32; ++b) {
     const __m256i q = QuantizeBlockQ8_0(x + 32 * b, dd + b, sums + b);
     dsums[b] = dd[b] * static_cast<float>(sums[b]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), q);
@@ -362,13 +422,27 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
 }  // namespace
 
 void QuantizeActTiledAvx2(const float* x, int64_t cols, int32_t offset, uint8_t* tile, int slot) {
-  for (int64_t b = 0; b < cols / 32; ++b) {
+  const int64_t nb = cols / 32;
+  auto finish = [&](int64_t b, float d, int32_t sum) {
     uint8_t* blk = tile + b * kTiledBlockBytes;
-    float* d = reinterpret_cast<float*>(blk + 32 * kPackedMaxTokens) + slot;
-    int32_t sum = 0;
-    const __m256i q = QuantizeBlockQ8_0(x + 32 * b, d, &sum);
+    reinterpret_cast<float*>(blk + 32 * kPackedMaxTokens)[slot] = d;
     reinterpret_cast<int32_t*>(blk + 36 * kPackedMaxTokens)[slot] = -offset * sum;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 32 * slot), q);
+  };
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    float d[8];
+    int32_t sum[8];
+    QuantizeEightBlocksQ8_0(x + 32 * b, d, sum, [&](int j, __m256i q) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + (b + j) * kTiledBlockBytes + 32 * slot), q);
+    });
+    for (int j = 0; j < 8; ++j) finish(b + j, d[j], sum[j]);
+  }
+  for (; b < nb; ++b) {
+    float d;
+    int32_t sum = 0;
+    const __m256i q = QuantizeBlockQ8_0(x + 32 * b, &d, &sum);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + b * kTiledBlockBytes + 32 * slot), q);
+    finish(b, d, sum);
   }
 }
 

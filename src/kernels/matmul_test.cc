@@ -168,6 +168,11 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
   std::vector<float> x = Gaussian(cols, 9);
   // Exact rounding ties: a block with amax 127 gives id = 1, so k + 0.5 must round away.
   for (int j = 0; j < 32; ++j) x[j] = (j == 0) ? 127.f : static_cast<float>(j % 9) - 4.5f;
+  // And the floats next to the ties, which must not round away (the quantizer adds the
+  // float below one half before truncating), in a second block with id = 1.
+  const float near[] = {127.f, 0.49999997f, -0.49999997f, 0.5f, -0.5f, 1.4999999f, -1.4999999f, 2.4999998f,
+                        -2.4999998f, 2.5000002f, 126.49999f, -126.5f, 63.499996f, 5e-8f, -5e-8f, 0.f};
+  for (int j = 0; j < 32; ++j) x[32 + j] = near[j % 16];
   for (int j = 256; j < 512; ++j) x[j] = 0.f;  // an all-zero Q8_K block
   x[600] = -9.f;  // largest magnitude negative
   x[601] = 9.f;   // same magnitude later: the first one sets the sign
@@ -179,29 +184,43 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
     matmul_internal::QuantizeActRowAvx2(t, x.data(), cols, b.data());
     EXPECT_EQ(a, b) << GetGgmlTypeTraits(t).name;
   }
+  // A row of 35 blocks: the quantizers take blocks eight at a time, then one by one.
+  {
+    const std::vector<float> y = Gaussian(35 * 32, 10);
+    const size_t n = matmul_internal::ActRowBytes(GgmlType::kQ4_0, 35 * 32);
+    std::vector<uint8_t> a(n, 0xAB), b(n, 0xAB);
+    matmul_internal::QuantizeActRow(GgmlType::kQ4_0, y.data(), 35 * 32, a.data());
+    matmul_internal::QuantizeActRowAvx2(GgmlType::kQ4_0, y.data(), 35 * 32, b.data());
+    EXPECT_EQ(a, b) << "35 blocks";
+  }
   // Tiled activations (the AVX-512 packed Q4_0 / Q8_0 kernels): each slot holds the row's
-  // values, its scales and -offset * its block sums, and writes nothing outside its slot.
-  const size_t n = matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols);
-  std::vector<uint8_t> row(n);
-  matmul_internal::QuantizeActRow(GgmlType::kQ8_0, x.data(), cols, row.data());
-  const int64_t nb = cols / 32;
-  std::vector<uint8_t> tile(static_cast<size_t>(matmul_internal::TiledActStride(cols)), 0xAB);
-  matmul_internal::QuantizeActTiledAvx2(x.data(), cols, 8, tile.data(), 5);
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = tile.data() + b * matmul_internal::kTiledBlockBytes;
-    ASSERT_EQ(std::memcmp(blk + 32 * 5, row.data() + 32 * b, 32), 0) << "block " << b;
-    float d;
-    int32_t corr, sum;
-    std::memcpy(&d, blk + 256 + 4 * 5, 4);
-    std::memcpy(&corr, blk + 288 + 4 * 5, 4);
-    std::memcpy(&sum, row.data() + matmul_internal::Q8_0SumOffset(cols) + 4 * b, 4);
-    EXPECT_EQ(d, reinterpret_cast<const float*>(row.data() + cols)[b]) << "block " << b;
-    EXPECT_EQ(corr, -8 * sum) << "block " << b;
-    for (int s = 0; s < 8; ++s) {
-      if (s == 5) continue;
-      for (int k = 0; k < 32; ++k) ASSERT_EQ(blk[32 * s + k], 0xAB) << "slot " << s << " written";
-      for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[256 + 4 * s + k], 0xAB) << "slot " << s << " scale written";
-      for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[288 + 4 * s + k], 0xAB) << "slot " << s << " sum written";
+  // values, its scales and -offset * its block sums, and writes nothing outside its slot;
+  // the second row's 35 blocks end in three the quantizer takes one by one.
+  const std::vector<float> y = Gaussian(35 * 32, 11);
+  for (const auto& [xs, cols_t] : {std::pair<const std::vector<float>*, int64_t>{&x, cols}, {&y, 35 * 32}}) {
+    SCOPED_TRACE(cols_t);
+    const size_t n = matmul_internal::ActRowBytes(GgmlType::kQ8_0, cols_t);
+    std::vector<uint8_t> row(n);
+    matmul_internal::QuantizeActRow(GgmlType::kQ8_0, xs->data(), cols_t, row.data());
+    const int64_t nb = cols_t / 32;
+    std::vector<uint8_t> tile(static_cast<size_t>(matmul_internal::TiledActStride(cols_t)), 0xAB);
+    matmul_internal::QuantizeActTiledAvx2(xs->data(), cols_t, 8, tile.data(), 5);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = tile.data() + b * matmul_internal::kTiledBlockBytes;
+      ASSERT_EQ(std::memcmp(blk + 32 * 5, row.data() + 32 * b, 32), 0) << "block " << b;
+      float d;
+      int32_t corr, sum;
+      std::memcpy(&d, blk + 256 + 4 * 5, 4);
+      std::memcpy(&corr, blk + 288 + 4 * 5, 4);
+      std::memcpy(&sum, row.data() + matmul_internal::Q8_0SumOffset(cols_t) + 4 * b, 4);
+      EXPECT_EQ(d, reinterpret_cast<const float*>(row.data() + cols_t)[b]) << "block " << b;
+      EXPECT_EQ(corr, -8 * sum) << "block " << b;
+      for (int s = 0; s < 8; ++s) {
+        if (s == 5) continue;
+        for (int k = 0; k < 32; ++k) ASSERT_EQ(blk[32 * s + k], 0xAB) << "slot " << s << " written";
+        for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[256 + 4 * s + k], 0xAB) << "slot " << s << " scale written";
+        for (int k = 0; k < 4; ++k) ASSERT_EQ(blk[288 + 4 * s + k], 0xAB) << "slot " << s << " sum written";
+      }
     }
   }
 }
