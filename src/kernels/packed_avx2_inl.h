@@ -395,9 +395,8 @@ void HalfQ6_K(const PackedArgs& p, int h) {
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024 + 128), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 1024 + 256), _MM_HINT_T0);
+      TRELLIS_UNROLL
+      for (int line = 0; line < 6; ++line) _mm_prefetch(reinterpret_cast<const char*>(bl + 64 * line + 1024), _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
         const __m256i l0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128 * x + 32 * h));

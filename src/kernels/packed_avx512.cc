@@ -268,9 +268,10 @@ void TilePackedQ6_K(const PackedArgs& p) {
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
-      _mm_prefetch(reinterpret_cast<const char*>(bl + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bl + 256 + kPrefetchBytes), _MM_HINT_T0);
+#pragma GCC unroll 6
+      for (int line = 0; line < 6; ++line) {
+        _mm_prefetch(reinterpret_cast<const char*>(bl + 64 * line + kPrefetchBytes), _MM_HINT_T0);
+      }
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
         const __m512i l0 = _mm512_load_si512(bl + 128 * x);
