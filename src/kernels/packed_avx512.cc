@@ -52,8 +52,13 @@ constexpr int64_t kPrefetchBytes = 2048;
 // iacc += w (unsigned bytes) . the 4 signed activation bytes at a, broadcast to all 16
 // lanes. GCC 12 does not fold the broadcast into vpdpbusd's memory operand ({1to16}) and
 // emits a vpbroadcastd before every vpdpbusd, one extra instruction per dot; clang folds it.
+// kFold: fold it by hand (inline asm). Faster for the tiles over tiled activations, Q6_K
+// and Q2_K / Q3_K; slower for Q4_K / Q5_K and IQ4_XS (their eight row pointers: 0.91-0.95x
+// at 512 tokens, bench_kernels, 6 alternating rounds), which keep the intrinsic.
+template <bool kFold = true>
 __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m512i w, const uint8_t* a) {
 #if defined(__GNUC__) && !defined(__clang__)
+  if constexpr (!kFold) return _mm512_dpbusd_epi32(iacc, w, _mm512_set1_epi32(Load32(a)));
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(iacc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(a)));
   return iacc;
 #else
@@ -68,7 +73,7 @@ __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m5
 struct Nibbles {
   __m512i operator()(__m512i e) const { return e; }
 };
-template <int NT, typename Act, typename Map = Nibbles>
+template <int NT, bool kFold = true, typename Act, typename Map = Nibbles>
 __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act act, __m512i (&iacc)[NT],
                                                           Map map = {}) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -81,8 +86,8 @@ __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const uint8_t* a = act(t, i);
-      iacc[t] = DpbusdBroadcast(iacc[t], lo, a);
-      iacc[t] = DpbusdBroadcast(iacc[t], hi, a + 4);
+      iacc[t] = DpbusdBroadcast<kFold>(iacc[t], lo, a);
+      iacc[t] = DpbusdBroadcast<kFold>(iacc[t], hi, a + 4);
     }
   }
 }
@@ -110,7 +115,7 @@ __attribute__((always_inline)) inline __m512i BitTo4(__m512i v) {
 // A 5-bit block (4 nibble lines + the 5th-bit line at wb + 256, packed.h: Q5_0, Q5_1 and
 // Q5_K's sub-blocks) against NT tokens: iacc[t] += sum of e * a, e in 0..31, token t's
 // bytes 8i..8i+7 of the block at act(t, i).
-template <int NT, typename Act>
+template <int NT, bool kFold = true, typename Act>
 __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
@@ -126,8 +131,8 @@ __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const uint8_t* a = act(t, i);
-      iacc[t] = DpbusdBroadcast(iacc[t], lo, a);
-      iacc[t] = DpbusdBroadcast(iacc[t], hi, a + 4);
+      iacc[t] = DpbusdBroadcast<kFold>(iacc[t], lo, a);
+      iacc[t] = DpbusdBroadcast<kFold>(iacc[t], hi, a + 4);
     }
   };
   line(std::integral_constant<int, 0>{});
@@ -229,9 +234,9 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
       if constexpr (kQ5) {
-        DotQ5Block<NT>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
+        DotQ5Block<NT, false>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
       } else {
-        DotNibbleBlock<NT>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
+        DotNibbleBlock<NT, false>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
       }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
@@ -332,7 +337,7 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
       __m512i iacc[NT];
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]));
-      DotNibbleBlock<NT>(sb + 256 * j, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc, grid);
+      DotNibbleBlock<NT, false>(sb + 256 * j, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc, grid);
       const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
