@@ -409,24 +409,13 @@ void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const ui
   });
 }
 
-// Activation rows x[t] -> scratch in `type`'s layout, or tiled (matmul_internal.h) for a
-// packed kernel that reads them so; returns the row stride (tiled: the tile stride).
+// SetActivationTimer's sink (matmul.h), per calling thread.
 thread_local int64_t* activation_timer = nullptr;
 
-int64_t QuantizeActivationsImpl(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                                int64_t cols, ThreadPool& pool, void* scratch, bool tiled);
-
-int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                            int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
-  if (activation_timer == nullptr) return QuantizeActivationsImpl(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
-  const int64_t t0 = NowNanos();
-  const int64_t stride = QuantizeActivationsImpl(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
-  *activation_timer += NowNanos() - t0;
-  return stride;
-}
-
-int64_t QuantizeActivationsImpl(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                                int64_t cols, ThreadPool& pool, void* scratch, bool tiled) {
+// Activation rows x[t] -> scratch in `type`'s layout, or tiled (matmul_internal.h) for a
+// packed kernel that reads them so; returns the row stride (tiled: the tile stride).
+int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
+                                   int64_t cols, ThreadPool& pool, void* scratch, bool tiled) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
   TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0);
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
@@ -455,6 +444,16 @@ int64_t QuantizeActivationsImpl(KernelIsa isa, GgmlType type, const float* x, in
     pool.ParallelFor(n_tokens, quantize);
   }
   return a_stride;
+}
+
+// QuantizeActivationsUntimed, its wall time added to the thread's activation timer if set.
+int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
+                            int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
+  if (activation_timer == nullptr) return QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
+  const int64_t t0 = NowNanos();
+  const int64_t stride = QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
+  *activation_timer += NowNanos() - t0;
+  return stride;
 }
 
 }  // namespace
