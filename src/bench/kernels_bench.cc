@@ -13,6 +13,13 @@
 // TRELLIS_AVXVNNI=0 force others, and TRELLIS_REPACK=0 keeps the row-major layouts, as
 // for the `trellis` binary.
 //
+// Attention/... rows run PagedAttention at the TinyLlama heads (32 query heads, 4 KV heads,
+// head_dim 64, blocks of 32, f16 cache): a causal prefill of 512 tokens from position 0,
+// and 8 sessions decoding one token each at context 512. Their GFLOP/s counter is
+// 4 x head_dim x query heads x the positions each query attends to (QK and PV, one
+// multiply-add = 2 ops), to set against the f32 FMA peak: the limit `bench speed --budget`
+// gives the attention phase.
+//
 // usage: build/bench_kernels [--benchmark_filter=Q4_0] [--benchmark_repetitions=5]
 //          [--benchmark_out=FILE.csv --benchmark_out_format=csv]
 #include <benchmark/benchmark.h>
@@ -26,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/cpu_features.h"
 #include "kernels/kernels_test_util.h"
 #include "kernels/matmul.h"
@@ -93,6 +101,44 @@ void RunMatMul(benchmark::State& state, const Weights* m, int tokens, int thread
   state.counters["packed"] = m->w.packed != nullptr;
 }
 
+// Attention at the TinyLlama heads over a pool of f16 blocks: `sessions` sequences of
+// `tokens` query rows each, the last at position `context` - 1.
+void RunAttention(benchmark::State& state, int sessions, int tokens, int context, int threads) {
+  constexpr int kHeads = 32, kHeadsKv = 4, kHeadDim = 64, kBlock = 32;
+  const KvLayout layout{1, kHeadsKv, kHeadDim, kBlock};
+  const int blocks_per_seq = (context + kBlock - 1) / kBlock;
+  Aligned pool_bytes(layout.BlockBytes() * static_cast<size_t>(sessions * blocks_per_seq));
+  const PagedKv kv{pool_bytes.p, layout};
+  std::vector<int32_t> tables(static_cast<size_t>(sessions * blocks_per_seq));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // Every position's K and V written once (as prefill would), then the measured rows.
+  const int64_t kv_width = kHeadsKv * kHeadDim, q_width = kHeads * kHeadDim;
+  std::vector<float> k(static_cast<size_t>(context * kv_width)), v(k.size());
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  std::vector<AttnSeq> seqs;
+  for (int s = 0; s < sessions; ++s) {
+    const AttnSeq all{tables.data() + s * blocks_per_seq, 0, context, 0};
+    KvWrite(kv, 0, std::span(&all, 1), k.data(), kv_width, v.data(), kv_width);
+    seqs.push_back(AttnSeq{tables.data() + s * blocks_per_seq, context - tokens, tokens, s * tokens});
+  }
+  std::vector<float> q(static_cast<size_t>(sessions * tokens * q_width)), out(q.size());
+  for (float& x : q) x = nd(rng);
+  ThreadPool pool(threads);
+  std::vector<float> scratch(AttentionScratchFloats(threads, kHeadDim, kBlock));
+  for (auto _ : state) {
+    PagedAttention(kv, 0, seqs, q.data(), q_width, kHeads, 0.125f, out.data(), q_width, pool, scratch.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  double attended = 0;  // positions summed over query rows
+  for (int i = 0; i < tokens; ++i) attended += context - tokens + i + 1;
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * kHeadDim * kHeads * attended * sessions / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 }  // namespace trellis
 
@@ -122,6 +168,14 @@ int main(int argc, char** argv) {
       if (all == 1) break;
     }
     keep.push_back(std::move(m));
+  }
+  for (int threads : {1, all}) {
+    const std::string t = "/threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(("Attention/prefill:512" + t).c_str(), RunAttention, 1, 512, 512, threads)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Attention/sessions:8/context:512" + t).c_str(), RunAttention, 8, 1, 512, threads)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    if (all == 1) break;
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -86,12 +86,12 @@ inline void ScoreQueries(const float* qs, int hd, const float* kt, int bs, int n
 }
 
 // For NQ queries q at once: a_q[0 .. G*W) = a_q * corr[q] + sum_{j0 <= j < j1} p_q[j] * vt[j][0 .. G*W)
-// (a_q = a + q * a_stride, p_q = p + q * p_stride, vt row stride hd). Each V row is loaded
+// (a_q = a + q * a_stride, p_q[j] = p[q * p_stride + j * p_jstride], vt row stride hd). Each V row is loaded
 // once for the NQ queries, and the NQ * G accumulators are independent FMA chains (one
 // query's G alone leaves the FMA units waiting on latency: 4 chains at hd 64 on AVX-512).
 template <typename V, int NQ, int G>
 inline void AccumulateV(float* a, int a_stride, const float* corr, const float* p, int p_stride,
-                        int j0, int j1, const float* vt, int hd) {
+                        int p_jstride, int j0, int j1, const float* vt, int hd) {
   using F = typename V::F;
   constexpr int W = V::kW;
   F acc[NQ][G];
@@ -108,7 +108,7 @@ inline void AccumulateV(float* a, int a_stride, const float* corr, const float* 
     for (int g = 0; g < G; ++g) v[g] = V::Load(vr + g * W);
     TRELLIS_UNROLL
     for (int q = 0; q < NQ; ++q) {
-      const F pj = V::Set1(p[q * p_stride + j]);
+      const F pj = V::Set1(p[q * p_stride + j * p_jstride]);
       TRELLIS_UNROLL
       for (int g = 0; g < G; ++g) acc[q][g] = V::Fma(pj, v[g], acc[q][g]);
     }
@@ -125,17 +125,45 @@ inline void AccumulateV(float* a, int a_stride, const float* corr, const float* 
 template <typename V>
 constexpr int kAccVectors = V::kW == 8 ? 8 : 16;
 
-// AccumulateV over nq queries (rows of a and p) and G vectors at column d, as many queries
-// per pass as the register budget allows.
+// AccumulateV over nq queries (rows of a) and G vectors at column d, as many queries per
+// pass as the register budget allows; query q's probability of slot j is
+// p[q * p_stride + j * p_jstride].
 template <typename V, int G>
-inline void AccumulateVGroup(float* a, const float* corr, const float* p, int bs, int nq, int j0,
-                             int j1, const float* vt, int hd) {
+inline void AccumulateVGroup(float* a, const float* corr, const float* p, int p_stride, int p_jstride,
+                             int nq, int j0, int j1, const float* vt, int hd) {
   constexpr int kNq = std::clamp(kAccVectors<V> / G, 1, 4);
   int q = 0;
   for (; q + kNq <= nq; q += kNq) {
-    AccumulateV<V, kNq, G>(a + q * hd, hd, corr + q, p + q * bs, bs, j0, j1, vt, hd);
+    AccumulateV<V, kNq, G>(a + q * hd, hd, corr + q, p + q * p_stride, p_stride, p_jstride, j0, j1, vt, hd);
   }
-  for (; q < nq; ++q) AccumulateV<V, 1, G>(a + q * hd, hd, corr + q, p + q * bs, bs, j0, j1, vt, hd);
+  for (; q < nq; ++q) {
+    AccumulateV<V, 1, G>(a + q * hd, hd, corr + q, p + q * p_stride, p_stride, p_jstride, j0, j1, vt, hd);
+  }
+}
+
+// acc = acc * corr + P V for nq queries over slots [j0, j1), in passes of as many
+// independent accumulator chains as fit (arguments as AccumulateVGroup's).
+template <typename V>
+inline void AccumulateVAll(float* acc, const float* corr, const float* p, int p_stride, int p_jstride,
+                           int nq, int j0, int j1, const float* vt, int hd) {
+  constexpr int W = V::kW;
+  constexpr int kMaxG = 8;  // accumulator vectors per V pass
+  for (int d = 0; d < hd;) {
+    const int g = std::min(kMaxG, (hd - d) / W);
+    float* a = acc + d;
+    const float* v = vt + d;
+    switch (g) {
+      case 1: AccumulateVGroup<V, 1>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 2: AccumulateVGroup<V, 2>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 3: AccumulateVGroup<V, 3>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 4: AccumulateVGroup<V, 4>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 5: AccumulateVGroup<V, 5>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 6: AccumulateVGroup<V, 6>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      case 7: AccumulateVGroup<V, 7>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+      default: AccumulateVGroup<V, 8>(a, corr, p, p_stride, p_jstride, nq, j0, j1, v, hd); break;
+    }
+    d += g * W;
+  }
 }
 
 // n rows of a quantized type (q8_0, q4_0; row_bytes apart) -> f32 [n][hd], W lanes at a
@@ -167,13 +195,14 @@ inline void DequantRows(KvType type, const uint8_t* src, size_t row_bytes, int n
   }
 }
 
+// The tile kernel with each query's scores in a row of s (s[q][slot]): for tiles of fewer
+// queries than a vector has lanes (decoding, GQA groups of 8 on AVX-512).
 // REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
 template <typename V>
-void AttnTileT(const internal::AttnTile& t) {
+void AttnTileRowsT(const internal::AttnTile& t) {
   using F = typename V::F;
   constexpr int W = V::kW;
   constexpr int kNq = W == 16 ? 4 : 2;  // queries per score pass (register budget)
-  constexpr int kMaxG = 8;              // accumulator vectors per V pass
   constexpr int kMaxQ = internal::kAttnMaxQueries;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const int hd = t.head_dim, bs = t.block_size;
@@ -303,30 +332,232 @@ void AttnTileT(const internal::AttnTile& t) {
       const int from = qn[qi] <= lo ? j_lo : qn[qi];
       std::fill(s + qi * bs + std::max(from, j_lo), s + qi * bs + j_hi, 0.0f);
     }
-    // 3c. acc = acc * corr + P V for all queries, in passes of as many independent
-    // accumulator chains as fit.
-    for (int d = 0; d < hd;) {
-      const int g = std::min(kMaxG, (hd - d) / W);
-      float* a = acc + d;
-      const float* v = vt + d;
-      switch (g) {
-        case 1: AccumulateVGroup<V, 1>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 2: AccumulateVGroup<V, 2>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 3: AccumulateVGroup<V, 3>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 4: AccumulateVGroup<V, 4>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 5: AccumulateVGroup<V, 5>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 6: AccumulateVGroup<V, 6>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        case 7: AccumulateVGroup<V, 7>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-        default: AccumulateVGroup<V, 8>(a, corr, s, bs, nq, j_lo, j_hi, v, hd); break;
-      }
-      d += g * W;
-    }
+    // 3c. acc = acc * corr + P V for all queries.
+    AccumulateVAll<V>(acc, corr, s, bs, 1, nq, j_lo, j_hi, vt, hd);
   }
 
   for (int qi = 0; qi < nq; ++qi) {
     float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
     const F inv = V::Set1(1.0f / l[qi]);
     for (int d = 0; d < hd; d += W) V::Store(dst + d, V::Mul(V::Load(acc + qi * hd + d), inv));
+  }
+}
+
+// Scores with the queries in lanes: s[j][v*W ..) = sum_d kf[j][d] * qt[d][v*W ..) for slots
+// j < NJ and query vectors v < NV (qt and s: rows of qp floats; kf: rows of hd). NV loads
+// and NJ broadcasts feed NV * NJ independent FMA chains per d.
+template <typename V, int NV, int NJ>
+inline void ScoreLanes(const float* qt, int qp, const float* kf, int hd, float* s) {
+  using F = typename V::F;
+  constexpr int W = V::kW;
+  F a[NJ][NV];
+  TRELLIS_UNROLL
+  for (int j = 0; j < NJ; ++j) {
+    TRELLIS_UNROLL
+    for (int v = 0; v < NV; ++v) a[j][v] = V::Zero();
+  }
+  for (int d = 0; d < hd; ++d) {
+    F q[NV];
+    TRELLIS_UNROLL
+    for (int v = 0; v < NV; ++v) q[v] = V::Load(qt + d * qp + v * W);
+    TRELLIS_UNROLL
+    for (int j = 0; j < NJ; ++j) {
+      const F k = V::Set1(kf[j * hd + d]);
+      TRELLIS_UNROLL
+      for (int v = 0; v < NV; ++v) a[j][v] = V::Fma(k, q[v], a[j][v]);
+    }
+  }
+  TRELLIS_UNROLL
+  for (int j = 0; j < NJ; ++j) {
+    TRELLIS_UNROLL
+    for (int v = 0; v < NV; ++v) V::Store(s + j * qp + v * W, a[j][v]);
+  }
+}
+
+// ScoreLanes over nv query vectors and n_slots slots (a multiple of 8), in register tiles
+// of at most 16 accumulators (8 with V256's 16 registers).
+template <typename V>
+inline void ScoreAllLanes(const float* qt, int qp, int nv, const float* kf, int hd, int n_slots, float* s) {
+  constexpr int W = V::kW;
+  constexpr int kMaxNv = W == 8 ? 2 : 4;
+  for (int v0 = 0; v0 < nv; v0 += kMaxNv) {
+    const float* q = qt + v0 * W;
+    for (int j = 0; j < n_slots; j += 8) {
+      const float* k = kf + j * hd;
+      float* o = s + j * qp + v0 * W;
+      const int g = std::min(kMaxNv, nv - v0);
+      if (g == 1) {
+        ScoreLanes<V, 1, 8>(q, qp, k, hd, o);
+      } else if (g == 2 && kMaxNv == 2) {
+        ScoreLanes<V, 2, 4>(q, qp, k, hd, o);
+        ScoreLanes<V, 2, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+      } else if constexpr (kMaxNv == 4) {
+        switch (g) {
+          case 2: ScoreLanes<V, 2, 8>(q, qp, k, hd, o); break;
+          case 3:
+            ScoreLanes<V, 3, 4>(q, qp, k, hd, o);
+            ScoreLanes<V, 3, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+            break;
+          default:
+            ScoreLanes<V, 4, 4>(q, qp, k, hd, o);
+            ScoreLanes<V, 4, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+            break;
+        }
+      }
+    }
+  }
+}
+
+// The tile kernel with the queries in lanes (s[slot][q]), for tiles of at least W queries
+// (prefill): scores are FMAs of a slot's broadcast K values with W queries' values at
+// once, so the K tile needs no transposing, and the online softmax runs down the slots
+// for W queries at once: no horizontal max or sum, no scalar exp, masks as lane compares.
+// Per block:
+//   1. K rows -> kf[t][d] f32, V rows -> vt[t][d] f32;
+//   2. s[t][q] = scale * q . k_t (ScoreAllLanes, over qt[d][q], the tile's queries
+//      transposed once);
+//   3. per W queries: soft-cap, causal and window masks (slot position against each
+//      lane's row position), running max m, corr = exp(m_old - m_new), probabilities, l;
+//   4. acc[q] = acc[q] * corr[q] + sum_t p[t][q] v_t (AccumulateVAll).
+// REQUIRES: head_dim % W == 0, head_dim % 8 == 0, block_size % 8 == 0; positions below
+// 2^24 (they are compared as floats).
+template <typename V>
+void AttnTileLanesT(const internal::AttnTile& t) {
+  using F = typename V::F;
+  constexpr int W = V::kW;
+  constexpr int kMaxQ = internal::kAttnMaxQueries;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const int hd = t.head_dim, bs = t.block_size;
+  const int nq = t.n_rows * t.n_heads;
+  // Query columns: whole vectors and whole 8x8 transposes; the padding lanes hold zero
+  // queries at position -1 (every slot masked), never written out.
+  constexpr int kQAlign = W > 8 ? W : 8;
+  const int qp = (nq + kQAlign - 1) / kQAlign * kQAlign;
+  const int nv = qp / W;
+  const int max_q = internal::AttnMaxQueries(hd);
+  float* kf = t.scratch;        // [bs][hd]
+  float* vt = kf + bs * hd;     // [bs][hd]
+  float* qt = vt + bs * hd;     // [hd][qp]  (the scratch's qs)
+  float* s = qt + max_q * hd;   // [bs][qp]
+  float* acc = s + max_q * bs;  // [max_q][hd]
+  float* m = acc + max_q * hd;  // [qp]
+  float* l = m + max_q;         // [qp]
+  alignas(64) float corr[kMaxQ], qhi[kMaxQ], qlo[kMaxQ];
+
+  // Scaled queries (through q8_0 against a quantized K) as rows in acc, transposed into qt.
+  const F vscale = V::Set1(t.scale);
+  float q8[internal::kKvMaxQuantizedHeadDim];
+  for (int qi = 0; qi < qp; ++qi) {
+    float* row = acc + qi * hd;
+    const int r = qi / t.n_heads;
+    if (qi < nq) {
+      const float* src = t.q + r * t.q_stride + (qi % t.n_heads) * hd;
+      if (t.k_type != KvType::kF16) src = internal::QueryThroughQ8_0(src, hd, q8);
+      for (int d = 0; d < hd; d += W) V::Store(row + d, V::Mul(V::Load(src + d), vscale));
+    } else {
+      for (int d = 0; d < hd; d += W) V::Store(row + d, V::Zero());
+    }
+    m[qi] = kNegInf;
+    l[qi] = 0.0f;
+    // Lane qi attends to slot positions [qlo, qhi].
+    qhi[qi] = qi < nq ? static_cast<float>(t.pos_first + r) : -1.0f;
+    qlo[qi] = t.window > 0 ? qhi[qi] - static_cast<float>(t.window) + 1.0f : -1.0f;
+  }
+  for (int q0 = 0; q0 < qp; q0 += 8) {
+    for (int d0 = 0; d0 < hd; d0 += 8) V::Transpose8x8F32(acc + q0 * hd + d0, hd, qt + d0 * qp + q0, qp);
+  }
+  for (int i = 0; i < nq * hd; i += W) V::Store(acc + i, V::Zero());
+
+  const int32_t kv_end = t.pos_first + t.n_rows;  // exclusive end for the last row
+  // Slots below this position are outside some row's window.
+  const int32_t window_lo = t.window > 0 ? kv_end - t.window : std::numeric_limits<int32_t>::min();
+  const F ninf = V::Set1(kNegInf), zero = V::Zero();
+  const F vcap = V::Set1(t.softcap), vinv_cap = V::Set1(t.softcap > 0 ? 1.0f / t.softcap : 0.0f);
+  const F one = V::Set1(1.0f), two = V::Set1(2.0f);
+  for (int32_t p0 = internal::AttnTileFirstPos(t) / bs * bs; p0 < kv_end; p0 += bs) {
+    const uint8_t* blk = t.base + static_cast<size_t>(t.block_table[p0 / bs]) * t.block_bytes;
+    const int nvalid = std::min(bs, kv_end - p0);
+    const int n8 = (nvalid + 7) / 8 * 8;  // slots scored; those past nvalid are masked
+    // 1. K rows (n8: unwritten slots may hold NaN bits, masked below) and V rows (valid
+    //    only: they are multiplied by probabilities, and 0 * NaN is NaN).
+    if (t.k_type == KvType::kF16) {
+      const uint16_t* kblk = reinterpret_cast<const uint16_t*>(blk + t.k_off);
+      for (int i = 0; i < n8 * hd; i += W) V::Store(kf + i, V::LoadHalf(kblk + i));
+    } else {
+      DequantRows<V>(t.k_type, blk + t.k_off, t.k_row, n8, hd, kf);
+    }
+    if (t.v_type == KvType::kF16) {
+      const uint16_t* vblk = reinterpret_cast<const uint16_t*>(blk + t.v_off);
+      for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
+    } else {
+      DequantRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
+    }
+
+    // 2. Scores.
+    ScoreAllLanes<V>(qt, qp, nv, kf, hd, n8, s);
+
+    // 3. Online softmax, W queries at a time. Masks only where a slot can be outside
+    // some row's range: past the first row's position (the causal diagonal, unwritten
+    // slots, padding lanes) or before the last row's window.
+    const bool mask = p0 + n8 - 1 > t.pos_first || p0 < window_lo;
+    for (int v = 0; v < nv; ++v) {
+      float* sv = s + v * W;
+      const F m_old = V::Load(m + v * W);
+      F mx = m_old;
+      if (mask || t.softcap > 0) {
+        const F hi = V::Load(qhi + v * W), lo = V::Load(qlo + v * W);
+        for (int j = 0; j < n8; ++j) {
+          F x = V::Load(sv + j * qp);
+          if (t.softcap > 0) {
+            // cap * tanh(x / cap), tanh(y) = 1 - 2 / (1 + exp(2y)) (ExpV clamps: no inf/NaN).
+            const F y = V::Mul(x, vinv_cap);
+            x = V::Mul(vcap, V::Sub(one, V::Div(two, V::Add(one, ExpV<V>(V::Add(y, y))))));
+          }
+          if (mask) {
+            const F kp = V::Set1(static_cast<float>(p0 + j));
+            x = V::SelectLE(lo, kp, V::SelectLE(kp, hi, x, ninf), ninf);
+          }
+          V::Store(sv + j * qp, x);
+          mx = V::Max(mx, x);
+        }
+      } else {
+        for (int j = 0; j < n8; ++j) mx = V::Max(mx, V::Load(sv + j * qp));
+      }
+      // Lanes with no slot yet keep m = -inf and subtract 0: exp(-inf - -inf) would be NaN.
+      const F ms = V::SelectLE(mx, ninf, zero, mx);
+      const F c = ExpV<V>(V::Sub(m_old, ms));  // exactly 1 when the max did not move
+      F sum = zero;
+      for (int j = 0; j < n8; ++j) {
+        const F x = V::Load(sv + j * qp);
+        F p = ExpV<V>(V::Sub(x, ms));
+        if (mask) p = V::SelectLE(x, ninf, zero, p);  // ExpV(-inf) is ~1e-38: exact 0
+        V::Store(sv + j * qp, p);
+        sum = V::Add(sum, p);
+      }
+      V::Store(l + v * W, V::Fma(V::Load(l + v * W), c, sum));
+      V::Store(m + v * W, mx);
+      V::Store(corr + v * W, c);
+    }
+
+    // 4. acc = acc * corr + P V over the valid slots (masked ones add exact zeros).
+    AccumulateVAll<V>(acc, corr, s, 1, qp, nq, 0, nvalid, vt, hd);
+  }
+
+  for (int qi = 0; qi < nq; ++qi) {
+    float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
+    const F inv = V::Set1(1.0f / l[qi]);
+    for (int d = 0; d < hd; d += W) V::Store(dst + d, V::Mul(V::Load(acc + qi * hd + d), inv));
+  }
+}
+
+// The tile kernel for a tile: queries in lanes when they fill a vector.
+// REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
+template <typename V>
+void AttnTileT(const internal::AttnTile& t) {
+  if (t.n_rows * t.n_heads >= V::kW) {
+    AttnTileLanesT<V>(t);
+  } else {
+    AttnTileRowsT<V>(t);
   }
 }
 

@@ -111,6 +111,8 @@ struct V256 {
     const __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(i, 23));
   }
+  // Lanewise a <= b ? x : y.
+  static F SelectLE(F a, F b, F x, F y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LE_OQ)); }
   // Lanes i >= n (0 <= n <= 8) set to `fill`.
   static F MaskTail(F v, int n, float fill) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -172,6 +174,7 @@ struct V512 {
     const __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(i, 23));
   }
+  static F SelectLE(F a, F b, F x, F y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), y, x); }
   static F MaskTail(F v, int n, float fill) {
     const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
     return _mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), v);
@@ -216,6 +219,7 @@ struct V128 {
     const int32x4_t i = vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127));
     return vreinterpretq_f32_s32(vshlq_n_s32(i, 23));
   }
+  static F SelectLE(F a, F b, F x, F y) { return vbslq_f32(vcleq_f32(a, b), x, y); }
   // Lanes i >= n (n <= 4) set to `fill`.
   static F MaskTail(F v, int n, float fill) {
     static constexpr int32_t kIdx[4] = {0, 1, 2, 3};
