@@ -379,44 +379,83 @@ void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
   }
 }
 
+// Activations as Q8_K (llama.cpp's quantize_row_q8_K), with the block-sum fields the
+// K-quant kernels read (FillQ8KBlockSums' values) written per block: the scale comes from
+// the first element of largest magnitude, whose sign is known without a scan unless the
+// block holds both +amax and -amax; the sixteen 16-value sums of a block are reduced side
+// by side (hadd trees, not a horizontal sum each).
 void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
   const int64_t nb = cols / kQkK;
   float* dd = reinterpret_cast<float*>(dst + cols);
-  int16_t* bsums = reinterpret_cast<int16_t*>(dst + cols + 4 * nb);
+  int16_t* bsums = reinterpret_cast<int16_t*>(dst + Q8KBsumsOffset(cols));
+  float* dsum32 = reinterpret_cast<float*>(dst + Q8KDsum32Offset(cols));
+  int32_t* bias16 = reinterpret_cast<int32_t*>(dst + Q8KBias16Offset(cols));
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + kQkK * b;
     int8_t* q8 = reinterpret_cast<int8_t*>(dst + kQkK * b);
-    const float amax = HmaxAbs(xb, kQkK);
+    __m256 vmax = _mm256_loadu_ps(xb), vmin = vmax;
+    for (int i = 8; i < kQkK; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xb + i);
+      vmax = _mm256_max_ps(vmax, v);
+      vmin = _mm256_min_ps(vmin, v);
+    }
+    __m128 hi = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    __m128 lo = _mm_min_ps(_mm256_castps256_ps128(vmin), _mm256_extractf128_ps(vmin, 1));
+    hi = _mm_max_ps(hi, _mm_movehl_ps(hi, hi));
+    lo = _mm_min_ps(lo, _mm_movehl_ps(lo, lo));
+    const float top = _mm_cvtss_f32(_mm_max_ss(hi, _mm_movehdup_ps(hi)));
+    const float bottom = -_mm_cvtss_f32(_mm_min_ss(lo, _mm_movehdup_ps(lo)));
+    const float amax = std::max(top, bottom);
     if (amax == 0.f) {
       std::memset(q8, 0, kQkK);
       dd[b] = 0.f;
       std::memset(bsums + 16 * b, 0, 32);
+      std::memset(dsum32 + 8 * b, 0, 32);
+      std::memset(bias16 + 16 * b, 0, 64);
       continue;
     }
-    float max = 0.f;  // the first element of largest magnitude, with its sign
-    for (int j = 0; j < kQkK; ++j) {
-      if (std::fabs(xb[j]) == amax) {
-        max = xb[j];
-        break;
+    float max = top == amax ? amax : -amax;  // the first element of largest magnitude
+    if (top == bottom) {  // both signs: which comes first
+      for (int j = 0; j < kQkK; ++j) {
+        if (std::fabs(xb[j]) == amax) {
+          max = xb[j];
+          break;
+        }
       }
     }
     const float iscale = -127.f / max;
     const __m256 vs = _mm256_set1_ps(iscale);
-    for (int k = 0; k < kQkK; k += 32) {
+    __m256i quads[8];  // per 32 values: eight sums of four
+    for (int k = 0; k < 8; ++k) {
       __m256i q[4];
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + k + 8 * i), vs));
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * k + 8 * i), vs));
       const __m256i v = _mm256_min_epi8(PackToInt8(q[0], q[1], q[2], q[3]), _mm256_set1_epi8(127));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + k), v);
-      // Group sums: bytes -> pairs (int16) -> quads (int32), then the two 16-groups.
-      const __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
-      const __m256i h = _mm256_hadd_epi32(quads, quads);
-      const __m256i g = _mm256_hadd_epi32(h, h);
-      bsums[16 * b + k / 16] = static_cast<int16_t>(_mm256_extract_epi32(g, 0));
-      bsums[16 * b + k / 16 + 1] = static_cast<int16_t>(_mm256_extract_epi32(g, 4));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + 32 * k), v);
+      quads[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
     }
-    dd[b] = 1.f / iscale;
+    // hadd(hadd(q0, q1), hadd(q2, q3)): low lanes the first 16-value sum of chunks 0..3,
+    // high lanes the second; then interleaved into sum order (chunk k: 2k, 2k + 1).
+    __m128i g[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(quads[4 * h], quads[4 * h + 1]),
+                                          _mm256_hadd_epi32(quads[4 * h + 2], quads[4 * h + 3]));
+      const __m128i first = _mm256_castsi256_si128(a), second = _mm256_extracti128_si256(a, 1);
+      g[2 * h] = _mm_unpacklo_epi32(first, second);
+      g[2 * h + 1] = _mm_unpackhi_epi32(first, second);
+    }
+    const float d = 1.f / iscale;
+    dd[b] = d;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b), _mm_packs_epi32(g[0], g[1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b + 8), _mm_packs_epi32(g[2], g[3]));
+    const __m256i m32 = _mm256_set1_epi32(-32);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i pair = _mm256_setr_m128i(g[2 * i], g[2 * i + 1]);  // sums 8i .. 8i + 7
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias16 + 16 * b + 8 * i), _mm256_mullo_epi32(pair, m32));
+    }
+    // dsum32[j] = d * (sum 2j + sum 2j + 1) for the eight 32-value groups.
+    const __m128i s01 = _mm_hadd_epi32(g[0], g[1]), s23 = _mm_hadd_epi32(g[2], g[3]);
+    _mm256_storeu_ps(dsum32 + 8 * b, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_setr_m128i(s01, s23))));
   }
-  FillQ8KBlockSums(dst, cols);
 }
 
 }  // namespace

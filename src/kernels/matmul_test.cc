@@ -176,6 +176,7 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
   for (int j = 256; j < 512; ++j) x[j] = 0.f;  // an all-zero Q8_K block
   x[600] = -9.f;  // largest magnitude negative
   x[601] = 9.f;   // same magnitude later: the first one sets the sign
+  x[900] = -11.f;  // a block whose largest magnitude is only negative
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ5_1,
                      GgmlType::kIQ4_XS}) {
     const size_t n = matmul_internal::ActRowBytes(t, cols);
