@@ -54,10 +54,13 @@ struct AttnTile {
   float softcap;   // AttnOptions::softcap (0: none)
   int32_t window;  // AttnOptions::window (0: none): row r attends (pos_first + r - window, pos_first + r]
   // Per-thread scratch, AttentionScratchFloatsPerThread floats, laid out as:
-  //   kt  [head_dim][block_size]   K tile, f32 (SIMD: transposed; scalar: [block_size][head_dim])
+  //   kt  [head_dim][block_size]   K tile, f32 (SIMD rows kernel: transposed; scalar and
+  //                                SIMD lanes kernel: [block_size][head_dim])
   //   vt  [block_size][head_dim]   V tile, f32
-  //   qs  [Q][head_dim]   scale * q           (Q = AttnMaxQueries(head_dim))
-  //   s   [Q][block_size] scores / probabilities of the current block
+  //   qs  [Q][head_dim]   scale * q           (Q = AttnMaxQueries(head_dim); lanes kernel:
+  //                                            transposed, [head_dim][Q])
+  //   s   [Q][block_size] scores / probabilities of the current block (lanes kernel:
+  //                       [block_size][Q])
   //   acc [Q][head_dim]   unnormalised output
   //   m   [Q], l [Q]      running max and sum
   float* scratch;

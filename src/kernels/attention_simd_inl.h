@@ -1,11 +1,13 @@
-// The SIMD tile kernel of PagedAttention, written once over the vector traits of
+// The SIMD tile kernels of PagedAttention, written once over the vector traits of
 // ops_simd_inl.h and instantiated by attention_avx2.cc (V256), attention_avx512.cc (V512,
 // and V256 for shapes that are not multiples of 16) and attention_neon.cc (V128).
 //
 // INCLUDE ONLY from *_avx2.cc / *_avx512.cc / *_neon.cc (anonymous namespace; see
 // ops_simd_inl.h).
 //
-// Per block of block_size positions the kernel:
+// Two tile kernels, chosen per tile by AttnTileT: AttnTileLanesT (below) when the tile
+// has at least a vector of queries (prefill), with the queries in lanes; otherwise
+// AttnTileRowsT (decode), whose per-block steps are:
 //   1. converts the K tile (f16, or q8_0 / q4_0 rows dequantized first) -> f32
 //      *transposed* into kt[d][t] (8x8 tiles), so a
 //      query's scores for W slots are W-lane FMAs of broadcast q[d] with kt[d][...] and
