@@ -40,8 +40,11 @@
 namespace trellis {
 namespace {
 
-// s[qq][c*W..] = sum_d qs[qq][d] * kt[d][c*W..], qq < NQ, c < NC.
-// qs: [NQ][hd], kt: [hd][bs], s: [NQ][bs].
+// s[qq][c*W..] = sum_d qs[qq][d] * kt[d][c*W..], qq < NQ, c < NC: NC loads and NQ
+// broadcasts feed NQ * NC independent FMA chains per d.
+// qs: [NQ][hd], kt: [hd][bs], s: [NQ][bs]. The row kernel's scores (queries x slots, K
+// transposed); the lanes kernel's with the roles swapped (slots x queries: K rows as qs,
+// the transposed queries as kt).
 template <typename V, int NQ, int NC>
 inline void ScoreTile(const float* qs, int hd, const float* kt, int bs, float* s) {
   using F = typename V::F;
@@ -345,39 +348,10 @@ void AttnTileRowsT(const internal::AttnTile& t) {
   }
 }
 
-// Scores with the queries in lanes: s[j][v*W ..) = sum_d kf[j][d] * qt[d][v*W ..) for slots
-// j < NJ and query vectors v < NV (qt and s: rows of qp floats; kf: rows of hd). NV loads
-// and NJ broadcasts feed NV * NJ independent FMA chains per d.
-template <typename V, int NV, int NJ>
-inline void ScoreLanes(const float* qt, int qp, const float* kf, int hd, float* s) {
-  using F = typename V::F;
-  constexpr int W = V::kW;
-  F a[NJ][NV];
-  TRELLIS_UNROLL
-  for (int j = 0; j < NJ; ++j) {
-    TRELLIS_UNROLL
-    for (int v = 0; v < NV; ++v) a[j][v] = V::Zero();
-  }
-  for (int d = 0; d < hd; ++d) {
-    F q[NV];
-    TRELLIS_UNROLL
-    for (int v = 0; v < NV; ++v) q[v] = V::Load(qt + d * qp + v * W);
-    TRELLIS_UNROLL
-    for (int j = 0; j < NJ; ++j) {
-      const F k = V::Set1(kf[j * hd + d]);
-      TRELLIS_UNROLL
-      for (int v = 0; v < NV; ++v) a[j][v] = V::Fma(k, q[v], a[j][v]);
-    }
-  }
-  TRELLIS_UNROLL
-  for (int j = 0; j < NJ; ++j) {
-    TRELLIS_UNROLL
-    for (int v = 0; v < NV; ++v) V::Store(s + j * qp + v * W, a[j][v]);
-  }
-}
-
-// ScoreLanes over nv query vectors and n_slots slots (a multiple of 8), in register tiles
-// of at most 16 accumulators (8 with V256's 16 registers).
+// Scores with the queries in lanes: s[j][v*W ..) = sum_d kf[j][d] * qt[d][v*W ..) for
+// slots j < n_slots (a multiple of 8) and query vectors v < nv (qt and s: rows of qp
+// floats; kf: rows of hd), in register tiles (ScoreTile) of at most 16 accumulators (8
+// with V256's 16 registers).
 template <typename V>
 inline void ScoreAllLanes(const float* qt, int qp, int nv, const float* kf, int hd, int n_slots, float* s) {
   constexpr int W = V::kW;
@@ -389,20 +363,20 @@ inline void ScoreAllLanes(const float* qt, int qp, int nv, const float* kf, int 
       float* o = s + j * qp + v0 * W;
       const int g = std::min(kMaxNv, nv - v0);
       if (g == 1) {
-        ScoreLanes<V, 1, 8>(q, qp, k, hd, o);
+        ScoreTile<V, 8, 1>(k, hd, q, qp, o);
       } else if (g == 2 && kMaxNv == 2) {
-        ScoreLanes<V, 2, 4>(q, qp, k, hd, o);
-        ScoreLanes<V, 2, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+        ScoreTile<V, 4, 2>(k, hd, q, qp, o);
+        ScoreTile<V, 4, 2>(k + 4 * hd, hd, q, qp, o + 4 * qp);
       } else if constexpr (kMaxNv == 4) {
         switch (g) {
-          case 2: ScoreLanes<V, 2, 8>(q, qp, k, hd, o); break;
+          case 2: ScoreTile<V, 8, 2>(k, hd, q, qp, o); break;
           case 3:
-            ScoreLanes<V, 3, 4>(q, qp, k, hd, o);
-            ScoreLanes<V, 3, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+            ScoreTile<V, 4, 3>(k, hd, q, qp, o);
+            ScoreTile<V, 4, 3>(k + 4 * hd, hd, q, qp, o + 4 * qp);
             break;
           default:
-            ScoreLanes<V, 4, 4>(q, qp, k, hd, o);
-            ScoreLanes<V, 4, 4>(q, qp, k + 4 * hd, hd, o + 4 * qp);
+            ScoreTile<V, 4, 4>(k, hd, q, qp, o);
+            ScoreTile<V, 4, 4>(k + 4 * hd, hd, q, qp, o + 4 * qp);
             break;
         }
       }
