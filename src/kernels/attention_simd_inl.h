@@ -200,6 +200,29 @@ inline void DequantRows(KvType type, const uint8_t* src, size_t row_bytes, int n
   }
 }
 
+// n K or V rows (f16, or q8_0 / q4_0 rows dequantized; row_bytes apart) at src -> f32
+// [n][hd] at dst.
+template <typename V>
+inline void LoadRows(KvType type, const uint8_t* src, size_t row_bytes, int n, int hd, float* dst) {
+  if (type == KvType::kF16) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+    for (int i = 0; i < n * hd; i += V::kW) V::Store(dst + i, V::LoadHalf(h + i));
+  } else {
+    DequantRows<V>(type, src, row_bytes, n, hd, dst);
+  }
+}
+
+// The tile's outputs: query qi's row of acc divided by l[qi], into its place in t.out.
+template <typename V>
+inline void StoreOutputs(const internal::AttnTile& t, const float* acc, const float* l, int nq) {
+  const int hd = t.head_dim;
+  for (int qi = 0; qi < nq; ++qi) {
+    float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
+    const auto inv = V::Set1(1.0f / l[qi]);
+    for (int d = 0; d < hd; d += V::kW) V::Store(dst + d, V::Mul(V::Load(acc + qi * hd + d), inv));
+  }
+}
+
 // The tile kernel with each query's scores in a row of s (s[q][slot]): for tiles of fewer
 // queries than a vector has lanes (decoding, GQA groups of 8 on AVX-512).
 // REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
@@ -259,12 +282,7 @@ void AttnTileRowsT(const internal::AttnTile& t) {
       }
     }
     // 2. V tile -> vt[t][d] (valid slots only: unwritten slots may hold NaN bits).
-    if (t.v_type == KvType::kF16) {
-      const uint16_t* vblk = reinterpret_cast<const uint16_t*>(blk + t.v_off);
-      for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
-    } else {
-      DequantRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
-    }
+    LoadRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
 
     // 3a. Raw scores of all queries.
     const int n_chunks = nkt / W;
@@ -341,11 +359,7 @@ void AttnTileRowsT(const internal::AttnTile& t) {
     AccumulateVAll<V>(acc, corr, s, bs, 1, nq, j_lo, j_hi, vt, hd);
   }
 
-  for (int qi = 0; qi < nq; ++qi) {
-    float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
-    const F inv = V::Set1(1.0f / l[qi]);
-    for (int d = 0; d < hd; d += W) V::Store(dst + d, V::Mul(V::Load(acc + qi * hd + d), inv));
-  }
+  StoreOutputs<V>(t, acc, l, nq);
 }
 
 // Scores with the queries in lanes: s[j][v*W ..) = sum_d kf[j][d] * qt[d][v*W ..) for
@@ -456,18 +470,8 @@ void AttnTileLanesT(const internal::AttnTile& t) {
     const int n8 = (nvalid + 7) / 8 * 8;  // slots scored; those past nvalid are masked
     // 1. K rows (n8: unwritten slots may hold NaN bits, masked below) and V rows (valid
     //    only: they are multiplied by probabilities, and 0 * NaN is NaN).
-    if (t.k_type == KvType::kF16) {
-      const uint16_t* kblk = reinterpret_cast<const uint16_t*>(blk + t.k_off);
-      for (int i = 0; i < n8 * hd; i += W) V::Store(kf + i, V::LoadHalf(kblk + i));
-    } else {
-      DequantRows<V>(t.k_type, blk + t.k_off, t.k_row, n8, hd, kf);
-    }
-    if (t.v_type == KvType::kF16) {
-      const uint16_t* vblk = reinterpret_cast<const uint16_t*>(blk + t.v_off);
-      for (int i = 0; i < nvalid * hd; i += W) V::Store(vt + i, V::LoadHalf(vblk + i));
-    } else {
-      DequantRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
-    }
+    LoadRows<V>(t.k_type, blk + t.k_off, t.k_row, n8, hd, kf);
+    LoadRows<V>(t.v_type, blk + t.v_off, t.v_row, nvalid, hd, vt);
 
     // 2. Scores.
     ScoreAllLanes<V>(qt, qp, nv, kf, hd, n8, s);
@@ -519,11 +523,7 @@ void AttnTileLanesT(const internal::AttnTile& t) {
     AccumulateVAll<V>(acc, corr, s, 1, qp, nq, 0, nvalid, vt, hd);
   }
 
-  for (int qi = 0; qi < nq; ++qi) {
-    float* dst = t.out + (qi / t.n_heads) * t.out_stride + (qi % t.n_heads) * hd;
-    const F inv = V::Set1(1.0f / l[qi]);
-    for (int d = 0; d < hd; d += W) V::Store(dst + d, V::Mul(V::Load(acc + qi * hd + d), inv));
-  }
+  StoreOutputs<V>(t, acc, l, nq);
 }
 
 // The tile kernel for a tile: queries in lanes when they fill a vector.
