@@ -409,8 +409,8 @@ inline void ScoreAllLanes(const float* qt, int qp, int nv, const float* kf, int 
 //   3. per W queries: soft-cap, causal and window masks (slot position against each
 //      lane's row position), running max m, corr = exp(m_old - m_new), probabilities, l;
 //   4. acc[q] = acc[q] * corr[q] + sum_t p[t][q] v_t (AccumulateVAll).
-// REQUIRES: head_dim % W == 0, head_dim % 8 == 0, block_size % 8 == 0; positions below
-// 2^24 (they are compared as floats).
+// REQUIRES: head_dim % W == 0, head_dim % 8 == 0, block_size % 8 == 0; positions up to
+// 2^24 (they are compared as floats; AttnTileT sends longer contexts to the row kernel).
 template <typename V>
 void AttnTileLanesT(const internal::AttnTile& t) {
   using F = typename V::F;
@@ -526,11 +526,12 @@ void AttnTileLanesT(const internal::AttnTile& t) {
   StoreOutputs<V>(t, acc, l, nq);
 }
 
-// The tile kernel for a tile: queries in lanes when they fill a vector.
+// The tile kernel for a tile: queries in lanes when they fill a vector (and the positions
+// are exact as floats, which the lanes kernel's masks compare).
 // REQUIRES: head_dim % W == 0, block_size % W == 0, head_dim % 8 == 0.
 template <typename V>
 void AttnTileT(const internal::AttnTile& t) {
-  if (t.n_rows * t.n_heads >= V::kW) {
+  if (t.n_rows * t.n_heads >= V::kW && t.pos_first + t.n_rows <= (1 << 24)) {
     AttnTileLanesT<V>(t);
   } else {
     AttnTileRowsT<V>(t);
