@@ -35,6 +35,15 @@ namespace {
 
 constexpr int kAvx2PackedTokens = 4;
 
+// The weights' line 1 KiB ahead into L1; tiles of several tokens also 8 KiB ahead into
+// L2, as the AVX-512 tiles (packed_avx512.cc: their arithmetic per line hides less of
+// DRAM's latency behind a near prefetch).
+template <int NT>
+__attribute__((always_inline)) inline void PrefetchWeights(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
+  if constexpr (NT > 1) _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T1);
+}
+
 // One 32-element block of 4-bit x16 weights, the half of the group at wb (4 lines of 64
 // bytes, this half's 32 bytes in each), against NT tokens' activation bytes at
 // arow[t] + offset, into sum[t]: with AVX-VNNI int32 dots per row (vpdpbusd ymm) of
@@ -50,7 +59,7 @@ __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, con
   TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
   auto line = [&](int i) __attribute__((always_inline)) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    PrefetchWeights<NT>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i lo = map(_mm256_and_si256(packed, m4));
     const __m256i hi = map(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4));
@@ -113,7 +122,7 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
 #endif
   auto line = [&](auto i_const) {
     constexpr int i = decltype(i_const)::value;
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    PrefetchWeights<NT>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(packed, m4), _mm256_and_si256(BitTo4<2 * i>(high), m10));
     const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4),
@@ -186,7 +195,7 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
 #endif
 #pragma GCC unroll 2
       for (int j = 0; j < 8; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * j + 1024), _MM_HINT_T0);
+        PrefetchWeights<NT>(wb + 64 * j);
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * j));
 #if TRELLIS_PACKED_AVXVNNI
 #pragma GCC unroll 4
@@ -296,7 +305,7 @@ __attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const u
   for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 2
   for (int i = 0; i < 4; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 64 * i + 1024), _MM_HINT_T0);
+    PrefetchWeights<NT>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i ws[2] = {_mm256_shuffle_epi8(grid, _mm256_and_si256(packed, m4)),
                            _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4))};
@@ -396,7 +405,7 @@ void HalfQ6_K(const PackedArgs& p, int h) {
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
       TRELLIS_UNROLL
-      for (int line = 0; line < 6; ++line) _mm_prefetch(reinterpret_cast<const char*>(bl + 64 * line + 1024), _MM_HINT_T0);
+      for (int line = 0; line < 6; ++line) PrefetchWeights<NT>(bl + 64 * line);
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
         const __m256i l0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128 * x + 32 * h));
@@ -567,9 +576,9 @@ void HalfLowK(const PackedArgs& p, int h0) {
         const int h = h0 + hh;
         const uint8_t* bl = sb + kBlock * j + 32 * h;
         if (hh == 0) {  // both halves of a line share its cache line
-          _mm_prefetch(reinterpret_cast<const char*>(bl + 1024), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(bl + 64 + 1024), _MM_HINT_T0);
-          if constexpr (kQ3) _mm_prefetch(reinterpret_cast<const char*>(bl + 128 + 1024), _MM_HINT_T0);
+          PrefetchWeights<NT>(bl);
+          PrefetchWeights<NT>(bl + 64);
+          if constexpr (kQ3) PrefetchWeights<NT>(bl + 128);
         }
         [[maybe_unused]] __m256i hb;
         if constexpr (kQ3) hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128));
