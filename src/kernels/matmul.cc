@@ -417,15 +417,21 @@ thread_local int64_t* activation_timer = nullptr;
 int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
                                    int64_t cols, ThreadPool& pool, void* scratch, bool tiled) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
-  TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0);
+  const bool tiled_q8k = tiled && ActFamily(type) == GgmlType::kQ8_K;
+  TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0 || tiled_q8k);
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
 #if TRELLIS_X86
       if (tiled) {
-        QuantizeActTiledAvx2(x + t * x_stride, cols, TiledActOffset(type),
-                             s + t / kPackedMaxTokens * a_stride, static_cast<int>(t % kPackedMaxTokens));
+        uint8_t* tile = s + t / kPackedMaxTokens * a_stride;
+        const int slot = static_cast<int>(t % kPackedMaxTokens);
+        if (tiled_q8k) {
+          QuantizeActTiledQ8KAvx2(x + t * x_stride, cols, tile, slot);
+        } else {
+          QuantizeActTiledAvx2(x + t * x_stride, cols, TiledActOffset(type), tile, slot);
+        }
         continue;
       }
       if (isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512) {
@@ -559,7 +565,7 @@ void SetActivationTimer(int64_t* ns) { matmul_internal::activation_timer = ns; }
 size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
   using namespace matmul_internal;
   const size_t rows = ActRowBytes(type, cols) * static_cast<size_t>(n_tokens);
-  if (ActFamily(type) != GgmlType::kQ8_0) return rows;
+  if (ActFamily(type) != GgmlType::kQ8_0 && ActFamily(type) != GgmlType::kQ8_K) return rows;
   return std::max(rows, static_cast<size_t>(TiledActBytes(cols, n_tokens)));  // a packed kernel's tiles
 }
 

@@ -384,15 +384,15 @@ void QuantizeActQ8_0(const float* x, int64_t cols, uint8_t* dst) {
 // the first element of largest magnitude, whose sign is known without a scan unless the
 // block holds both +amax and -amax; the sixteen 16-value sums of a block are reduced side
 // by side (hadd trees, not a horizontal sum each).
-void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
+// The quantizer's outputs go to out: out.Zero(b) for an all-zero super-block b;
+// otherwise out.Qs(b, k, v) with the 32 bytes of its k-th block of 32 values, then
+// out.Done(b, d, g) with its scale and its sixteen 16-value sums in order (g[0] sums 0-3,
+// g[1] 4-7, g[2] 8-11, g[3] 12-15).
+template <typename Out>
+void QuantizeQ8K(const float* x, int64_t cols, Out& out) {
   const int64_t nb = cols / kQkK;
-  float* dd = reinterpret_cast<float*>(dst + cols);
-  int16_t* bsums = reinterpret_cast<int16_t*>(dst + Q8KBsumsOffset(cols));
-  float* dsum32 = reinterpret_cast<float*>(dst + Q8KDsum32Offset(cols));
-  int32_t* bias16 = reinterpret_cast<int32_t*>(dst + Q8KBias16Offset(cols));
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + kQkK * b;
-    int8_t* q8 = reinterpret_cast<int8_t*>(dst + kQkK * b);
     __m256 vmax = _mm256_loadu_ps(xb), vmin = vmax;
     for (int i = 8; i < kQkK; i += 8) {
       const __m256 v = _mm256_loadu_ps(xb + i);
@@ -407,11 +407,7 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
     const float bottom = -_mm_cvtss_f32(_mm_min_ss(lo, _mm_movehdup_ps(lo)));
     const float amax = std::max(top, bottom);
     if (amax == 0.f) {
-      std::memset(q8, 0, kQkK);
-      dd[b] = 0.f;
-      std::memset(bsums + 16 * b, 0, 32);
-      std::memset(dsum32 + 8 * b, 0, 32);
-      std::memset(bias16 + 16 * b, 0, 64);
+      out.Zero(b);
       continue;
     }
     float max = top == amax ? amax : -amax;  // the first element of largest magnitude
@@ -430,7 +426,7 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
       __m256i q[4];
       for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * k + 8 * i), vs));
       const __m256i v = _mm256_min_epi8(PackToInt8(q[0], q[1], q[2], q[3]), _mm256_set1_epi8(127));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + 32 * k), v);
+      out.Qs(b, k, v);
       quads[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
     }
     // hadd(hadd(q0, q1), hadd(q2, q3)): low lanes the first 16-value sum of chunks 0..3,
@@ -443,19 +439,48 @@ void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
       g[2 * h] = _mm_unpacklo_epi32(first, second);
       g[2 * h + 1] = _mm_unpackhi_epi32(first, second);
     }
-    const float d = 1.f / iscale;
-    dd[b] = d;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b), _mm_packs_epi32(g[0], g[1]));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b + 8), _mm_packs_epi32(g[2], g[3]));
-    const __m256i m32 = _mm256_set1_epi32(-32);
-    for (int i = 0; i < 2; ++i) {
-      const __m256i pair = _mm256_setr_m128i(g[2 * i], g[2 * i + 1]);  // sums 8i .. 8i + 7
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias16 + 16 * b + 8 * i), _mm256_mullo_epi32(pair, m32));
-    }
-    // dsum32[j] = d * (sum 2j + sum 2j + 1) for the eight 32-value groups.
-    const __m128i s01 = _mm_hadd_epi32(g[0], g[1]), s23 = _mm_hadd_epi32(g[2], g[3]);
-    _mm256_storeu_ps(dsum32 + 8 * b, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_setr_m128i(s01, s23))));
+    out.Done(b, 1.f / iscale, g);
   }
+}
+
+// d x the eight 32-value sums of a super-block, from its sixteen 16-value sums.
+inline __m256 Dsum32(float d, const __m128i (&g)[4]) {
+  const __m128i s01 = _mm_hadd_epi32(g[0], g[1]), s23 = _mm_hadd_epi32(g[2], g[3]);
+  return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_setr_m128i(s01, s23)));
+}
+
+void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
+  struct Row {
+    uint8_t* qs;
+    float* dd;
+    int16_t* bsums;
+    float* dsum32;
+    int32_t* bias16;
+    void Zero(int64_t b) {
+      std::memset(qs + kQkK * b, 0, kQkK);
+      dd[b] = 0.f;
+      std::memset(bsums + 16 * b, 0, 32);
+      std::memset(dsum32 + 8 * b, 0, 32);
+      std::memset(bias16 + 16 * b, 0, 64);
+    }
+    void Qs(int64_t b, int k, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + kQkK * b + 32 * k), v); }
+    void Done(int64_t b, float d, const __m128i (&g)[4]) {
+      dd[b] = d;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b), _mm_packs_epi32(g[0], g[1]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(bsums + 16 * b + 8), _mm_packs_epi32(g[2], g[3]));
+      const __m256i m32 = _mm256_set1_epi32(-32);
+      for (int i = 0; i < 2; ++i) {
+        const __m256i pair = _mm256_setr_m128i(g[2 * i], g[2 * i + 1]);  // sums 8i .. 8i + 7
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias16 + 16 * b + 8 * i), _mm256_mullo_epi32(pair, m32));
+      }
+      _mm256_storeu_ps(dsum32 + 8 * b, Dsum32(d, g));
+    }
+  } row{dst,
+        reinterpret_cast<float*>(dst + cols),
+        reinterpret_cast<int16_t*>(dst + Q8KBsumsOffset(cols)),
+        reinterpret_cast<float*>(dst + Q8KDsum32Offset(cols)),
+        reinterpret_cast<int32_t*>(dst + Q8KBias16Offset(cols))};
+  QuantizeQ8K(x, cols, row);
 }
 
 }  // namespace
@@ -483,6 +508,33 @@ void QuantizeActTiledAvx2(const float* x, int64_t cols, int32_t offset, uint8_t*
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + b * kTiledBlockBytes + 32 * slot), q);
     finish(b, d, sum);
   }
+}
+
+void QuantizeActTiledQ8KAvx2(const float* x, int64_t cols, uint8_t* tile, int slot) {
+  struct Tile {
+    uint8_t* tile;
+    int slot;
+    uint8_t* Block(int64_t b, int k) const { return tile + (8 * b + k) * kTiledBlockBytes; }
+    void Set(int64_t b, int k, float d, float dsum) const {
+      reinterpret_cast<float*>(Block(b, k) + 32 * kPackedMaxTokens)[slot] = d;
+      reinterpret_cast<float*>(Block(b, k) + 36 * kPackedMaxTokens)[slot] = dsum;
+    }
+    void Zero(int64_t b) const {
+      for (int k = 0; k < 8; ++k) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(Block(b, k) + 32 * slot), _mm256_setzero_si256());
+        Set(b, k, 0.f, 0.f);
+      }
+    }
+    void Qs(int64_t b, int k, __m256i v) const {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(Block(b, k) + 32 * slot), v);
+    }
+    void Done(int64_t b, float d, const __m128i (&g)[4]) const {
+      alignas(32) float dsum[8];
+      _mm256_store_ps(dsum, Dsum32(d, g));
+      for (int k = 0; k < 8; ++k) Set(b, k, d, dsum[k]);
+    }
+  } out{tile, slot};
+  QuantizeQ8K(x, cols, out);
 }
 
 void QuantizeActRowAvx2(GgmlType type, const float* x, int64_t cols, uint8_t* dst) {

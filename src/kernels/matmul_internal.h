@@ -159,7 +159,7 @@ inline constexpr int kPackedMaxTokens = 8;
 struct PackedKernel {
   PackedFn fn = nullptr;  // null: no x16 layout for the type
   int groups = 1;         // max groups per tile
-  bool tiled = false;     // reads tiled Q8_0 activations (below), not rows
+  bool tiled = false;     // reads tiled activations (below), not rows
 };
 
 // Tiled Q8_0 activations, for the AVX-512 packed kernels of the 32-element block types: tokens in tiles of
@@ -171,6 +171,9 @@ struct PackedKernel {
 // the activation bytes go straight into vpdpbusd as broadcast memory operands; the row
 // layout made the kernel carry 3 x 8 row pointers, more than the registers.
 // Slots past the last token of the last tile are never written nor read.
+// Tiled Q8_K activations (Q4_K and Q5_K's AVX-512 kernels) use the same blocks of 32: qs as
+// the Q8_K row's, d[8] the super-block's scale of each token (repeated in its 8 blocks),
+// and in place of corr float dsum32[8], d x the block's sum (the row's dsum32).
 inline constexpr int64_t kTiledBlockBytes = 32 * kPackedMaxTokens + 8 * kPackedMaxTokens;
 inline int64_t TiledActStride(int64_t cols) { return (cols / 32) * kTiledBlockBytes; }
 inline int64_t TiledActBytes(int64_t cols, int64_t n_tokens) {
@@ -190,6 +193,8 @@ inline int32_t TiledActOffset(GgmlType type) {
 // Writes one token's activations x[cols] into slot `slot` of the tile at `tile`, the same
 // values as QuantizeActRow's Q8_0 row (AVX2 + F16C, matmul_avx2.cc).
 void QuantizeActTiledAvx2(const float* x, int64_t cols, int32_t offset, uint8_t* tile, int slot);
+// The same for tiled Q8_K activations (the values of QuantizeActRow's Q8_K row).
+void QuantizeActTiledQ8KAvx2(const float* x, int64_t cols, uint8_t* tile, int slot);
 
 // Packed kernels read the same activation scratch as the row-major ones (layout above),
 // or tiled activations where PackedKernel::tiled says so.

@@ -69,8 +69,9 @@ __attribute__((always_inline)) inline void PrefetchWeights(const uint8_t* p) {
 // lanes. GCC 12 does not fold the broadcast into vpdpbusd's memory operand ({1to16}) and
 // emits a vpbroadcastd before every vpdpbusd, one extra instruction per dot; clang folds it.
 // kFold: fold it by hand (inline asm). Faster for the tiles over tiled activations, Q6_K
-// and Q2_K / Q3_K; slower for Q4_K / Q5_K and IQ4_XS (their eight row pointers: 0.91-0.95x
-// at 512 tokens, bench_kernels, 6 alternating rounds), which keep the intrinsic.
+// and Q2_K / Q3_K; slower for IQ4_XS (and Q4_K / Q5_K when they read row activations: with
+// eight row pointers, 0.91-0.95x at 512 tokens, bench_kernels, 6 alternating rounds),
+// which keeps the intrinsic.
 template <bool kFold = true>
 __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m512i w, const uint8_t* a) {
 #if defined(__GNUC__) && !defined(__clang__)
@@ -218,17 +219,15 @@ void TilePacked(const PackedArgs& p) {
 
 // Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset), then
 // acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t], with
-// llama.cpp's Q8_K activations (one scale per 256, so results match its rounding). The
-// per-row f32 scale and min of a sub-block are built once per tile from the 6-bit ints.
+// llama.cpp's Q8_K activations (one scale per 256, so results match its rounding), tiled
+// (matmul_internal.h) so that one pointer reaches every token's bytes, scale and dsum32
+// and the broadcasts fold into vpdpbusd (the row layout's 3 x 8 pointers did not let them:
+// 1.10-1.15x at 8-512 tokens, bench_kernels q4_K). The per-row f32 scale and min of a
+// sub-block are built once per tile from the 6-bit ints.
 template <bool kQ5, int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
+  constexpr int64_t kD = 32 * kPackedMaxTokens, kDsum = 36 * kPackedMaxTokens;
   const int64_t nsb = p.cols / 256;
-  const uint8_t* arow[NT];
-  const float* da[NT];
-  const float* dsum[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KDsum32Offset(p.cols), dsum);
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -246,18 +245,21 @@ void TilePackedQ4_K(const PackedArgs& p) {
           d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)))));
       const __m512 min = _mm512_mul_ps(
           dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)))));
+      const uint8_t* ab = p.a + b * kTiledBlockBytes;
+      const float* da = reinterpret_cast<const float*>(ab + kD);
+      const float* dsum = reinterpret_cast<const float*>(ab + kDsum);
       __m512i iacc[NT];
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
       if constexpr (kQ5) {
-        DotQ5Block<NT, false>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
+        DotQ5Block<NT>(wb, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc);
       } else {
-        DotNibbleBlock<NT, false>(wb, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc);
+        DotNibbleBlock<NT>(wb, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc);
       }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t][s])), acc[t]);
-        acc[t] = _mm512_fnmadd_ps(min, _mm512_set1_ps(dsum[t][b]), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t])), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(min, _mm512_set1_ps(dsum[t]), acc[t]);
       }
     }
   }
@@ -580,8 +582,8 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ5_1: return {DispatchPacked<GgmlType::kQ5_1>, 1, /*tiled=*/true};
     case GgmlType::kQ8_0: return {DispatchPacked<GgmlType::kQ8_0>, 1, /*tiled=*/true};
     case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 1, /*tiled=*/true};
-    case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1};
-    case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1};
+    case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, /*tiled=*/true};
+    case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};
     case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
     case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
