@@ -419,6 +419,9 @@ int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x,
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
   const bool tiled_q8k = tiled && ActFamily(type) == GgmlType::kQ8_K;
   TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0 || tiled_q8k);
+#if !TRELLIS_X86
+  TRELLIS_CHECK(!tiled);  // only the x86 packed kernels read tiles
+#endif
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
