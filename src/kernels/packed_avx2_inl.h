@@ -35,14 +35,8 @@ namespace {
 
 constexpr int kAvx2PackedTokens = 4;
 
-// The weights' line 1 KiB ahead into L1; tiles of several tokens also 8 KiB ahead into
-// L2, as the AVX-512 tiles (packed_avx512.cc: their arithmetic per line hides less of
-// DRAM's latency behind a near prefetch).
-template <int NT>
-__attribute__((always_inline)) inline void PrefetchWeights(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
-  if constexpr (NT > 1) _mm_prefetch(reinterpret_cast<const char*>(p + 8192), _MM_HINT_T1);
-}
+// How far ahead of the current weight line the tiles prefetch into L1 (PrefetchWeights).
+constexpr int64_t kPrefetchBytes = 1024;
 
 // One 32-element block of 4-bit x16 weights, the half of the group at wb (4 lines of 64
 // bytes, this half's 32 bytes in each), against NT tokens' activation bytes at
@@ -59,7 +53,7 @@ __attribute__((always_inline)) inline void SumNibbleBlock(const uint8_t* wb, con
   TRELLIS_UNROLL
   for (int t = 0; t < NT; ++t) sum[t] = _mm256_setzero_si256();
   auto line = [&](int i) __attribute__((always_inline)) {
-    PrefetchWeights<NT>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i lo = map(_mm256_and_si256(packed, m4));
     const __m256i hi = map(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4));
@@ -122,7 +116,7 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
 #endif
   auto line = [&](auto i_const) {
     constexpr int i = decltype(i_const)::value;
-    PrefetchWeights<NT>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(packed, m4), _mm256_and_si256(BitTo4<2 * i>(high), m10));
     const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4),
@@ -195,7 +189,7 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
 #endif
 #pragma GCC unroll 2
       for (int j = 0; j < 8; ++j) {
-        PrefetchWeights<NT>(wb + 64 * j);
+        PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * j);
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * j));
 #if TRELLIS_PACKED_AVXVNNI
 #pragma GCC unroll 4
@@ -305,7 +299,7 @@ __attribute__((always_inline)) inline void DotIq4Half(const uint8_t* wb, const u
   for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 2
   for (int i = 0; i < 4; ++i) {
-    PrefetchWeights<NT>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 64 * i));
     const __m256i ws[2] = {_mm256_shuffle_epi8(grid, _mm256_and_si256(packed, m4)),
                            _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4))};
@@ -405,7 +399,7 @@ void HalfQ6_K(const PackedArgs& p, int h) {
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
       TRELLIS_UNROLL
-      for (int line = 0; line < 6; ++line) PrefetchWeights<NT>(bl + 64 * line);
+      for (int line = 0; line < 6; ++line) PrefetchWeights<NT, kPrefetchBytes>(bl + 64 * line);
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
         const __m256i l0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128 * x + 32 * h));
@@ -576,9 +570,9 @@ void HalfLowK(const PackedArgs& p, int h0) {
         const int h = h0 + hh;
         const uint8_t* bl = sb + kBlock * j + 32 * h;
         if (hh == 0) {  // both halves of a line share its cache line
-          PrefetchWeights<NT>(bl);
-          PrefetchWeights<NT>(bl + 64);
-          if constexpr (kQ3) PrefetchWeights<NT>(bl + 128);
+          PrefetchWeights<NT, kPrefetchBytes>(bl);
+          PrefetchWeights<NT, kPrefetchBytes>(bl + 64);
+          if constexpr (kQ3) PrefetchWeights<NT, kPrefetchBytes>(bl + 128);
         }
         [[maybe_unused]] __m256i hb;
         if constexpr (kQ3) hb = _mm256_load_si256(reinterpret_cast<const __m256i*>(bl + 128));

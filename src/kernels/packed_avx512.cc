@@ -49,21 +49,12 @@ __attribute__((always_inline)) inline void StoreRows(const PackedArgs& p, int g,
 // no better than 2).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// Tiles of several tokens (batched decode) also prefetch 8 KiB ahead into L2. Their
-// arithmetic per line is NT times a decode tile's, so the 2 KiB L1 prefetch is issued
-// too late to hide DRAM's latency and the stream stalls between lines; the second,
-// farther stream keeps more lines in flight. `bench speed -t 2 -p 0 -n 32 -r 1 -s 8`,
-// TinyLlama shape, 6-8 alternating rounds, medians: 8 sessions Q4_0 350 -> 373 tok/s,
-// Q4_K_M 249 -> 313, Q8_0 205 -> 222; pp512 (also 8-token tiles, weights from L2) 502
-// -> 508, noise; 4 KiB as good as 8, 16 KiB less. One-token tiles keep the L1 prefetch
-// only: for them it did not help (Q4_0 1.01x) or cost (Q8_0 0.96x).
-constexpr int64_t kL2PrefetchBytes = 8192;
-
-template <int NT>
-__attribute__((always_inline)) inline void PrefetchWeights(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-  if constexpr (NT > 1) _mm_prefetch(reinterpret_cast<const char*>(p + kL2PrefetchBytes), _MM_HINT_T1);
-}
+// Tiles of several tokens (batched decode) also prefetch 8 KiB ahead into L2
+// (PrefetchWeights, matmul_internal.h). `bench speed -t 2 -p 0 -n 32 -r 1 -s 8`, TinyLlama
+// shape, 6-8 alternating rounds, medians: 8 sessions Q4_0 350 -> 373 tok/s, Q4_K_M 249 ->
+// 313, Q8_0 205 -> 222; pp512 (also 8-token tiles, weights from L2) 502 -> 508, noise;
+// 4 KiB as good as 8, 16 KiB less. One-token tiles keep the L1 prefetch only: for them
+// it did not help (Q4_0 1.01x) or cost (Q8_0 0.96x).
 
 // iacc += w (unsigned bytes) . the 4 signed activation bytes at a, broadcast to all 16
 // lanes. GCC 12 does not fold the broadcast into vpdpbusd's memory operand ({1to16}) and
@@ -96,7 +87,7 @@ __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
-    PrefetchWeights<NT>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m512i packed = _mm512_load_si512(wb + 64 * i);
     const __m512i lo = map(_mm512_and_si512(packed, m4));
     const __m512i hi = map(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4));
@@ -136,11 +127,11 @@ template <int NT, bool kFold = true, typename Act>
 __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
-  PrefetchWeights<NT>(wb + 256);
+  PrefetchWeights<NT, kPrefetchBytes>(wb + 256);
   const __m512i high = _mm512_load_si512(wb + 256);
   auto line = [&](auto i_const) {
     constexpr int i = decltype(i_const)::value;
-    PrefetchWeights<NT>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m512i packed = _mm512_load_si512(wb + 64 * i);
     const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
     const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
@@ -191,7 +182,7 @@ void TilePacked(const PackedArgs& p) {
     } else {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        PrefetchWeights<NT>(wb + 64 * j);
+        PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * j);
         const __m512i w = _mm512_load_si512(wb + 64 * j);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
@@ -293,7 +284,7 @@ void TilePackedQ6_K(const PackedArgs& p) {
       const uint8_t* bl = sb + 384 * j;
 #pragma GCC unroll 6
       for (int line = 0; line < 6; ++line) {
-        PrefetchWeights<NT>(bl + 64 * line);
+        PrefetchWeights<NT, kPrefetchBytes>(bl + 64 * line);
       }
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
@@ -403,11 +394,11 @@ void TilePackedLowK(const PackedArgs& p) {
     for (int t = 0; t < NT; ++t) isum[t] = msum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + kBlock * j;
-      PrefetchWeights<NT>(bl);
-      PrefetchWeights<NT>(bl + 64);
+      PrefetchWeights<NT, kPrefetchBytes>(bl);
+      PrefetchWeights<NT, kPrefetchBytes>(bl + 64);
       [[maybe_unused]] __m512i hb;
       if constexpr (kQ3) {
-        PrefetchWeights<NT>(bl + 128);
+        PrefetchWeights<NT, kPrefetchBytes>(bl + 128);
         hb = _mm512_load_si512(bl + 128);
       }
       auto group = [&](auto m_const) {
