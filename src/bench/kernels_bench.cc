@@ -8,8 +8,11 @@
 // The weights (random Gaussian, quantized by quant.h, or random blocks for the types
 // Trellis does not write; packed as the loader packs them
 // where the CPU runs packed kernels) are ~6-23 MB, so they sit in L3 here: the 1-token
-// rows measure the tiles' streaming, not DRAM (decode against DRAM: `trellis bench
-// speed`). The kernel family is the one the CPU selects; TRELLIS_ISA=avx2|scalar and
+// rows measure the tiles' streaming, not DRAM. The dram/... rows run 1 and 8 tokens over
+// copies of the matrix that add up to 512 MiB, one after another, so every weight byte
+// comes from DRAM as in a decode step; their GB/s counter (weight bytes per second) is to
+// set against the dram/read rows, the same 512 MiB read by plain load loops on the same
+// threads in the same run (`bench roofline`'s DRAM figure). The kernel family is the one the CPU selects; TRELLIS_ISA=avx2|scalar and
 // TRELLIS_AVXVNNI=0 force others, and TRELLIS_REPACK=0 keeps the row-major layouts, as
 // for the `trellis` binary.
 //
@@ -20,19 +23,22 @@
 // multiply-add = 2 ops), to set against the f32 FMA peak: the limit `bench speed --budget`
 // gives the attention phase.
 //
-// usage: build/bench_kernels [--benchmark_filter=Q4_0] [--benchmark_repetitions=5]
+// usage: build/bench_kernels [--benchmark_filter=q4_0] [--benchmark_repetitions=5]
 //          [--benchmark_out=FILE.csv --benchmark_out_format=csv]
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/read_loops.h"
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
 #include "kernels/kernels_test_util.h"
@@ -99,6 +105,73 @@ void RunMatMul(benchmark::State& state, const Weights* m, int tokens, int thread
   }
   state.counters["GOP/s"] = benchmark::Counter(2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["packed"] = m->w.packed != nullptr;
+}
+
+// The DRAM rows' working set: far past any L3 this runs on.
+constexpr size_t kDramBytes = size_t{512} << 20;
+
+// `bytes` of 2 MiB-aligned memory, huge pages asked for as Model::Repack does (fewer TLB
+// misses while streaming), written once so its pages are real.
+struct HugeBuffer {
+  explicit HugeBuffer(size_t n) : bytes((n + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1)) {
+    p = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
+    if (p == nullptr) std::abort();
+    madvise(p, bytes, MADV_HUGEPAGE);
+    std::memset(p, 1, bytes);
+  }
+  ~HugeBuffer() { std::free(p); }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  size_t bytes;
+  uint8_t* p;
+};
+
+// MatMul over copies of m's weights (as laid out for the kernels: packed or rows) that
+// fill kDramBytes, each copy once per iteration.
+void RunMatMulDram(benchmark::State& state, const Weights* m, int tokens, int threads) {
+  const bool packed = m->w.packed != nullptr;
+  const size_t one = packed ? PackedBytes(m->w) : m->rows.size();  // packed: a multiple of 64
+  const size_t stride = (one + 4095) & ~size_t{4095};
+  const size_t copies = std::max<size_t>(2, kDramBytes / stride);
+  HugeBuffer ring(stride * copies);
+  std::vector<WeightMatrix> ws(copies, m->w);
+  for (size_t c = 0; c < copies; ++c) {
+    uint8_t* dst = ring.p + c * stride;
+    std::memcpy(dst, packed ? m->w.packed : m->rows.data(), one);
+    if (packed) ws[c].packed = dst;
+    else ws[c].data = dst;
+  }
+  ThreadPool pool(threads);
+  std::vector<float> x(static_cast<size_t>(tokens * kCols)), y(static_cast<size_t>(tokens * kRows));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& v : x) v = nd(rng);
+  Aligned scratch(MatMulScratchBytes(m->type, kCols, tokens));
+  for (auto _ : state) {
+    for (const WeightMatrix& w : ws) MatMul(w, x.data(), kCols, tokens, y.data(), kRows, pool, scratch.p);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double n = static_cast<double>(copies);
+  state.counters["GB/s"] = benchmark::Counter(n * static_cast<double>(one) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GOP/s"] = benchmark::Counter(n * 2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["packed"] = packed;
+}
+
+// kDramBytes read by `read` on `threads` threads, each its own contiguous part.
+void RunReadDram(benchmark::State& state, uint64_t (*read)(const uint8_t*, size_t), int threads) {
+  HugeBuffer buf(kDramBytes);
+  ThreadPool pool(threads);
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  for (auto _ : state) {
+    pool.Run([&](int ith, int nth) {
+      const size_t a = buf.bytes / 512 * static_cast<size_t>(ith) / static_cast<size_t>(nth) * 512;
+      const size_t b = buf.bytes / 512 * static_cast<size_t>(ith + 1) / static_cast<size_t>(nth) * 512;
+      sums[static_cast<size_t>(ith)] += read(buf.p + a, b - a);
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(buf.bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Attention at the TinyLlama heads over a pool of f16 blocks: `sessions` sequences of
@@ -168,6 +241,19 @@ int main(int argc, char** argv) {
       if (all == 1) break;
     }
     keep.push_back(std::move(m));
+  }
+  for (int threads : {1, all}) {
+    const std::string t = "/threads:" + std::to_string(threads);
+    const CpuFeatures& f = GetCpuFeatures();
+    if (f.avx512f) benchmark::RegisterBenchmark(("dram/read/zmm" + t).c_str(), RunReadDram, bench::ReadZmm, threads)->UseRealTime();
+    if (f.avx2) benchmark::RegisterBenchmark(("dram/read/ymm" + t).c_str(), RunReadDram, bench::ReadYmm, threads)->UseRealTime();
+    for (const auto& m : keep) {
+      for (int tokens : {1, 8}) {
+        const std::string name = "dram/" + std::string(GetGgmlTypeTraits(m->type).name) + "/tokens:" + std::to_string(tokens) + t;
+        benchmark::RegisterBenchmark(name.c_str(), RunMatMulDram, m.get(), tokens, threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    }
+    if (all == 1) break;
   }
   for (int threads : {1, all}) {
     const std::string t = "/threads:" + std::to_string(threads);
