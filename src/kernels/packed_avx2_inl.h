@@ -174,7 +174,10 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh)
     TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
+  constexpr int64_t kScaleLead = std::max<int64_t>(2, kPrefetchBytes / 512);  // blocks
+  PrefetchScalesStart<kScaleLead>(scales);
   for (int64_t b = 0; b < p.nb; ++b) {
+    PrefetchScales<kScaleLead>(scales, b);
 #pragma GCC unroll 2
     for (int hh = 0; hh < NH; ++hh) {
       const int h = h0 + hh;
@@ -341,7 +344,12 @@ void HalfQ32(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh)
     TRELLIS_UNROLL
     for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_setzero_ps();
+  constexpr int64_t kScaleLead = std::max<int64_t>(2, kPrefetchBytes / (64 * kLines));  // blocks
+  PrefetchScalesStart<kScaleLead>(scales);
+  if constexpr (kType == GgmlType::kQ5_1) PrefetchScalesStart<kScaleLead>(mins);
   for (int64_t b = 0; b < p.nb; ++b) {
+    PrefetchScales<kScaleLead>(scales, b);
+    if constexpr (kType == GgmlType::kQ5_1) PrefetchScales<kScaleLead>(mins, b);
 #pragma GCC unroll 2
     for (int hh = 0; hh < NH; ++hh) {
       const int h = h0 + hh;

@@ -166,9 +166,14 @@ void TilePacked(const PackedArgs& p) {
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  constexpr int64_t kScaleLead = kPrefetchBytes / (64 * kLines);  // blocks
+  PrefetchScalesStart<kScaleLead>(scales);
+  if constexpr (kMin) PrefetchScalesStart<kScaleLead>(mins);
   for (int64_t b = 0; b < p.nb; ++b) {
     const uint8_t* wb = qs + b * 64 * kLines;
     const uint8_t* ab = p.a + b * kTiledBlockBytes;
+    PrefetchScales<kScaleLead>(scales, b);
+    if constexpr (kMin) PrefetchScales<kScaleLead>(mins, b);
     auto act = [ab](int t, int i) { return ab + 32 * t + 8 * i; };
     __m512i iacc[NT];
 #pragma GCC unroll 8
