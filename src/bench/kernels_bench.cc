@@ -34,6 +34,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,20 +92,31 @@ std::unique_ptr<Weights> MakeWeights(GgmlType type) {
   return m;
 }
 
-void RunMatMul(benchmark::State& state, const Weights* m, int tokens, int threads) {
+// Per iteration, MatMul of each of ws (all of type `type`) against `tokens` random rows;
+// counters GOP/s and, where weight_bytes (one matrix's) is given, GB/s of weights read.
+void TimeMatMuls(benchmark::State& state, GgmlType type, std::span<const WeightMatrix> ws, int tokens, int threads,
+                 size_t weight_bytes = 0) {
   ThreadPool pool(threads);
   std::vector<float> x(static_cast<size_t>(tokens * kCols)), y(static_cast<size_t>(tokens * kRows));
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (float& v : x) v = nd(rng);
-  Aligned scratch(MatMulScratchBytes(m->type, kCols, tokens));
+  Aligned scratch(MatMulScratchBytes(type, kCols, tokens));
   for (auto _ : state) {
-    MatMul(m->w, x.data(), kCols, tokens, y.data(), kRows, pool, scratch.p);
+    for (const WeightMatrix& w : ws) MatMul(w, x.data(), kCols, tokens, y.data(), kRows, pool, scratch.p);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.counters["GOP/s"] = benchmark::Counter(2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["packed"] = m->w.packed != nullptr;
+  const double n = static_cast<double>(ws.size());
+  state.counters["GOP/s"] = benchmark::Counter(n * 2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (weight_bytes > 0) {
+    state.counters["GB/s"] = benchmark::Counter(n * static_cast<double>(weight_bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  }
+  state.counters["packed"] = ws[0].packed != nullptr;
+}
+
+void RunMatMul(benchmark::State& state, const Weights* m, int tokens, int threads) {
+  TimeMatMuls(state, m->type, std::span(&m->w, 1), tokens, threads);
 }
 
 // The DRAM rows' working set: far past any L3 this runs on.
@@ -141,21 +153,7 @@ void RunMatMulDram(benchmark::State& state, const Weights* m, int tokens, int th
     if (packed) ws[c].packed = dst;
     else ws[c].data = dst;
   }
-  ThreadPool pool(threads);
-  std::vector<float> x(static_cast<size_t>(tokens * kCols)), y(static_cast<size_t>(tokens * kRows));
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (float& v : x) v = nd(rng);
-  Aligned scratch(MatMulScratchBytes(m->type, kCols, tokens));
-  for (auto _ : state) {
-    for (const WeightMatrix& w : ws) MatMul(w, x.data(), kCols, tokens, y.data(), kRows, pool, scratch.p);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double n = static_cast<double>(copies);
-  state.counters["GB/s"] = benchmark::Counter(n * static_cast<double>(one) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GOP/s"] = benchmark::Counter(n * 2.0 * kRows * kCols * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["packed"] = packed;
+  TimeMatMuls(state, m->type, ws, tokens, threads, one);
 }
 
 // kDramBytes read by `read` on `threads` threads, each its own contiguous part.
