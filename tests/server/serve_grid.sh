@@ -288,12 +288,29 @@ grep -q "refused" "$tmp/refused2.log" && grep -q "model" "$tmp/refused2.log" || 
 ok "$(grep -o 'refused.*' "$tmp/refused2.log" | head -1)"
 say "nodes registered in etcd; the head finds them with --grid-etcd"
 command -v etcd >/dev/null || die "etcd is not installed (Debian etcd-server; scripts/setup.sh installs it)"
-eport=$((20000 + RANDOM % 20000)); pport=$((eport + 1))
-etcd --name g --data-dir "$tmp/etcd" --listen-client-urls http://127.0.0.1:$eport --advertise-client-urls http://127.0.0.1:$eport \
-  --listen-peer-urls http://127.0.0.1:$pport --initial-advertise-peer-urls http://127.0.0.1:$pport \
-  --initial-cluster g=http://127.0.0.1:$pport >"$tmp/etcd.log" 2>&1 &
-srv_pids+=("$!")
-for _ in $(seq 1 100); do curl -s -m 1 "http://127.0.0.1:$eport/health" | grep -q true && break; sleep 0.1; done
+# Ports below Linux's ephemeral range (32768-60999), where the other tests' connections
+# cannot take them; an etcd that exits (its port taken after all) is retried on new ones,
+# and one that never turns healthy fails the test with its log, not later with the node's.
+# (A CI run had a node find no etcd at 127.0.0.1:37232: a port in the ephemeral range, or
+# an etcd slower than the old 10 s wait; its log was not kept.)
+etcd_up=
+for attempt in 1 2 3 4 5; do
+  eport=$((10000 + RANDOM % 20000)); pport=$((eport + 1))
+  etcd --name g --data-dir "$tmp/etcd$attempt" --listen-client-urls http://127.0.0.1:$eport \
+    --advertise-client-urls http://127.0.0.1:$eport --listen-peer-urls http://127.0.0.1:$pport \
+    --initial-advertise-peer-urls http://127.0.0.1:$pport --initial-cluster g=http://127.0.0.1:$pport \
+    >"$tmp/etcd.log" 2>&1 &
+  etcd_pid=$!
+  srv_pids+=("$etcd_pid")
+  for _ in $(seq 1 300); do  # 30 s
+    curl -s -m 1 "http://127.0.0.1:$eport/health" | grep -q true && { etcd_up=1; break; }
+    kill -0 "$etcd_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$etcd_up" ] && break
+  kill -0 "$etcd_pid" 2>/dev/null && die "etcd on port $eport not healthy after 30 s: $(tail -5 "$tmp/etcd.log")"
+done
+[ -n "$etcd_up" ] || die "etcd exited on 5 pairs of ports: $(tail -5 "$tmp/etcd.log")"
 start_node_etcd() {  # NAME LAYERS
   "$TRELLIS" node -m "$model" --layers "$2" --listen 127.0.0.1:0 --net-devices lo --etcd http://127.0.0.1:$eport \
     --etcd-ttl 2 >"$tmp/$1.log" 2>&1 &
