@@ -14,6 +14,9 @@ grep -qw avx2 /proc/cpuinfo && [[ $isa != scalar ]] && simd=1
 want=("DRAM read" "L2 read" "core clock")
 [[ $simd == 1 ]] && want+=("int8 dot" "f32 FMA")
 grep -qw avx512_bf16 /proc/cpuinfo && [[ $isa != avx2 && $isa != scalar ]] && want+=("bf16 dot")
+# AVX-512 VNNI: the packed tiles' instruction mix too (int8_tile_mix; not compared with the
+# peak here: --quick's short loops put the two within noise of each other)
+grep -qw avx512_vnni /proc/cpuinfo && [[ $isa != avx2 && $isa != scalar ]] && want+=("int8 dot in the Q4_0")
 
 say "bench roofline --quick --threads 2: a row per figure and thread count, every figure > 0"
 timeout 60 "$TRELLIS" bench roofline --quick --threads 2 >"$tmp/md.txt" 2>"$tmp/md.err" ||
