@@ -485,6 +485,9 @@ PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type) {
   if (isa == KernelIsa::kAvx512) return GetPackedKernelAvx512(type);
   if (isa == KernelIsa::kAvx2) return GetPackedKernelAvx2(type);
 #endif
+#if TRELLIS_ARM64
+  if (isa == KernelIsa::kNeon && NeonDotprodEnabled()) return GetPackedKernelNeonDot(type);
+#endif
   return {};
 }
 

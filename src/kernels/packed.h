@@ -1,4 +1,5 @@
-// Weight layouts repacked at load time for the AVX-512 VNNI and AVX2 matmul kernels.
+// Weight layouts repacked at load time for the AVX-512 VNNI, AVX2 and NEON dotprod matmul
+// kernels.
 //
 // GGUF stores a Q4_0 / Q8_0 matrix row by row, 32-element blocks one after the other.
 // A kernel over that layout vectorizes along a row: per 64 elements it needs one int8 dot
@@ -84,7 +85,8 @@ constexpr int PackedLines(GgmlType type) {
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI and AVX2, with or
-// without AVX-VNNI: every packable type), so packing it at load time pays off.
+// without AVX-VNNI: every packable type; aarch64 NEON with dotprod: Q4_0, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, Q4_K and Q5_K), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).

@@ -263,6 +263,10 @@ std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
   if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kAvx2) {
     return {std::begin(kPackedTypes), std::end(kPackedTypes)};
   }
+  if (isa == KernelIsa::kNeon && NeonDotprodEnabled()) {
+    return {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kQ4_K,
+            GgmlType::kQ5_K};
+  }
   return {};
 }
 
@@ -281,7 +285,7 @@ void ForEachPackedType(KernelIsa isa, F check) {
   }
 }
 
-// The packed AVX-512 kernels against a double-precision reference built from the
+// The packed kernels of `isa` against a double-precision reference built from the
 // dequantized weights and the quantized activations the packed kernels consume: the
 // integer dots are exact, so only f32 rounding of scales and sums differs.
 void KernelsMatchReferenceFor(KernelIsa isa) {
@@ -414,6 +418,14 @@ TEST(PackedTest, Avx2KernelsMatchReference) {
   KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kAvx2);
 }
 
+// Run under qemu-user on x86-64 hosts (scripts/build.sh aarch64); without dotprod
+// (TRELLIS_NEON_DOTPROD=0) there are no NEON packed kernels and the row-major tiles run.
+TEST(PackedTest, NeonDotprodKernelsMatchReference) {
+  if (!IsaSupported(KernelIsa::kNeon) || !NeonDotprodEnabled()) GTEST_SKIP() << "no NEON dotprod on this CPU";
+  KernelsMatchReferenceFor(KernelIsa::kNeon);
+  KernelsAgreeWithOriginalLayoutReferenceFor(KernelIsa::kNeon);
+}
+
 }  // namespace
 }  // namespace trellis
 
@@ -447,8 +459,10 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
       }
     }
   }
-  // The AVX2 packed kernels share the same way.
-  if (IsaSupported(KernelIsa::kAvx2)) {
+  // The AVX2 and NEON packed kernels share the same way.
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kNeon}) {
+    if (!IsaSupported(isa) || matmul_internal::GetPackedKernel(isa, GgmlType::kQ4_0).fn == nullptr) continue;
+    SCOPED_TRACE(KernelIsaName(isa));
     const int64_t cols = 512, n_tokens = 7;
     const Packed a = MakePacked(GgmlType::kQ4_0, 24, cols, 8), b = MakePacked(GgmlType::kQ4_0, 40, cols, 9);
     const std::vector<float> x = Gaussian(n_tokens * cols, 10);
@@ -457,9 +471,9 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
     std::vector<float> ya(static_cast<size_t>(n_tokens * 24)), yb(static_cast<size_t>(n_tokens * 40));
     std::vector<float> wa(ya.size()), wb(yb.size());
     const MatMulOut outs[] = {{&a.w, ya.data(), 24}, {&b.w, yb.data(), 40}};
-    matmul_internal::MatMulSharedWithIsa(KernelIsa::kAvx2, outs, x.data(), cols, n_tokens, pool, scratch.ptr);
-    matmul_internal::MatMulWithIsa(KernelIsa::kAvx2, a.w, x.data(), cols, n_tokens, wa.data(), 24, pool, scratch.ptr);
-    matmul_internal::MatMulWithIsa(KernelIsa::kAvx2, b.w, x.data(), cols, n_tokens, wb.data(), 40, pool, scratch.ptr);
+    matmul_internal::MatMulSharedWithIsa(isa, outs, x.data(), cols, n_tokens, pool, scratch.ptr);
+    matmul_internal::MatMulWithIsa(isa, a.w, x.data(), cols, n_tokens, wa.data(), 24, pool, scratch.ptr);
+    matmul_internal::MatMulWithIsa(isa, b.w, x.data(), cols, n_tokens, wb.data(), 40, pool, scratch.ptr);
     EXPECT_EQ(ya, wa);
     EXPECT_EQ(yb, wb);
   }
