@@ -1,7 +1,8 @@
 // aarch64 NEON kernels over the x16 packed layouts (packed.h) of the 32-element block types
-// (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K and Q5_K (whose 32-element sub-blocks are
-// packed as Q4_0 blocks), for CPUs with the dotprod extension (ARMv8.2: Apple M1
-// and later, Graviton 2 and later, Cortex-A76 / Raspberry Pi 5 and later); compiled with
+// (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K and Q6_K (whose 32-element blocks
+// are packed as Q4_0 blocks, plus their high bits), so Q4_K_M and Q5_K_M files too, for
+// CPUs with the dotprod extension (ARMv8.2: Apple M1 and later, Graviton 2 and later,
+// Cortex-A76 / Raspberry Pi 5 and later); compiled with
 // -march=armv8.2-a+dotprod and called only when NeonDotprodEnabled(). Without dotprod the
 // row-major NEON tiles run (matmul_neon_inl.h): a 4-byte dot against a broadcast has no
 // single instruction there.
@@ -274,6 +275,91 @@ void HalfK(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
+// Q6_K (layout in packed.h), Q8_K activations: per 16-element group (nibble lines 2 x and
+// 2 x + 1 of a block with high-bit line x), 4 dots of the 6-bit weights (nibble | high pair
+// << 4) from -32 * bsum (bias16), times the group's int8 scale in int32; one convert + FMA
+// per super-block, as the x86 kernels. The halves of a super-block run one after the other
+// (its 3392 bytes stay in L1 for the second).
+template <int NT, int NH>
+void HalfQ6K(const PackedArgs& p, int h0) {
+  const int64_t nsb = p.cols / kQkK;
+  const int8_t* arow[NT];
+  const float* da[NT];
+  const int32_t* bias16[NT];
+  RowFields(p.a, p.a_stride, 0, arow);
+  RowFields(p.a, p.a_stride, p.cols, da);
+  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), m30 = vdupq_n_u8(0x30);
+  float32x4_t acc[NH][NT][2];
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh)
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) acc[hh][t][0] = acc[hh][t][1] = vdupq_n_f32(0.f);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
+    const uint16_t* d16 = reinterpret_cast<const uint16_t*>(sb + 8 * 384 + 256);
+    TRELLIS_UNROLL
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      int32x4_t total[NT][2];
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) total[t][0] = total[t][1] = vdupq_n_s32(0);
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* bl = sb + 384 * j + 32 * h;
+        TRELLIS_UNROLL
+        for (int x = 0; x < 2; ++x) {
+          const int grp = 2 * j + x;
+          int8x16_t w[4][2];
+          TRELLIS_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            const uint8x16_t l0 = vld1q_u8(bl + 128 * x + 16 * k), l1 = vld1q_u8(bl + 128 * x + 64 + 16 * k);
+            const uint8x16_t hb = vld1q_u8(bl + 256 + 64 * x + 16 * k);
+            w[0][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), vandq_u8(vshlq_n_u8(hb, 4), m30)));
+            w[1][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(vshlq_n_u8(hb, 2), m30)));
+            w[2][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), vandq_u8(hb, m30)));
+            w[3][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(hb, 2), m30)));
+          }
+          const int16x8_t sc16 = vmovl_s8(vld1_s8(sc + 16 * grp + 8 * h));
+          const int32x4_t scale[2] = {vmovl_s16(vget_low_s16(sc16)), vmovl_s16(vget_high_s16(sc16))};
+          int8x16_t a[NT];
+          int32x4_t g[NT][2];
+          TRELLIS_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            a[t] = vld1q_s8(arow[t] + kQkK * s + 16 * grp);
+            g[t][0] = g[t][1] = vdupq_n_s32(bias16[t][16 * s + grp]);
+          }
+          DotLane<0>(w[0], a, g);
+          DotLane<1>(w[1], a, g);
+          DotLane<2>(w[2], a, g);
+          DotLane<3>(w[3], a, g);
+          TRELLIS_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            TRELLIS_UNROLL
+            for (int k = 0; k < 2; ++k) total[t][k] = vmlaq_s32(total[t][k], g[t][k], scale[k]);
+          }
+        }
+      }
+      float32x4_t d[2];
+      LoadF16x8(d16 + 8 * h, d);
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        TRELLIS_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(total[t][k]), vmulq_n_f32(d[k], da[t][s]));
+        }
+      }
+    }
+  }
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
+}
+
+struct Q6KKernel {
+  template <int NT, int NH>
+  static void Run(const PackedArgs& p, int h0) { HalfQ6K<NT, NH>(p, h0); }
+};
+
 template <GgmlType kType>
 struct Q32Kernel {
   template <int NT, int NH>
@@ -323,6 +409,7 @@ PackedKernel GetPackedKernelNeonDot(GgmlType type) {
     case GgmlType::kIQ4_NL: return {DispatchHalves<Q32Kernel<GgmlType::kIQ4_NL>>, 1};
     case GgmlType::kQ4_K: return {DispatchHalves<KKernel<false>>, 1};
     case GgmlType::kQ5_K: return {DispatchHalves<KKernel<true>>, 1};
+    case GgmlType::kQ6_K: return {DispatchHalves<Q6KKernel>, 1};
     default: return {};
   }
 }
