@@ -118,6 +118,15 @@ __attribute__((always_inline)) inline void DotNibbleHalf(const uint8_t* wb, cons
   line(Int<0>{}), line(Int<1>{}), line(Int<2>{}), line(Int<3>{});
 }
 
+// Every accumulator of a tile (NH halves x NT tokens x 2 registers of 4 rows) to 0.
+template <int NH, int NT>
+__attribute__((always_inline)) inline void Zero(float32x4_t (&acc)[NH][NT][2]) {
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh)
+    TRELLIS_UNROLL
+    for (int t = 0; t < NT; ++t) acc[hh][t][0] = acc[hh][t][1] = vdupq_n_f32(0.f);
+}
+
 // Stores acc[t] (rows 8 h .. 8 h + 7 of the group) for NT tokens; rows at or past p.nr are
 // left untouched.
 template <int NT>
@@ -158,10 +167,7 @@ void HalfQ32(const PackedArgs& p, int h0) {
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
   [[maybe_unused]] const uint16_t* mins = scales + 16 * p.nb;
   float32x4_t acc[NH][NT][2];
-  TRELLIS_UNROLL
-  for (int hh = 0; hh < NH; ++hh)
-    TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) acc[hh][t][0] = acc[hh][t][1] = vdupq_n_f32(0.f);
+  Zero(acc);
   for (int64_t b = 0; b < p.nb; ++b) {
     TRELLIS_UNROLL
     for (int hh = 0; hh < NH; ++hh) {
@@ -235,10 +241,7 @@ void HalfK(const PackedArgs& p, int h0) {
   RowFields(p.a, p.a_stride, p.cols, da);
   RowFields(p.a, p.a_stride, Q8KDsum32Offset(p.cols), dsum);
   float32x4_t acc[NH][NT][2];
-  TRELLIS_UNROLL
-  for (int hh = 0; hh < NH; ++hh)
-    TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) acc[hh][t][0] = acc[hh][t][1] = vdupq_n_f32(0.f);
+  Zero(acc);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kSuper;
     const uint16_t* d16 = reinterpret_cast<const uint16_t*>(sb + 8 * kSub);
@@ -283,18 +286,12 @@ void HalfK(const PackedArgs& p, int h0) {
 template <int NT, int NH>
 void HalfQ6K(const PackedArgs& p, int h0) {
   const int64_t nsb = p.cols / kQkK;
-  const int8_t* arow[NT];
-  const float* da[NT];
-  const int32_t* bias16[NT];
-  RowFields(p.a, p.a_stride, 0, arow);
-  RowFields(p.a, p.a_stride, p.cols, da);
-  RowFields(p.a, p.a_stride, Q8KBias16Offset(p.cols), bias16);
+  const Q8KTokens<NT> tok(p);
+  const auto& da = tok.d;
+  const auto& bias16 = tok.bias16;
   const uint8x16_t m4 = vdupq_n_u8(0x0F), m30 = vdupq_n_u8(0x30);
   float32x4_t acc[NH][NT][2];
-  TRELLIS_UNROLL
-  for (int hh = 0; hh < NH; ++hh)
-    TRELLIS_UNROLL
-    for (int t = 0; t < NT; ++t) acc[hh][t][0] = acc[hh][t][1] = vdupq_n_f32(0.f);
+  Zero(acc);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
@@ -326,7 +323,7 @@ void HalfQ6K(const PackedArgs& p, int h0) {
           int32x4_t g[NT][2];
           TRELLIS_UNROLL
           for (int t = 0; t < NT; ++t) {
-            a[t] = vld1q_s8(arow[t] + kQkK * s + 16 * grp);
+            a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(tok.q[t]) + kQkK * s + 16 * grp);
             g[t][0] = g[t][1] = vdupq_n_s32(bias16[t][16 * s + grp]);
           }
           DotLane<0>(w[0], a, g);
