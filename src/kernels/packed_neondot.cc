@@ -1,8 +1,8 @@
 // aarch64 NEON kernels over the x16 packed layouts (packed.h) of the 32-element block types
-// (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K and Q6_K (whose 32-element blocks
-// are packed as Q4_0 blocks, plus their high bits), so Q4_K_M and Q5_K_M files too, for
-// CPUs with the dotprod extension (ARMv8.2: Apple M1 and later, Graviton 2 and later,
-// Cortex-A76 / Raspberry Pi 5 and later); compiled with
+// (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K, Q6_K and IQ4_XS (whose 32-element
+// blocks are packed as Q4_0 blocks, plus their high bits), so Q4_K_M, Q5_K_M and IQ4_XS
+// files too, for CPUs with the dotprod extension (ARMv8.2: Apple M1 and later, Graviton 2
+// and later, Cortex-A76 / Raspberry Pi 5 and later); compiled with
 // -march=armv8.2-a+dotprod and called only when NeonDotprodEnabled(). Without dotprod the
 // row-major NEON tiles run (matmul_neon_inl.h): a 4-byte dot against a broadcast has no
 // single instruction there.
@@ -352,6 +352,61 @@ void HalfQ6K(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
+// IQ4_XS (layout in packed.h), Q8_K activations: per 32-element sub-block IQ4_NL's dots of
+// grid values, times the sub-block's int8 scale in int32; one convert + FMA per
+// super-block, as the x86 kernels.
+template <int NT, int NH>
+void HalfIQ4XS(const PackedArgs& p, int h0) {
+  const int64_t nsb = p.cols / kQkK;
+  const Q8KTokens<NT> tok(p);
+  const int8_t* arow[NT];
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) arow[t] = reinterpret_cast<const int8_t*>(tok.q[t]);
+  float32x4_t acc[NH][NT][2];
+  Zero(acc);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kPackedIQ4XSSuperBytes;
+    const uint16_t* d16 = reinterpret_cast<const uint16_t*>(sb + 2048);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
+    TRELLIS_UNROLL
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      int32x4_t total[NT][2];
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) total[t][0] = total[t][1] = vdupq_n_s32(0);
+      for (int j = 0; j < 8; ++j) {
+        int32x4_t dot[NT][2];
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = vdupq_n_s32(0);
+        DotNibbleHalf<false, true>(sb + 256 * j + 32 * h, arow, 32 * (8 * s + j), dot);
+        const int16x8_t sc16 = vmovl_s8(vld1_s8(sc + 16 * j + 8 * h));
+        const int32x4_t scale[2] = {vmovl_s16(vget_low_s16(sc16)), vmovl_s16(vget_high_s16(sc16))};
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          TRELLIS_UNROLL
+          for (int k = 0; k < 2; ++k) total[t][k] = vmlaq_s32(total[t][k], dot[t][k], scale[k]);
+        }
+      }
+      float32x4_t d[2];
+      LoadF16x8(d16 + 8 * h, d);
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        TRELLIS_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(total[t][k]), vmulq_n_f32(d[k], tok.d[t][s]));
+        }
+      }
+    }
+  }
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
+}
+
+struct IQ4XSKernel {
+  template <int NT, int NH>
+  static void Run(const PackedArgs& p, int h0) { HalfIQ4XS<NT, NH>(p, h0); }
+};
+
 struct Q6KKernel {
   template <int NT, int NH>
   static void Run(const PackedArgs& p, int h0) { HalfQ6K<NT, NH>(p, h0); }
@@ -407,6 +462,7 @@ PackedKernel GetPackedKernelNeonDot(GgmlType type) {
     case GgmlType::kQ4_K: return {DispatchHalves<KKernel<false>>, 1};
     case GgmlType::kQ5_K: return {DispatchHalves<KKernel<true>>, 1};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6KKernel>, 1};
+    case GgmlType::kIQ4_XS: return {DispatchHalves<IQ4XSKernel>, 1};
     default: return {};
   }
 }

@@ -265,7 +265,7 @@ std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
   }
   if (isa == KernelIsa::kNeon && NeonDotprodEnabled()) {
     return {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kQ4_K,
-            GgmlType::kQ5_K, GgmlType::kQ6_K};
+            GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
   }
   return {};
 }
