@@ -234,7 +234,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type);  // packed_avx512.cc
 PackedKernel GetPackedKernelAvx2(GgmlType type);
 // REQUIRES: GetCpuFeatures().avxvnni.
 PackedKernel GetPackedKernelAvxVnni(GgmlType type);     // packed_avxvnni.cc
-// packed_neondot.cc (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS). REQUIRES: NeonDotprodEnabled().
+// packed_neondot.cc (every packable type but F16 and BF16). REQUIRES: NeonDotprodEnabled().
 PackedKernel GetPackedKernelNeonDot(GgmlType type);
 // The packed kernel for an ISA family ({} for scalar or a type without one).
 PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type);

@@ -85,8 +85,8 @@ constexpr int PackedLines(GgmlType type) {
 bool PackableType(GgmlType type);
 
 // True if MatMul on this CPU runs packed kernels for w (AVX-512 VNNI and AVX2, with or
-// without AVX-VNNI: every packable type; aarch64 NEON with dotprod: Q4_0, Q5_0, Q5_1, Q8_0,
-// IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS), so packing it at load time pays off.
+// without AVX-VNNI: every packable type; aarch64 NEON with dotprod: every type but F16 and
+// BF16), so packing it at load time pays off.
 bool PackingUseful(const WeightMatrix& w);
 
 // Bytes of one 16-row group and of the whole packed copy of w (0 if not packable).

@@ -1,9 +1,8 @@
-// aarch64 NEON kernels over the x16 packed layouts (packed.h) of the 32-element block types
-// (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K, Q6_K and IQ4_XS (whose 32-element
-// blocks are packed as Q4_0 blocks, plus their high bits), so Q4_K_M, Q5_K_M and IQ4_XS
-// files too, for CPUs with the dotprod extension (ARMv8.2: Apple M1 and later, Graviton 2
-// and later, Cortex-A76 / Raspberry Pi 5 and later); compiled with
-// -march=armv8.2-a+dotprod and called only when NeonDotprodEnabled(). Without dotprod the
+// aarch64 NEON kernels over the x16 packed layouts (packed.h) of every integer type: the
+// 32-element block types (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL), the K-quants (Q2_K .. Q6_K) and
+// IQ4_XS; F16 and BF16 keep the row-major NEON tiles. For CPUs with the dotprod extension
+// (ARMv8.2: Apple M1 and later, Graviton 2 and later, Cortex-A76 / Raspberry Pi 5 and
+// later); compiled with -march=armv8.2-a+dotprod and called only when NeonDotprodEnabled(). Without dotprod the
 // row-major NEON tiles run (matmul_neon_inl.h): a 4-byte dot against a broadcast has no
 // single instruction there.
 //
@@ -407,6 +406,127 @@ struct IQ4XSKernel {
   static void Run(const PackedArgs& p, int h0) { HalfIQ4XS<NT, NH>(p, h0); }
 };
 
+// Q2_K and Q3_K (layouts in packed.h), Q8_K activations, as the x86 kernels: per 16-element
+// group (line m of block j is group 2 j + m: its bytes hold 4 elements' 2-bit values at
+// bits 0, 2, 4, 6, activation lanes 0-3 of the group's 16 bytes), 4 dots of the 2-bit
+// (Q3_K: plus the 3rd bit from the block's high line, value e - 4) weights from 0 (Q3_K:
+// bias16 / 8 = -4 * bsum), times the group's scale in int32; Q2_K's mins as m x bias16, in
+// a pass of their own after the dots (so their sums are not live beside the dots').
+template <bool kQ3, int NT, int NH>
+void HalfLowK(const PackedArgs& p, int h0) {
+  constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+  const int64_t nsb = p.cols / kQkK;
+  const Q8KTokens<NT> tok(p);
+  const uint8x16_t m3 = vdupq_n_u8(3);
+  float32x4_t acc[NH][NT][2];
+  Zero(acc);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = p.g + s * kSuper;
+    const uint8_t* sc = sb + 8 * kBlock;
+    const uint16_t* d16 = reinterpret_cast<const uint16_t*>(sc + 256);
+    TRELLIS_UNROLL
+    for (int hh = 0; hh < NH; ++hh) {
+      const int h = h0 + hh;
+      int32x4_t isum[NT][2];
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = vdupq_n_s32(0);
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* bl = sb + kBlock * j + 32 * h;
+        TRELLIS_UNROLL
+        for (int m = 0; m < 2; ++m) {
+          const int grp = 2 * j + m;
+          int8x16_t w[4][2];
+          TRELLIS_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            const uint8x16_t line = vld1q_u8(bl + 64 * m + 16 * k);
+            uint8x16_t e[4] = {vandq_u8(line, m3), vandq_u8(vshrq_n_u8(line, 2), m3), vandq_u8(vshrq_n_u8(line, 4), m3),
+                               vshrq_n_u8(line, 6)};
+            if constexpr (kQ3) {
+              // Bit 4 m + x of the high line is element x's 3rd bit: to bit 2.
+              const uint8x16_t hb = vld1q_u8(bl + 128 + 16 * k);
+              const uint8x16_t b2 = vdupq_n_u8(4);
+              const uint8x16_t moved = m == 0 ? vshlq_n_u8(hb, 2) : vshrq_n_u8(hb, 2);  // bit 4 m -> 2
+              e[0] = vorrq_u8(e[0], vandq_u8(moved, b2));
+              e[1] = vorrq_u8(e[1], vandq_u8(vshrq_n_u8(moved, 1), b2));
+              e[2] = vorrq_u8(e[2], vandq_u8(vshrq_n_u8(moved, 2), b2));
+              e[3] = vorrq_u8(e[3], vandq_u8(vshrq_n_u8(moved, 3), b2));
+            }
+            TRELLIS_UNROLL
+            for (int x = 0; x < 4; ++x) w[x][k] = vreinterpretq_s8_u8(e[x]);
+          }
+          int32x4_t scale[2];
+          if constexpr (kQ3) {
+            const int16x8_t sc16 = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(sc) + 16 * grp + 8 * h));
+            scale[0] = vmovl_s16(vget_low_s16(sc16)), scale[1] = vmovl_s16(vget_high_s16(sc16));
+          } else {
+            const uint16x8_t sc16 = vmovl_u8(vand_u8(vld1_u8(sc + 16 * grp + 8 * h), vdup_n_u8(15)));
+            scale[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(sc16)));
+            scale[1] = vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(sc16)));
+          }
+          int8x16_t a[NT];
+          int32x4_t g[NT][2];
+          TRELLIS_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(tok.q[t]) + kQkK * s + 16 * grp);
+            g[t][0] = g[t][1] = vdupq_n_s32(kQ3 ? tok.bias16[t][16 * s + grp] / 8 : 0);
+          }
+          DotLane<0>(w[0], a, g);
+          DotLane<1>(w[1], a, g);
+          DotLane<2>(w[2], a, g);
+          DotLane<3>(w[3], a, g);
+          TRELLIS_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            TRELLIS_UNROLL
+            for (int k = 0; k < 2; ++k) isum[t][k] = vmlaq_s32(isum[t][k], g[t][k], scale[k]);
+          }
+        }
+      }
+      float32x4_t d[2];
+      LoadF16x8(d16 + 8 * h, d);
+      TRELLIS_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        TRELLIS_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(isum[t][k]), vmulq_n_f32(d[k], tok.d[t][s]));
+        }
+      }
+      if constexpr (!kQ3) {
+        int32x4_t msum[NT][2];
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) msum[t][0] = msum[t][1] = vdupq_n_s32(0);
+        for (int grp = 0; grp < 16; ++grp) {
+          const uint16x8_t m16 = vmovl_u8(vshr_n_u8(vld1_u8(sc + 16 * grp + 8 * h), 4));
+          const int32x4_t mins[2] = {vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(m16))),
+                                     vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(m16)))};
+          TRELLIS_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            TRELLIS_UNROLL
+            for (int k = 0; k < 2; ++k) msum[t][k] = vmlaq_n_s32(msum[t][k], mins[k], tok.bias16[t][16 * s + grp]);
+          }
+        }
+        float32x4_t dmin[2];
+        LoadF16x8(d16 + 16 + 8 * h, dmin);
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          TRELLIS_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(msum[t][k]),
+                                      vmulq_n_f32(vmulq_n_f32(dmin[k], 1.0f / 32), tok.d[t][s]));
+          }
+        }
+      }
+    }
+  }
+  TRELLIS_UNROLL
+  for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
+}
+
+template <bool kQ3>
+struct LowKKernel {
+  template <int NT, int NH>
+  static void Run(const PackedArgs& p, int h0) { HalfLowK<kQ3, NT, NH>(p, h0); }
+};
+
 struct Q6KKernel {
   template <int NT, int NH>
   static void Run(const PackedArgs& p, int h0) { HalfQ6K<NT, NH>(p, h0); }
@@ -463,6 +583,8 @@ PackedKernel GetPackedKernelNeonDot(GgmlType type) {
     case GgmlType::kQ5_K: return {DispatchHalves<KKernel<true>>, 1};
     case GgmlType::kQ6_K: return {DispatchHalves<Q6KKernel>, 1};
     case GgmlType::kIQ4_XS: return {DispatchHalves<IQ4XSKernel>, 1};
+    case GgmlType::kQ2_K: return {DispatchHalves<LowKKernel<false>>, 1};
+    case GgmlType::kQ3_K: return {DispatchHalves<LowKKernel<true>>, 1};
     default: return {};
   }
 }

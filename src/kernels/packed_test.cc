@@ -263,9 +263,10 @@ std::vector<GgmlType> RequiredPacked(KernelIsa isa) {
   if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kAvx2) {
     return {std::begin(kPackedTypes), std::end(kPackedTypes)};
   }
-  if (isa == KernelIsa::kNeon && NeonDotprodEnabled()) {
-    return {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kQ4_K,
-            GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+  if (isa == KernelIsa::kNeon && NeonDotprodEnabled()) {  // every integer type
+    std::vector<GgmlType> types(std::begin(kPackedTypes), std::end(kPackedTypes));
+    std::erase_if(types, [](GgmlType t) { return t == GgmlType::kF16 || t == GgmlType::kBF16; });
+    return types;
   }
   return {};
 }
