@@ -277,6 +277,52 @@ void HalfK(const PackedArgs& p, int h0) {
   for (int hh = 0; hh < NH; ++hh) StoreHalf(p, h0 + hh, acc[hh]);
 }
 
+// The 8 int32 values of the int8 x8 at p (rows 8 h .. 8 h + 7 of a group's scales).
+inline void LoadS8x8(const int8_t* p, int32x4_t (&out)[2]) {
+  const int16x8_t v = vmovl_s8(vld1_s8(p));
+  out[0] = vmovl_s16(vget_low_s16(v));
+  out[1] = vmovl_s16(vget_high_s16(v));
+}
+
+// One 16-element group of the K-quants' 2-bit .. 6-bit layouts (Q2_K, Q3_K, Q6_K) against
+// NT tokens: w[x] are the group's 4-element runs x = 0..3 (activation lanes 0..3 of its 16
+// bytes at byte `offset` of each Q8_K row), dots from start(t), then total[t] += dot x
+// scale (int32, the group's scale of each row).
+template <int NT, typename Start>
+__attribute__((always_inline)) inline void GroupDot(const int8x16_t (&w)[4][2], const Q8KTokens<NT>& tok, int64_t offset,
+                                                    Start start, const int32x4_t (&scale)[2], int32x4_t (&total)[NT][2]) {
+  int8x16_t a[NT];
+  int32x4_t g[NT][2];
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(tok.q[t]) + offset);
+    g[t][0] = g[t][1] = vdupq_n_s32(start(t));
+  }
+  DotLane<0>(w[0], a, g);
+  DotLane<1>(w[1], a, g);
+  DotLane<2>(w[2], a, g);
+  DotLane<3>(w[3], a, g);
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    TRELLIS_UNROLL
+    for (int k = 0; k < 2; ++k) total[t][k] = vmlaq_s32(total[t][k], g[t][k], scale[k]);
+  }
+}
+
+// acc[t] += f(sums[t]) * d[rows] * da[t] for super-block s: d the f16 x8 at d16 (this half's
+// rows), da the tokens' Q8_K scales.
+template <int NT>
+__attribute__((always_inline)) inline void AddSuperBlock(const uint16_t* d16, const Q8KTokens<NT>& tok, int64_t s,
+                                                         const int32x4_t (&sums)[NT][2], float32x4_t (&acc)[NT][2]) {
+  float32x4_t d[2];
+  LoadF16x8(d16, d);
+  TRELLIS_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    TRELLIS_UNROLL
+    for (int k = 0; k < 2; ++k) acc[t][k] = vfmaq_f32(acc[t][k], vcvtq_f32_s32(sums[t][k]), vmulq_n_f32(d[k], tok.d[t][s]));
+  }
+}
+
 // Q6_K (layout in packed.h), Q8_K activations: per 16-element group (nibble lines 2 x and
 // 2 x + 1 of a block with high-bit line x), 4 dots of the 6-bit weights (nibble | high pair
 // << 4) from -32 * bsum (bias16), times the group's int8 scale in int32; one convert + FMA
@@ -286,8 +332,6 @@ template <int NT, int NH>
 void HalfQ6K(const PackedArgs& p, int h0) {
   const int64_t nsb = p.cols / kQkK;
   const Q8KTokens<NT> tok(p);
-  const auto& da = tok.d;
-  const auto& bias16 = tok.bias16;
   const uint8x16_t m4 = vdupq_n_u8(0x0F), m30 = vdupq_n_u8(0x30);
   float32x4_t acc[NH][NT][2];
   Zero(acc);
@@ -316,35 +360,12 @@ void HalfQ6K(const PackedArgs& p, int h0) {
             w[2][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), vandq_u8(hb, m30)));
             w[3][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(hb, 2), m30)));
           }
-          const int16x8_t sc16 = vmovl_s8(vld1_s8(sc + 16 * grp + 8 * h));
-          const int32x4_t scale[2] = {vmovl_s16(vget_low_s16(sc16)), vmovl_s16(vget_high_s16(sc16))};
-          int8x16_t a[NT];
-          int32x4_t g[NT][2];
-          TRELLIS_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(tok.q[t]) + kQkK * s + 16 * grp);
-            g[t][0] = g[t][1] = vdupq_n_s32(bias16[t][16 * s + grp]);
-          }
-          DotLane<0>(w[0], a, g);
-          DotLane<1>(w[1], a, g);
-          DotLane<2>(w[2], a, g);
-          DotLane<3>(w[3], a, g);
-          TRELLIS_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            TRELLIS_UNROLL
-            for (int k = 0; k < 2; ++k) total[t][k] = vmlaq_s32(total[t][k], g[t][k], scale[k]);
-          }
+          int32x4_t scale[2];
+          LoadS8x8(sc + 16 * grp + 8 * h, scale);
+          GroupDot(w, tok, kQkK * s + 16 * grp, [&](int t) { return tok.bias16[t][16 * s + grp]; }, scale, total);
         }
       }
-      float32x4_t d[2];
-      LoadF16x8(d16 + 8 * h, d);
-      TRELLIS_UNROLL
-      for (int t = 0; t < NT; ++t) {
-        TRELLIS_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(total[t][k]), vmulq_n_f32(d[k], da[t][s]));
-        }
-      }
+      AddSuperBlock(d16 + 8 * h, tok, s, total, acc[hh]);
     }
   }
   TRELLIS_UNROLL
@@ -378,23 +399,15 @@ void HalfIQ4XS(const PackedArgs& p, int h0) {
         TRELLIS_UNROLL
         for (int t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = vdupq_n_s32(0);
         DotNibbleHalf<false, true>(sb + 256 * j + 32 * h, arow, 32 * (8 * s + j), dot);
-        const int16x8_t sc16 = vmovl_s8(vld1_s8(sc + 16 * j + 8 * h));
-        const int32x4_t scale[2] = {vmovl_s16(vget_low_s16(sc16)), vmovl_s16(vget_high_s16(sc16))};
+        int32x4_t scale[2];
+        LoadS8x8(sc + 16 * j + 8 * h, scale);
         TRELLIS_UNROLL
         for (int t = 0; t < NT; ++t) {
           TRELLIS_UNROLL
           for (int k = 0; k < 2; ++k) total[t][k] = vmlaq_s32(total[t][k], dot[t][k], scale[k]);
         }
       }
-      float32x4_t d[2];
-      LoadF16x8(d16 + 8 * h, d);
-      TRELLIS_UNROLL
-      for (int t = 0; t < NT; ++t) {
-        TRELLIS_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(total[t][k]), vmulq_n_f32(d[k], tok.d[t][s]));
-        }
-      }
+      AddSuperBlock(d16 + 8 * h, tok, s, total, acc[hh]);
     }
   }
   TRELLIS_UNROLL
@@ -456,40 +469,17 @@ void HalfLowK(const PackedArgs& p, int h0) {
           }
           int32x4_t scale[2];
           if constexpr (kQ3) {
-            const int16x8_t sc16 = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(sc) + 16 * grp + 8 * h));
-            scale[0] = vmovl_s16(vget_low_s16(sc16)), scale[1] = vmovl_s16(vget_high_s16(sc16));
+            LoadS8x8(reinterpret_cast<const int8_t*>(sc) + 16 * grp + 8 * h, scale);
           } else {
             const uint16x8_t sc16 = vmovl_u8(vand_u8(vld1_u8(sc + 16 * grp + 8 * h), vdup_n_u8(15)));
             scale[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(sc16)));
             scale[1] = vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(sc16)));
           }
-          int8x16_t a[NT];
-          int32x4_t g[NT][2];
-          TRELLIS_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(tok.q[t]) + kQkK * s + 16 * grp);
-            g[t][0] = g[t][1] = vdupq_n_s32(kQ3 ? tok.bias16[t][16 * s + grp] / 8 : 0);
-          }
-          DotLane<0>(w[0], a, g);
-          DotLane<1>(w[1], a, g);
-          DotLane<2>(w[2], a, g);
-          DotLane<3>(w[3], a, g);
-          TRELLIS_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            TRELLIS_UNROLL
-            for (int k = 0; k < 2; ++k) isum[t][k] = vmlaq_s32(isum[t][k], g[t][k], scale[k]);
-          }
+          GroupDot(w, tok, kQkK * s + 16 * grp, [&](int t) { return kQ3 ? tok.bias16[t][16 * s + grp] / 8 : 0; },
+                   scale, isum);
         }
       }
-      float32x4_t d[2];
-      LoadF16x8(d16 + 8 * h, d);
-      TRELLIS_UNROLL
-      for (int t = 0; t < NT; ++t) {
-        TRELLIS_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          acc[hh][t][k] = vfmaq_f32(acc[hh][t][k], vcvtq_f32_s32(isum[t][k]), vmulq_n_f32(d[k], tok.d[t][s]));
-        }
-      }
+      AddSuperBlock(d16 + 8 * h, tok, s, isum, acc[hh]);
       if constexpr (!kQ3) {
         int32x4_t msum[NT][2];
         TRELLIS_UNROLL
