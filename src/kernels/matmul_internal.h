@@ -203,7 +203,9 @@ struct PackedKernel {
 // Slots past the last token of the last tile are never written nor read.
 // Tiled Q8_K activations (Q4_K and Q5_K's AVX-512 kernels) use the same blocks of 32: qs as
 // the Q8_K row's, d[8] the super-block's scale of each token (repeated in its 8 blocks),
-// and in place of corr float dsum32[8], d x the block's sum (the row's dsum32).
+// and in place of corr int32 pair[8]: in blocks 2i and 2i + 1 of a super-block, the
+// int16 pair (sum of block 2i's qs, sum of block 2i + 1's), vpdpwssd's operand for the
+// weights' mins.
 inline constexpr int64_t kTiledBlockBytes = 32 * kPackedMaxTokens + 8 * kPackedMaxTokens;
 inline int64_t TiledActStride(int64_t cols) { return (cols / 32) * kTiledBlockBytes; }
 inline int64_t TiledActBytes(int64_t cols, int64_t n_tokens) {

@@ -213,16 +213,20 @@ void TilePacked(const PackedArgs& p) {
   StoreRows(p, 0, acc);
 }
 
-// Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset), then
-// acc += f(iacc) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t], with
-// llama.cpp's Q8_K activations (one scale per 256, so results match its rounding), tiled
-// (matmul_internal.h) so that one pointer reaches every token's bytes, scale and dsum32
-// and the broadcasts fold into vpdpbusd (the row layout's 3 x 8 pointers did not let them:
-// 1.10-1.15x at 8-512 tokens, bench_kernels q4_K). The per-row f32 scale and min of a
-// sub-block are built once per tile from the 6-bit ints.
+// Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset) into
+// iacc, then the sub-block's 6-bit scales multiply it in int32 into the super-block's sum
+// (|sum| < 2^26 for Q4_K, 2^27 for Q5_K), and once per super-block
+// acc += f(isum) * (d * da[t]) - f(msum) * (dmin * da[t]), where msum = sum of the 6-bit
+// mins m_j times the blocks' activation sums, 4 vpdpwssd of (m_j, m_j+1) int16 pairs
+// against the tile's bsum pairs. That is llama.cpp's own order (integers within a
+// super-block, one scale per super-block), and per token and sub-block one vpmulld + add
+// instead of a convert, a multiply and two FMAs: the scale step shares the vector ports
+// with vpdpbusd (docs/ROOFLINE.md). Activations are tiled Q8_K (matmul_internal.h), so one
+// pointer reaches every token's bytes, scale and bsum pair and the broadcasts fold into
+// vpdpbusd.
 template <bool kQ5, int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
-  constexpr int64_t kD = 32 * kPackedMaxTokens, kDsum = 36 * kPackedMaxTokens;
+  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
   const int64_t nsb = p.cols / 256;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -230,20 +234,15 @@ void TilePackedQ4_K(const PackedArgs& p) {
   for (int64_t s = 0; s < nsb; ++s) {
     constexpr int64_t kSub = kQ5 ? 320 : 256;  // bytes per sub-block
     const uint8_t* sb = p.g + s * (kQ5 ? kPackedQ5KSuperBytes : kPackedQ4KSuperBytes);
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
     const uint8_t* sc = sb + 8 * kSub + 64;
     const uint8_t* mins = sc + 128;
+    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // the super-block's first activation block
+    __m512i isum[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
-      const int64_t b = 8 * s + j;  // activation block
       const uint8_t* wb = sb + kSub * j;
-      const __m512 scale = _mm512_mul_ps(
-          d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)))));
-      const __m512 min = _mm512_mul_ps(
-          dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)))));
-      const uint8_t* ab = p.a + b * kTiledBlockBytes;
-      const float* da = reinterpret_cast<const float*>(ab + kD);
-      const float* dsum = reinterpret_cast<const float*>(ab + kDsum);
+      const uint8_t* ab = as + j * kTiledBlockBytes;
       __m512i iacc[NT];
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
@@ -252,11 +251,30 @@ void TilePackedQ4_K(const PackedArgs& p) {
       } else {
         DotNibbleBlock<NT>(wb, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc);
       }
+      const __m512i scale = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(scale, _mm512_set1_ps(da[t])), acc[t]);
-        acc[t] = _mm512_fnmadd_ps(min, _mm512_set1_ps(dsum[t]), acc[t]);
+      for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
+    }
+    __m512i mpair[4];  // rows' (m_2k, m_2k+1) as int16 pairs
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * k)));
+      const __m512i hi = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * k + 16)));
+      mpair[k] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
+    const float* da = reinterpret_cast<const float*>(as + kD);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      __m512i msum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        msum = _mm512_dpwssd_epi32(msum, mpair[k], _mm512_set1_epi32(Load32(as + 2 * k * kTiledBlockBytes + kPair + 4 * t)));
       }
+      const __m512 dat = _mm512_set1_ps(da[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dat), acc[t]);
     }
   }
   StoreRows(p, 0, acc);
