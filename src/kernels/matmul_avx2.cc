@@ -449,11 +449,6 @@ inline __m256 Dsum32(float d, const __m128i (&g)[4]) {
   return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_setr_m128i(s01, s23)));
 }
 
-// The eight 32-value sums of a super-block as int16 pairs (sum 2i, sum 2i + 1) in dword i.
-inline __m128i Bsum32Pairs(const __m128i (&g)[4]) {
-  return _mm_packs_epi32(_mm_hadd_epi32(g[0], g[1]), _mm_hadd_epi32(g[2], g[3]));
-}
-
 void QuantizeActQ8_K(const float* x, int64_t cols, uint8_t* dst) {
   struct Row {
     uint8_t* qs;
@@ -533,11 +528,12 @@ void QuantizeActTiledQ8KAvx2(const float* x, int64_t cols, uint8_t* tile, int sl
     void Qs(int64_t b, int k, __m256i v) const {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(Block(b, k) + 32 * slot), v);
     }
-    // Blocks 2i and 2i + 1 both hold the int16 pair (sum of block 2i, sum of block 2i + 1).
+    // Block k holds the int16 pair (sum of its qs 0..15, sum of 16..31): the Q8_K row's bsums.
     void Done(int64_t b, float d, const __m128i (&g)[4]) const {
-      alignas(16) int32_t pair[4];
-      _mm_store_si128(reinterpret_cast<__m128i*>(pair), Bsum32Pairs(g));
-      for (int k = 0; k < 8; ++k) Set(b, k, d, pair[k / 2]);
+      alignas(16) int32_t pair[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(pair), _mm_packs_epi32(g[0], g[1]));
+      _mm_store_si128(reinterpret_cast<__m128i*>(pair + 4), _mm_packs_epi32(g[2], g[3]));
+      for (int k = 0; k < 8; ++k) Set(b, k, d, pair[k]);
     }
   } out{tile, slot};
   QuantizeQ8K(x, cols, out);

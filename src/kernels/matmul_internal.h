@@ -201,11 +201,11 @@ struct PackedKernel {
 // the activation bytes go straight into vpdpbusd as broadcast memory operands; the row
 // layout made the kernel carry 3 x 8 row pointers, more than the registers.
 // Slots past the last token of the last tile are never written nor read.
-// Tiled Q8_K activations (Q4_K and Q5_K's AVX-512 kernels) use the same blocks of 32: qs as
+// Tiled Q8_K activations (Q4_K, Q5_K and Q6_K's AVX-512 kernels) use the same blocks of 32: qs as
 // the Q8_K row's, d[8] the super-block's scale of each token (repeated in its 8 blocks),
-// and in place of corr int32 pair[8]: in blocks 2i and 2i + 1 of a super-block, the
-// int16 pair (sum of block 2i's qs, sum of block 2i + 1's), vpdpwssd's operand for the
-// weights' mins.
+// and in place of corr int32 pair[8]: the int16 pair (sum of the block's qs 0..15, sum of
+// 16..31), the Q8_K row's bsums, vpdpwssd's operand for Q4_K / Q5_K's mins and Q6_K's
+// bias.
 inline constexpr int64_t kTiledBlockBytes = 32 * kPackedMaxTokens + 8 * kPackedMaxTokens;
 inline int64_t TiledActStride(int64_t cols) { return (cols / 32) * kTiledBlockBytes; }
 inline int64_t TiledActBytes(int64_t cols, int64_t n_tokens) {

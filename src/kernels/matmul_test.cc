@@ -225,17 +225,15 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
     }
   }
   // Tiled Q8_K activations (the AVX-512 packed Q4_K / Q5_K kernels): each slot holds the
-  // Q8_K row's values, its super-block's scale in each of the 8 blocks, and in blocks 2i
-  // and 2i + 1 the int16 pair of their 32-value sums (from the row's bsums); nothing
-  // outside the slot. x has an all-zero super-block, a first-of-two-signs maximum and a
-  // negative-only one.
+  // Q8_K row's values, its super-block's scale in each of the 8 blocks, and the int16 pair
+  // of the block's 16-value sums (the row's bsums); nothing outside the slot. x has an
+  // all-zero super-block, a first-of-two-signs maximum and a negative-only one.
   {
     const size_t n = matmul_internal::ActRowBytes(GgmlType::kQ8_K, cols);
     std::vector<uint8_t> row(n);
     matmul_internal::QuantizeActRow(GgmlType::kQ8_K, x.data(), cols, row.data());
     const float* d = reinterpret_cast<const float*>(row.data() + cols);
     const int16_t* bsums = reinterpret_cast<const int16_t*>(row.data() + matmul_internal::Q8KBsumsOffset(cols));
-    auto sum32 = [&](int64_t b) { return static_cast<int16_t>(bsums[2 * b] + bsums[2 * b + 1]); };
     std::vector<uint8_t> tile(static_cast<size_t>(matmul_internal::TiledActStride(cols)), 0xAB);
     matmul_internal::QuantizeActTiledQ8KAvx2(x.data(), cols, tile.data(), 3);
     for (int64_t b = 0; b < cols / 32; ++b) {
@@ -246,8 +244,8 @@ TEST(MatMulTest, SimdActivationQuantizationIsByteExact) {
       std::memcpy(&db, blk + 256 + 4 * 3, 4);
       std::memcpy(pair, blk + 288 + 4 * 3, 4);
       EXPECT_EQ(db, d[b / 8]) << "Q8_K block " << b;
-      EXPECT_EQ(pair[0], sum32(b & ~int64_t{1})) << "Q8_K block " << b;
-      EXPECT_EQ(pair[1], sum32(b | 1)) << "Q8_K block " << b;
+      EXPECT_EQ(pair[0], bsums[2 * b]) << "Q8_K block " << b;
+      EXPECT_EQ(pair[1], bsums[2 * b + 1]) << "Q8_K block " << b;
       for (int s = 0; s < 8; ++s) {
         if (s == 3) continue;
         for (int k = 0; k < 32; ++k) ASSERT_EQ(blk[32 * s + k], 0xAB) << "Q8_K slot " << s << " written";

@@ -217,8 +217,8 @@ void TilePacked(const PackedArgs& p) {
 // iacc, then the sub-block's 6-bit scales multiply it in int32 into the super-block's sum
 // (|sum| < 2^26 for Q4_K, 2^27 for Q5_K), and once per super-block
 // acc += f(isum) * (d * da[t]) - f(msum) * (dmin * da[t]), where msum = sum of the 6-bit
-// mins m_j times the blocks' activation sums, 4 vpdpwssd of (m_j, m_j+1) int16 pairs
-// against the tile's bsum pairs. That is llama.cpp's own order (integers within a
+// mins m_j times the blocks' activation sums, one vpdpwssd of (m_j, m_j) int16 pairs
+// against each block's pair of 16-value sums. That is llama.cpp's own order (integers within a
 // super-block, one scale per super-block), and per token and sub-block one vpmulld + add
 // instead of a convert, a multiply and two FMAs: the scale step shares the vector ports
 // with vpdpbusd (docs/ROOFLINE.md). Activations are tiled Q8_K (matmul_internal.h), so one
@@ -255,12 +255,11 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
     }
-    __m512i mpair[4];  // rows' (m_2k, m_2k+1) as int16 pairs
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      const __m512i lo = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * k)));
-      const __m512i hi = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * k + 16)));
-      mpair[k] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    __m512i mdup[8];  // rows' (m_j, m_j) as int16 pairs, against block j's two 16-value sums
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)));
+      mdup[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
@@ -268,9 +267,9 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       __m512i msum = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        msum = _mm512_dpwssd_epi32(msum, mpair[k], _mm512_set1_epi32(Load32(as + 2 * k * kTiledBlockBytes + kPair + 4 * t)));
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        msum = _mm512_dpwssd_epi32(msum, mdup[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
       }
       const __m512 dat = _mm512_set1_ps(da[t]);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
@@ -281,16 +280,20 @@ void TilePackedQ4_K(const PackedArgs& p) {
 }
 
 // Q6_K: per group of 16 elements, 4 vpdpbusd of the 6-bit weights (nibble | high pair
-// << 4, unpacked once per tile) against Q8_K activations, starting from -32 * bsum; the
-// group's int8 scale multiplies in int32 (|sum| < 2^27 over a super-block), and one
-// convert + FMA per super-block applies d[rows] * da[t].
+// << 4, stored unsigned as q + 32, unpacked once per tile) against tiled Q8_K activations
+// (one pointer reaches every token's bytes, so the broadcasts fold into vpdpbusd); the
+// group's int8 scale multiplies in int32 (|sum| < 2^29 over a super-block). Once per
+// super-block the weights' offset comes off as 32 x the scales times the groups'
+// activation sums (8 vpdpwssd of (sc_2k, sc_2k+1) int16 pairs against each block's pair
+// of 16-value sums; with one or two tokens each group starts at -32 x its sum instead),
+// and one convert + FMA applies d[rows] * da[t].
 template <int NT>
 void TilePackedQ6_K(const PackedArgs& p) {
+  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
+  // With one or two tokens, building the scale pairs costs more than starting each group
+  // at -32 x its sum (bench_kernels dram/q6_K/tokens:1, one thread: 0.9x with the pairs).
+  constexpr bool kGroupBias = NT <= 2;
   const int64_t nsb = p.cols / 256;
-  const Q8KTokens<NT> tok(p);
-  const auto& arow = tok.q;
-  const auto& da = tok.d;
-  const auto& bias16 = tok.bias16;
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -299,12 +302,13 @@ void TilePackedQ6_K(const PackedArgs& p) {
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * 384 + 256)));
+    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // the super-block's first activation block
     __m512i isum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + 384 * j;
+      const uint8_t* ab = as + j * kTiledBlockBytes;
 #pragma GCC unroll 6
       for (int line = 0; line < 6; ++line) {
         PrefetchWeights<NT, kPrefetchBytes>(bl + 64 * line);
@@ -320,12 +324,17 @@ void TilePackedQ6_K(const PackedArgs& p) {
         const __m512i w2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
         const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
                                            _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
-        const int grp = 2 * j + x;  // group in the super-block
+        const int grp = 2 * j + x;  // group in the super-block: bytes 16 x of block j
         const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
-          __m512i g = _mm512_set1_epi32(bias16[t][16 * s + grp]);
+          const uint8_t* a = ab + 32 * t + 16 * x;
+          __m512i g = _mm512_setzero_si512();
+          if constexpr (kGroupBias) {
+            int16_t bsum;
+            std::memcpy(&bsum, ab + kPair + 4 * t + 2 * x, 2);
+            g = _mm512_set1_epi32(-32 * bsum);
+          }
           g = DpbusdBroadcast(g, w0, a);
           g = DpbusdBroadcast(g, w1, a + 4);
           g = DpbusdBroadcast(g, w2, a + 8);
@@ -334,9 +343,31 @@ void TilePackedQ6_K(const PackedArgs& p) {
         }
       }
     }
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * 384 + 256)));
+    const float* da = reinterpret_cast<const float*>(as + kD);
+    if constexpr (kGroupBias) {
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
+      }
+      continue;
+    }
+    __m512i spair[8];  // rows' (sc_2j, sc_2j+1) as int16 pairs, against block j's two 16-value sums
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i lo = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j)));
+      const __m512i hi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j + 16)));
+      spair[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t][s])), acc[t]);
+      __m512i bias = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        bias = _mm512_dpwssd_epi32(bias, spair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
+      }
+      const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 5));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
     }
   }
   StoreRows(p, 0, acc);
@@ -598,7 +629,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 1, /*tiled=*/true};
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, /*tiled=*/true};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
-    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1};
+    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true};
     case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
     case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
     case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1};
