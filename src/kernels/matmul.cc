@@ -497,7 +497,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
   const TileKernel k = GetTileKernel(isa, w.type, n_tokens);
   TRELLIS_CHECK(k.fn != nullptr);
-  const PackedKernel pk = w.packed != nullptr ? GetPackedKernel(isa, w.type) : PackedKernel{};
+  const PackedKernel pk = w.packed != nullptr ? GetPackedKernel(isa, w.type).ForTokens(n_tokens) : PackedKernel{};
   if (n_tokens <= 0 || w.rows <= 0) return;
 
   // 1. Activations -> scratch (one row per token).
@@ -550,7 +550,7 @@ void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const f
                          int64_t n_tokens, ThreadPool& pool, void* scratch) {
   if (outs.empty()) return;
   const WeightMatrix& w0 = *outs[0].w;
-  const PackedKernel pk = GetPackedKernel(isa, w0.type);
+  const PackedKernel pk = GetPackedKernel(isa, w0.type).ForTokens(n_tokens);
   bool shared = pk.fn != nullptr && n_tokens > 0;
   for (const MatMulOut& o : outs) {
     shared = shared && o.w->packed != nullptr && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;

@@ -186,10 +186,19 @@ struct Q8KTokens {
   }
 };
 inline constexpr int kPackedMaxTokens = 8;
+// A tiled kernel may have a row_fn over row activations for batches of at most
+// kRowFnMaxTokens tokens (decode), where building its per-tile operands costs more than
+// the tiles save; ForTokens picks.
+inline constexpr int kRowFnMaxTokens = 2;
 struct PackedKernel {
   PackedFn fn = nullptr;  // null: no x16 layout for the type
   int groups = 1;         // max groups per tile
   bool tiled = false;     // reads tiled activations (below), not rows
+  PackedFn row_fn = nullptr;
+  PackedKernel ForTokens(int64_t n_tokens) const {
+    if (row_fn == nullptr || n_tokens > kRowFnMaxTokens) return *this;
+    return {row_fn, groups, false, nullptr};
+  }
 };
 
 // Tiled Q8_0 activations, for the AVX-512 packed kernels of the 32-element block types: tokens in tiles of

@@ -280,19 +280,24 @@ void TilePackedQ4_K(const PackedArgs& p) {
 }
 
 // Q6_K: per group of 16 elements, 4 vpdpbusd of the 6-bit weights (nibble | high pair
-// << 4, stored unsigned as q + 32, unpacked once per tile) against tiled Q8_K activations
-// (one pointer reaches every token's bytes, so the broadcasts fold into vpdpbusd); the
-// group's int8 scale multiplies in int32 (|sum| < 2^29 over a super-block). Once per
-// super-block the weights' offset comes off as 32 x the scales times the groups'
-// activation sums (8 vpdpwssd of (sc_2k, sc_2k+1) int16 pairs against each block's pair
-// of 16-value sums; with one or two tokens each group starts at -32 x its sum instead),
-// and one convert + FMA applies d[rows] * da[t].
-template <int NT>
+// << 4, stored unsigned as q + 32, unpacked once per tile); the group's int8 scale
+// multiplies in int32 (|sum| < 2^29 over a super-block), and one convert + FMA per
+// super-block applies d[rows] * da[t].
+// kTiled (tiled Q8_K activations, matmul_internal.h): one pointer reaches every token's
+// bytes, so the broadcasts fold into vpdpbusd, and the weights' offset comes off once per
+// super-block as 32 x the scales times the groups' activation sums: 8 vpdpwssd of
+// (sc_2j, sc_2j+1) int16 pairs against each block's pair of 16-value sums. With row
+// activations the tile carried 8 row and 8 bias pointers, more than the general
+// registers: 0.8x at 8-512 tokens. Rows (PackedKernel::row_fn, one or two tokens): each
+// group starts at -32 x its sum (the row's bias16), with no pairs to build per tile; from
+// DRAM one token ran 0.9x tiled (bench_kernels dram/q6_K/tokens:1, one thread).
+template <int NT, bool kTiled>
 void TilePackedQ6_K(const PackedArgs& p) {
   constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
-  // With one or two tokens, building the scale pairs costs more than starting each group
-  // at -32 x its sum (bench_kernels dram/q6_K/tokens:1, one thread: 0.9x with the pairs).
-  constexpr bool kGroupBias = NT <= 2;
+  struct NoRows {
+    explicit NoRows(const PackedArgs&) {}
+  };
+  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
   const int64_t nsb = p.cols / 256;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -302,7 +307,7 @@ void TilePackedQ6_K(const PackedArgs& p) {
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kPackedQ6KSuperBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 8 * 384);
-    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // the super-block's first activation block
+    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // tiled: the super-block's first block
     __m512i isum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
@@ -328,12 +333,14 @@ void TilePackedQ6_K(const PackedArgs& p) {
         const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = ab + 32 * t + 16 * x;
-          __m512i g = _mm512_setzero_si512();
-          if constexpr (kGroupBias) {
-            int16_t bsum;
-            std::memcpy(&bsum, ab + kPair + 4 * t + 2 * x, 2);
-            g = _mm512_set1_epi32(-32 * bsum);
+          const uint8_t* a;
+          __m512i g;
+          if constexpr (kTiled) {
+            a = ab + 32 * t + 16 * x;
+            g = _mm512_setzero_si512();
+          } else {
+            a = tok.q[t] + 256 * s + 16 * grp;
+            g = _mm512_set1_epi32(tok.bias16[t][16 * s + grp]);
           }
           g = DpbusdBroadcast(g, w0, a);
           g = DpbusdBroadcast(g, w1, a + 4);
@@ -344,30 +351,30 @@ void TilePackedQ6_K(const PackedArgs& p) {
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * 384 + 256)));
-    const float* da = reinterpret_cast<const float*>(as + kD);
-    if constexpr (kGroupBias) {
-#pragma GCC unroll 2
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
-      }
-      continue;
-    }
-    __m512i spair[8];  // rows' (sc_2j, sc_2j+1) as int16 pairs, against block j's two 16-value sums
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const __m512i lo = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j)));
-      const __m512i hi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j + 16)));
-      spair[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      __m512i bias = _mm512_setzero_si512();
+    if constexpr (kTiled) {
+      __m512i spair[8];  // rows' (sc_2j, sc_2j+1) as int16 pairs, against block j's two 16-value sums
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        bias = _mm512_dpwssd_epi32(bias, spair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
+        const __m512i lo = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j)));
+        const __m512i hi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j + 16)));
+        spair[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
       }
-      const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 5));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
+      const float* da = reinterpret_cast<const float*>(as + kD);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        __m512i bias = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          bias = _mm512_dpwssd_epi32(bias, spair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
+        }
+        const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 5));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(tok.d[t][s])), acc[t]);
+      }
     }
   }
   StoreRows(p, 0, acc);
@@ -523,9 +530,13 @@ void DispatchPackedIQ4_XS(const PackedArgs& p) {
 
 void DispatchPackedQ6_K(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
-      TilePackedQ6_K<1>, TilePackedQ6_K<2>, TilePackedQ6_K<3>, TilePackedQ6_K<4>,
-      TilePackedQ6_K<5>, TilePackedQ6_K<6>, TilePackedQ6_K<7>, TilePackedQ6_K<8>};
+      TilePackedQ6_K<1, true>, TilePackedQ6_K<2, true>, TilePackedQ6_K<3, true>, TilePackedQ6_K<4, true>,
+      TilePackedQ6_K<5, true>, TilePackedQ6_K<6, true>, TilePackedQ6_K<7, true>, TilePackedQ6_K<8, true>};
   kTable[p.nt - 1](p);
+}
+void DispatchPackedQ6_KRows(const PackedArgs& p) {
+  static_assert(kRowFnMaxTokens == 2);
+  (p.nt == 1 ? TilePackedQ6_K<1, false> : TilePackedQ6_K<2, false>)(p);
 }
 
 template <bool kQ5>
@@ -629,7 +640,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 1, /*tiled=*/true};
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, /*tiled=*/true};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
-    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true};
+    case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true, DispatchPackedQ6_KRows};
     case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
     case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
     case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1};
