@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <span>
 #include <cstring>
 #include <vector>
@@ -362,44 +363,48 @@ TileKernel GetTileKernelScalar(GgmlType type) {
 
 namespace {
 
-// Packed x16 tiles for one or more matrices of the same type and cols reading the same
-// activation scratch: all their tiles (units of pk.groups 16-row groups) are split across
-// threads in one pass, contiguous runs per thread; inside, token chunks that stay in L2,
-// and per unit tiles of up to kPackedMaxTokens tokens.
-void RunPacked(const PackedKernel& pk, std::span<const MatMulOut> outs, const uint8_t* a, int64_t a_stride,
-               int64_t n_tokens, ThreadPool& pool) {
-  const WeightMatrix& w0 = *outs[0].w;
-  const int64_t cols = w0.cols;
-  const int64_t group_bytes = static_cast<int64_t>(PackedGroupBytes(w0.type, cols));
-  const int64_t unit_rows = kPackRows * pk.groups;
+// Packed x16 tiles for one or more matrices of the same cols reading the same activation
+// scratch, each with its kernel (pks[i] for outs[i]): all their tiles (units of groups
+// 16-row groups) are split across threads in one pass, contiguous runs per thread;
+// inside, token chunks that stay in L2, and per unit tiles of up to kPackedMaxTokens
+// tokens.
+void RunPacked(std::span<const PackedKernel> pks, std::span<const MatMulOut> outs, const uint8_t* a,
+               int64_t a_stride, int64_t n_tokens, ThreadPool& pool) {
+  TRELLIS_CHECK(pks.size() == outs.size());
+  const int64_t cols = outs[0].w->cols;
+  auto units = [&](size_t i) {
+    const int64_t unit_rows = kPackRows * pks[i].groups;
+    return (outs[i].w->rows + unit_rows - 1) / unit_rows;
+  };
   int64_t total_units = 0;
-  for (const MatMulOut& o : outs) total_units += (o.w->rows + unit_rows - 1) / unit_rows;
-  const int64_t token_bytes = pk.tiled ? a_stride / kPackedMaxTokens : a_stride;
+  for (size_t i = 0; i < outs.size(); ++i) total_units += units(i);
+  const int64_t token_bytes = pks[0].tiled ? a_stride / kPackedMaxTokens : a_stride;
   const int64_t tc = std::max<int64_t>(kPackedMaxTokens, 192 * 1024 / token_bytes / kPackedMaxTokens * kPackedMaxTokens);
   pool.Run([&](int ith, int nth) {
     const int64_t u_begin = total_units * ith / nth, u_end = total_units * (ith + 1) / nth;
     PackedArgs p;
-    p.group_bytes = group_bytes;
     p.nb = cols / 32;
     p.a_stride = a_stride;
     p.cols = cols;
     for (int64_t t0 = 0; t0 < n_tokens; t0 += tc) {
       const int64_t t1 = std::min(n_tokens, t0 + tc);
       int64_t u0 = 0;  // first unit of the current matrix
-      for (const MatMulOut& o : outs) {
-        const WeightMatrix& w = *o.w;
-        const int64_t n_units = (w.rows + unit_rows - 1) / unit_rows;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const PackedKernel& pk = pks[i];
+        const WeightMatrix& w = *outs[i].w;
+        const int64_t n_units = units(i), unit_rows = kPackRows * pk.groups;
         const int64_t b = std::max(u_begin, u0) - u0, e = std::min(u_end, u0 + n_units) - u0;
         u0 += n_units;
-        p.y_stride = o.y_stride;
+        p.group_bytes = static_cast<int64_t>(PackedGroupBytes(w.type, cols));
+        p.y_stride = outs[i].y_stride;
         for (int64_t u = b; u < e; ++u) {
           const int64_t g = u * pk.groups;
-          p.g = w.packed + g * group_bytes;
+          p.g = w.packed + g * p.group_bytes;
           p.nr = static_cast<int>(std::min<int64_t>(unit_rows, w.rows - g * kPackRows));
           p.ng = static_cast<int>((p.nr + kPackRows - 1) / kPackRows);
           for (int64_t t = t0; t < t1; t += kPackedMaxTokens) {
             p.a = a + (pk.tiled ? t / kPackedMaxTokens : t) * a_stride;  // t0 and tc: multiples of the tile
-            p.y = o.y + t * o.y_stride + g * kPackRows;
+            p.y = outs[i].y + t * outs[i].y_stride + g * kPackRows;
             p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
             pk.fn(p);
           }
@@ -512,7 +517,7 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   // 2a. Packed x16 weights.
   if (pk.fn != nullptr) {
     const MatMulOut out{&w, y, y_stride};
-    RunPacked(pk, std::span<const MatMulOut>(&out, 1), a, a_stride, n_tokens, pool);
+    RunPacked(std::span<const PackedKernel>(&pk, 1), std::span<const MatMulOut>(&out, 1), a, a_stride, n_tokens, pool);
     return;
   }
   // 2b. Rows split across threads in contiguous chunks of 16; each thread walks token chunks
@@ -546,22 +551,38 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   });
 }
 
+bool SharedPackedKernels(KernelIsa isa, std::span<const MatMulOut> outs, int64_t n_tokens,
+                         std::array<PackedKernel, kMaxSharedOuts>& pks) {
+  if (outs.empty() || n_tokens <= 0 || outs.size() > pks.size()) return false;
+  const WeightMatrix& w0 = *outs[0].w;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const WeightMatrix& w = *outs[i].w;
+    pks[i] = GetPackedKernel(isa, w.type).ForTokens(n_tokens);
+    const GgmlType family = ActFamily(w.type);
+    const bool quantized = family == GgmlType::kQ8_0 || family == GgmlType::kQ8_K;
+    if (pks[i].fn == nullptr || w.packed == nullptr || w.cols != w0.cols || w.rows <= 0 ||
+        family != ActFamily(w0.type) || (!quantized && w.type != w0.type) || pks[i].tiled != pks[0].tiled ||
+        (pks[i].tiled && family == GgmlType::kQ8_0 && TiledActOffset(w.type) != TiledActOffset(w0.type))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,
                          int64_t n_tokens, ThreadPool& pool, void* scratch) {
   if (outs.empty()) return;
   const WeightMatrix& w0 = *outs[0].w;
-  const PackedKernel pk = GetPackedKernel(isa, w0.type).ForTokens(n_tokens);
-  bool shared = pk.fn != nullptr && n_tokens > 0;
-  for (const MatMulOut& o : outs) {
-    shared = shared && o.w->packed != nullptr && o.w->type == w0.type && o.w->cols == w0.cols && o.w->rows > 0;
-  }
+  std::array<PackedKernel, kMaxSharedOuts> pks;
+  const bool shared = SharedPackedKernels(isa, outs, n_tokens, pks);
   if (!shared) {
     for (const MatMulOut& o : outs) MatMulWithIsa(isa, *o.w, x, x_stride, n_tokens, o.y, o.y_stride, pool, scratch);
     return;
   }
   TRELLIS_CHECK(IsaSupported(isa));
-  const int64_t a_stride = QuantizeActivations(isa, w0.type, x, x_stride, n_tokens, w0.cols, pool, scratch, pk.tiled);
-  RunPacked(pk, outs, static_cast<const uint8_t*>(scratch), a_stride, n_tokens, pool);
+  const int64_t a_stride = QuantizeActivations(isa, w0.type, x, x_stride, n_tokens, w0.cols, pool, scratch, pks[0].tiled);
+  RunPacked(std::span<const PackedKernel>(pks.data(), outs.size()), outs, static_cast<const uint8_t*>(scratch), a_stride,
+            n_tokens, pool);
 }
 
 }  // namespace matmul_internal

@@ -18,6 +18,7 @@
 // Thread safety: kernels are pure functions on caller-owned memory.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -249,6 +250,13 @@ PackedKernel GetPackedKernelAvxVnni(GgmlType type);     // packed_avxvnni.cc
 PackedKernel GetPackedKernelNeonDot(GgmlType type);
 // The packed kernel for an ISA family ({} for scalar or a type without one).
 PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type);
+// Whether MatMulShared runs `outs` as one pass over one activation conversion, and then
+// each one's kernel in pks: every matrix packed, the same cols, kernels that read the same
+// activation bytes (the same family, tiled or not alike, and for tiled Q8_0 the same
+// weight offset), e.g. Q4_K_M's Q4_K q and k with a Q6_K v, at most kMaxSharedOuts.
+inline constexpr size_t kMaxSharedOuts = 4;
+bool SharedPackedKernels(KernelIsa isa, std::span<const MatMulOut> outs, int64_t n_tokens,
+                         std::array<PackedKernel, kMaxSharedOuts>& pks);
 
 // MatMulShared with a forced kernel family.
 void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -478,7 +479,45 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
     EXPECT_EQ(ya, wa);
     EXPECT_EQ(yb, wb);
   }
-  // Mixed types cannot share a conversion: each runs on its own, same results.
+  // Mixed types share a conversion where their kernels read the same activation bytes
+  // (Q4_K_M's Q4_K q and k with a Q6_K v; Q8_0 with IQ4_NL, both offset by 128 when
+  // tiled) and not otherwise (Q4_0 with Q8_0 tiled: their offsets differ; one or two
+  // tokens, where Q6_K reads rows and Q4_K tiles; F16): the same results either way.
+  struct Mix {
+    GgmlType a, b, c;
+    int64_t n_tokens;
+    bool shared_avx512;  // what SharedPackedKernels must say on AVX-512
+  };
+  const Mix mixes[] = {{GgmlType::kQ4_K, GgmlType::kQ4_K, GgmlType::kQ6_K, 5, true},
+                       {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, 21, true},
+                       {GgmlType::kQ4_K, GgmlType::kQ4_K, GgmlType::kQ6_K, 1, false},
+                       {GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kQ8_0, 9, true},
+                       {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_0, 9, false},
+                       {GgmlType::kQ4_K, GgmlType::kQ4_0, GgmlType::kQ4_K, 9, false}};
+  for (const Mix& mix : mixes) {
+    SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(mix.a).name << "+" << GetGgmlTypeTraits(mix.b).name << "+"
+                                    << GetGgmlTypeTraits(mix.c).name << " n_tokens=" << mix.n_tokens);
+    const int64_t cols = 512, n = mix.n_tokens;
+    const Packed a = MakePacked(mix.a, 37, cols, 11), b = MakePacked(mix.b, 16, cols, 12), c = MakePacked(mix.c, 100, cols, 13);
+    const std::vector<float> x = Gaussian(n * cols, 14);
+    size_t bytes = 0;
+    for (GgmlType t : {mix.a, mix.b, mix.c}) bytes = std::max(bytes, MatMulScratchBytes(t, cols, n));
+    AlignedBuffer scratch(bytes);
+    ThreadPool pool(2);
+    std::vector<float> ya(static_cast<size_t>(n * 37), -7.f), yb(static_cast<size_t>(n * 16), -7.f),
+        yc(static_cast<size_t>(n * 100), -7.f);
+    const MatMulOut outs[] = {{&a.w, ya.data(), 37}, {&b.w, yb.data(), 16}, {&c.w, yc.data(), 100}};
+    if (BestKernelIsa() == KernelIsa::kAvx512) {
+      std::array<matmul_internal::PackedKernel, matmul_internal::kMaxSharedOuts> pks;
+      EXPECT_EQ(matmul_internal::SharedPackedKernels(KernelIsa::kAvx512, outs, n, pks), mix.shared_avx512);
+    }
+    MatMulShared(outs, x.data(), cols, n, pool, scratch.ptr);
+    for (const auto& [m, y, stride] : {std::tuple{&a, &ya, 37}, std::tuple{&b, &yb, 16}, std::tuple{&c, &yc, 100}}) {
+      std::vector<float> want(y->size(), -7.f);
+      MatMul(m->w, x.data(), cols, n, want.data(), stride, pool, scratch.ptr);
+      EXPECT_EQ(*y, want) << "rows=" << m->w.rows;
+    }
+  }
   const Packed q4 = MakePacked(GgmlType::kQ4_0, 20, 256, 5), f16 = MakePacked(GgmlType::kF16, 20, 256, 6);
   const std::vector<float> x = Gaussian(3 * 256, 7);
   AlignedBuffer scratch(std::max(MatMulScratchBytes(GgmlType::kQ4_0, 256, 3), MatMulScratchBytes(GgmlType::kF16, 256, 3)));
