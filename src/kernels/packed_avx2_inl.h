@@ -105,10 +105,13 @@ __attribute__((always_inline)) inline __m256i BitTo4(__m256i v) {
 // A Q5_K sub-block's half (4 nibble lines + the 5th-bit line at wb + 256, packed.h; this
 // half's 32 bytes of each) against NT tokens: isum[t] = int32 row dots of e * a, e in
 // 0..31. Without AVX-VNNI the int16 pair sums are finished every 4 vpmaddubsw (products
-// up to 31 * 127 * 2 = 7874 per pair).
+// up to 31 * 127 * 2 = 7874 per pair) by vpmaddwd with `pair_mul` (the int16 pair
+// (m, m) in each row's lane: the dots times m, e.g. a K-quant's sub-block scale; 1 by
+// default). With AVX-VNNI pair_mul is not applied.
 template <int NT>
 __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const uint8_t* const (&arow)[NT],
-                                                     int64_t offset, __m256i (&isum)[NT]) {
+                                                     int64_t offset, __m256i (&isum)[NT],
+                                                     [[maybe_unused]] __m256i pair_mul = _mm256_set1_epi16(1)) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m10 = _mm256_set1_epi8(0x10);
   const __m256i high = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 256));
@@ -136,7 +139,7 @@ __attribute__((always_inline)) inline void DotQ5Half(const uint8_t* wb, const ui
       pairs[t] = _mm256_add_epi16(pairs[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(Load32(a))),
                                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load32(a + 4)))));
       if constexpr (i % 2 == 1) {
-        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], _mm256_set1_epi16(1)));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs[t], pair_mul));
         pairs[t] = _mm256_setzero_si256();
       }
 #endif
@@ -226,10 +229,16 @@ void HalfQ8_0(const PackedArgs& p, int h0) {
 }
 
 // Q4_K (layout in packed.h), llama.cpp's Q8_K activations: per 32-element sub-block the
-// same int16 sums as Q4_0, then acc += f(isum) * (d * sc_j)[rows] * da[t] -
-// (dmin * m_j)[rows] * (da * sum)[t], as the AVX-512 kernel.
+// same int16 sums as Q4_0. Plain AVX2: the vpmaddwd that widens them multiplies by the
+// sub-block's 6-bit scale as well ((sc, sc) int16 pairs), so a super-block sums in int32
+// (|sum| < 2^27), as llama.cpp does, and once per super-block acc += f(isum) * (d *
+// da[t])[rows] - sum over j of (dmin * m_j)[rows] * (da * sum_j)[t]: per token and
+// sub-block an add instead of a convert, a multiply and an FMA. With AVX-VNNI (int32
+// dots, whose scaling would take a vpmulld, 10 cycles on Intel) each sub-block applies
+// acc += f(isum) * (d * sc_j)[rows] * da[t] - (dmin * m_j)[rows] * (da * sum)[t] in f32.
 template <bool kQ5, int NT, int NH>
 void HalfQ4_K(const PackedArgs& p, int h0) {
+  constexpr bool kIntScale = !TRELLIS_PACKED_AVXVNNI;
   const int64_t nsb = p.cols / 256;
   const uint8_t* arow[NT];
   const float* da[NT];
@@ -247,18 +256,41 @@ void HalfQ4_K(const PackedArgs& p, int h0) {
     const uint8_t* sb = p.g + s * (kQ5 ? kPackedQ5KSuperBytes : kPackedQ4KSuperBytes);
     const uint8_t* sc = sb + 8 * kSub + 64;
     const uint8_t* mins = sc + 128;
+    auto d_of = [&](int h) { return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 16 * h))); };
+    auto m_of = [&](int j, int h) {  // dmin * m_j, the rows of half h
+      const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 32 + 16 * h)));
+      return _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + 16 * j + 8 * h)))));
+    };
+    [[maybe_unused]] __m256i isum[NH][NT];
+    if constexpr (kIntScale) {
+      TRELLIS_UNROLL
+      for (int hh = 0; hh < NH; ++hh)
+        TRELLIS_UNROLL
+        for (int t = 0; t < NT; ++t) isum[hh][t] = _mm256_setzero_si256();
+    }
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;
 #pragma GCC unroll 2
       for (int hh = 0; hh < NH; ++hh) {
         const int h = h0 + hh;
-        const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 16 * h)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sb + 8 * kSub + 32 + 16 * h)));
-        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)))));
-        const __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                   _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + 16 * j + 8 * h)))));
+        const __m256i sc32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * j + 8 * h)));
         __m256i sum[NT];
+        if constexpr (kIntScale) {
+          const __m256i sc_pair = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
+          if constexpr (kQ5) {
+            DotQ5Half<NT>(sb + kSub * j + 32 * h, arow, 32 * b, sum, sc_pair);
+          } else {
+            SumNibbleBlock<NT>(sb + kSub * j + 32 * h, arow, 32 * b, sum);
+          }
+#pragma GCC unroll 4
+          for (int t = 0; t < NT; ++t) {
+            isum[hh][t] = _mm256_add_epi32(isum[hh][t], kQ5 ? sum[t] : _mm256_madd_epi16(sum[t], sc_pair));
+          }
+          continue;
+        }
+        const __m256 scale = _mm256_mul_ps(d_of(h), _mm256_cvtepi32_ps(sc32));
+        const __m256 min = m_of(j, h);
         if constexpr (kQ5) {
           DotQ5Half<NT>(sb + kSub * j + 32 * h, arow, 32 * b, sum);
         } else {
@@ -266,9 +298,25 @@ void HalfQ4_K(const PackedArgs& p, int h0) {
         }
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
-          const __m256i isum = kQ5 ? sum[t] : ToInt32(sum[t]);
-          acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(da[t][s])), acc[hh][t]);
+          const __m256i isum_j = kQ5 ? sum[t] : ToInt32(sum[t]);
+          acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_j), _mm256_mul_ps(scale, _mm256_set1_ps(da[t][s])), acc[hh][t]);
           acc[hh][t] = _mm256_fnmadd_ps(min, _mm256_set1_ps(dsum[t][b]), acc[hh][t]);
+        }
+      }
+    }
+    if constexpr (kIntScale) {
+#pragma GCC unroll 2
+      for (int hh = 0; hh < NH; ++hh) {
+        const int h = h0 + hh;
+        const __m256 d = d_of(h);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[hh][t]), _mm256_mul_ps(d, _mm256_set1_ps(da[t][s])), acc[hh][t]);
+        }
+        for (int j = 0; j < 8; ++j) {
+          const __m256 min = m_of(j, h);
+#pragma GCC unroll 4
+          for (int t = 0; t < NT; ++t) acc[hh][t] = _mm256_fnmadd_ps(min, _mm256_set1_ps(dsum[t][8 * s + j]), acc[hh][t]);
         }
       }
     }
