@@ -380,17 +380,21 @@ void TilePackedQ6_K(const PackedArgs& p) {
   StoreRows(p, 0, acc);
 }
 
-// IQ4_XS: per 32-element sub-block the IQ4_NL dots (grid + 128, vpshufb once per line)
-// from -128 * sum(a) (four times the Q8_K row's -32 * bsum pair), times the sub-block's
-// int8 scale in int32 (|sum| < 2^28 over a super-block); one convert + FMA per
-// super-block applies d[rows] * da[t], as Q6_K.
-template <int NT>
+// IQ4_XS: per 32-element sub-block the IQ4_NL dots (grid + 128, vpshufb once per line),
+// times the sub-block's int8 scale in int32 (|sum| < 2^28 over a super-block); one
+// convert + FMA per super-block applies d[rows] * da[t], as Q6_K. The grid's +128 comes
+// off as 128 x the sum of the activations, as Q6_K's offset: kTiled (tiled Q8_K
+// activations, the broadcasts folded) once per super-block, 8 vpdpwssd of (sc_j, sc_j)
+// pairs against each block's two 16-value sums; with row activations (one or two tokens,
+// PackedKernel::row_fn) each sub-block starts at -128 x its sum.
+template <int NT, bool kTiled>
 void TilePackedIQ4_XS(const PackedArgs& p) {
+  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
+  struct NoRows {
+    explicit NoRows(const PackedArgs&) {}
+  };
+  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
   const int64_t nsb = p.cols / 256;
-  const Q8KTokens<NT> tok(p);
-  const auto& arow = tok.q;
-  const auto& da = tok.d;
-  const auto& bias16 = tok.bias16;
   const Iq4Grid grid;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -399,22 +403,50 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
     const uint8_t* sb = p.g + s * kPackedIQ4XSSuperBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
+    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // tiled: the super-block's first block
     __m512i isum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * s + j;  // 32-element block of the row
       __m512i iacc[NT];
+      if constexpr (kTiled) {
+        const uint8_t* ab = as + j * kTiledBlockBytes;
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(4 * (bias16[t][2 * b] + bias16[t][2 * b + 1]));
-      DotNibbleBlock<NT, false>(sb + 256 * j, [&arow, b](int t, int i) { return arow[t] + 32 * b + 8 * i; }, iacc, grid);
+        for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
+        DotNibbleBlock<NT>(sb + 256 * j, [ab](int t, int i) { return ab + 32 * t + 8 * i; }, iacc, grid);
+      } else {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) iacc[t] = _mm512_set1_epi32(4 * (tok.bias16[t][2 * b] + tok.bias16[t][2 * b + 1]));
+        DotNibbleBlock<NT, false>(sb + 256 * j, [&tok, b](int t, int i) { return tok.q[t] + 32 * b + 8 * i; }, iacc, grid);
+      }
       const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
     }
+    if constexpr (kTiled) {
+      __m512i sdup[8];  // rows' (sc_j, sc_j) as int16 pairs, against block j's two 16-value sums
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(da[t][s])), acc[t]);
+      for (int j = 0; j < 8; ++j) {
+        const __m512i v = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
+        sdup[j] = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
+      }
+      const float* da = reinterpret_cast<const float*>(as + kD);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        __m512i bias = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          bias = _mm512_dpwssd_epi32(bias, sdup[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
+        }
+        const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 7));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(tok.d[t][s])), acc[t]);
+      }
     }
   }
   StoreRows(p, 0, acc);
@@ -523,9 +555,13 @@ void DispatchPackedLowK(const PackedArgs& p) {
 
 void DispatchPackedIQ4_XS(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
-      TilePackedIQ4_XS<1>, TilePackedIQ4_XS<2>, TilePackedIQ4_XS<3>, TilePackedIQ4_XS<4>,
-      TilePackedIQ4_XS<5>, TilePackedIQ4_XS<6>, TilePackedIQ4_XS<7>, TilePackedIQ4_XS<8>};
+      TilePackedIQ4_XS<1, true>, TilePackedIQ4_XS<2, true>, TilePackedIQ4_XS<3, true>, TilePackedIQ4_XS<4, true>,
+      TilePackedIQ4_XS<5, true>, TilePackedIQ4_XS<6, true>, TilePackedIQ4_XS<7, true>, TilePackedIQ4_XS<8, true>};
   kTable[p.nt - 1](p);
+}
+void DispatchPackedIQ4_XSRows(const PackedArgs& p) {
+  static_assert(kRowFnMaxTokens == 2);
+  (p.nt == 1 ? TilePackedIQ4_XS<1, false> : TilePackedIQ4_XS<2, false>)(p);
 }
 
 void DispatchPackedQ6_K(const PackedArgs& p) {
@@ -641,7 +677,7 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, /*tiled=*/true};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true, DispatchPackedQ6_KRows};
-    case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1};
+    case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1, /*tiled=*/true, DispatchPackedIQ4_XSRows};
     case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
     case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1};
     case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups};
