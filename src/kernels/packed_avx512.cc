@@ -461,18 +461,23 @@ __attribute__((always_inline)) inline V MoveBit(V v) {
 }
 
 // Q2_K and Q3_K (layouts in packed.h), Q8_K activations: per 16-element group (one crumb
-// line) 4 vpdpbusd of the 2-bit (Q3_K: | 3rd bit << 2) weights, from 0 (Q3_K: -4 * bsum,
-// an eighth of the row's bias16), times the group's scale in int32; Q2_K's mins sum in
-// int32 too, as m x bias16 (= -32 m bsum). One convert + FMA per super-block applies d x
-// da (and dmin x da / 32).
-template <bool kQ3, int NT>
+// line) 4 vpdpbusd of the 2-bit (Q3_K: | 3rd bit << 2) weights, times the group's scale
+// in int32. Q3_K's offset (-4 x the group's sum) and Q2_K's mins (-32 m x the sum) come
+// from the activations' group sums: kTiled (tiled Q8_K, the broadcasts folded) once per
+// super-block, 8 vpdpwssd of (x_2j, x_2j+1) int16 pairs of scales or mins against each
+// block's two 16-value sums; with row activations (one or two tokens,
+// PackedKernel::row_fn) per group, Q3_K starting at an eighth of the row's bias16 and
+// Q2_K's mins as m x bias16. One convert + FMA per super-block applies d x da (and dmin x
+// da / 32).
+template <bool kQ3, int NT, bool kTiled>
 void TilePackedLowK(const PackedArgs& p) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
+  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
+  struct NoRows {
+    explicit NoRows(const PackedArgs&) {}
+  };
+  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
   const int64_t nsb = p.cols / 256;
-  const Q8KTokens<NT> tok(p);
-  const auto& arow = tok.q;
-  const auto& da = tok.d;
-  const auto& bias16 = tok.bias16;
   const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i m4 = _mm512_set1_epi8(4);
   __m512 acc[NT];
@@ -481,12 +486,14 @@ void TilePackedLowK(const PackedArgs& p) {
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = p.g + s * kSuper;
     const uint8_t* sc = sb + 8 * kBlock;
+    const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // tiled: the super-block's first block
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + 256)));
     __m512i isum[NT], msum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = msum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* bl = sb + kBlock * j;
+      const uint8_t* ab = as + j * kTiledBlockBytes;
       PrefetchWeights<NT, kPrefetchBytes>(bl);
       PrefetchWeights<NT, kPrefetchBytes>(bl + 64);
       [[maybe_unused]] __m512i hb;
@@ -506,7 +513,8 @@ void TilePackedLowK(const PackedArgs& p) {
           w[3] = _mm512_or_si512(w[3], _mm512_and_si512(MoveBit<4 * m + 3, 2>(hb), m4));
         }
         const int grp = 2 * j + m;
-        __m512i scale, mins;
+        __m512i scale;
+        [[maybe_unused]] __m512i mins;
         if constexpr (kQ3) {
           scale = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * grp)));
         } else {
@@ -516,19 +524,55 @@ void TilePackedLowK(const PackedArgs& p) {
         }
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
-          const uint8_t* a = arow[t] + 256 * s + 16 * grp;
-          const int32_t bias = bias16[t][16 * s + grp];
-          __m512i g = kQ3 ? _mm512_set1_epi32(bias / 8) : _mm512_setzero_si512();
+          const uint8_t* a;
+          __m512i g = _mm512_setzero_si512();
+          [[maybe_unused]] int32_t bias;
+          if constexpr (kTiled) {
+            a = ab + 32 * t + 16 * m;
+          } else {
+            a = tok.q[t] + 256 * s + 16 * grp;
+            bias = tok.bias16[t][16 * s + grp];
+            if constexpr (kQ3) g = _mm512_set1_epi32(bias / 8);
+          }
           g = DpbusdBroadcast(g, w[0], a);
           g = DpbusdBroadcast(g, w[1], a + 4);
           g = DpbusdBroadcast(g, w[2], a + 8);
           g = DpbusdBroadcast(g, w[3], a + 12);
           isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(g, scale));
-          if constexpr (!kQ3) msum[t] = _mm512_add_epi32(msum[t], _mm512_mullo_epi32(mins, _mm512_set1_epi32(bias)));
+          if constexpr (!kQ3 && !kTiled) msum[t] = _mm512_add_epi32(msum[t], _mm512_mullo_epi32(mins, _mm512_set1_epi32(bias)));
         }
       };
       group(std::integral_constant<int, 0>{});
       group(std::integral_constant<int, 1>{});
+    }
+    if constexpr (kTiled) {  // Q3_K: isum -= 4 x sum of sc_g bsum_g; Q2_K: msum = -32 x sum of m_g bsum_g
+      __m512i pair[8];  // rows' (x_2j, x_2j+1) as int16 pairs: Q3_K's scales, Q2_K's mins
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m128i* x = reinterpret_cast<const __m128i*>(sc + 32 * j);
+        __m512i lo, hi;
+        if constexpr (kQ3) {
+          lo = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_load_si128(x)), _mm512_set1_epi32(0xFFFF));
+          hi = _mm512_cvtepi8_epi32(_mm_load_si128(x + 1));
+        } else {
+          lo = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x)), 4);
+          hi = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x + 1)), 4);
+        }
+        pair[j] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        __m512i ps = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          ps = _mm512_dpwssd_epi32(ps, pair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
+        }
+        if constexpr (kQ3) {
+          isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(ps, 2));
+        } else {
+          msum[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ps, 5));
+        }
+      }
     }
     [[maybe_unused]] __m512 dmin;
     if constexpr (!kQ3) {
@@ -537,7 +581,13 @@ void TilePackedLowK(const PackedArgs& p) {
     }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const __m512 dat = _mm512_set1_ps(da[t][s]);
+      float dat_s;
+      if constexpr (kTiled) {
+        dat_s = reinterpret_cast<const float*>(as + kD)[t];
+      } else {
+        dat_s = tok.d[t][s];
+      }
+      const __m512 dat = _mm512_set1_ps(dat_s);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
       if constexpr (!kQ3) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, dat), acc[t]);
     }
@@ -548,9 +598,15 @@ void TilePackedLowK(const PackedArgs& p) {
 template <bool kQ3>
 void DispatchPackedLowK(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
-      TilePackedLowK<kQ3, 1>, TilePackedLowK<kQ3, 2>, TilePackedLowK<kQ3, 3>, TilePackedLowK<kQ3, 4>,
-      TilePackedLowK<kQ3, 5>, TilePackedLowK<kQ3, 6>, TilePackedLowK<kQ3, 7>, TilePackedLowK<kQ3, 8>};
+      TilePackedLowK<kQ3, 1, true>, TilePackedLowK<kQ3, 2, true>, TilePackedLowK<kQ3, 3, true>,
+      TilePackedLowK<kQ3, 4, true>, TilePackedLowK<kQ3, 5, true>, TilePackedLowK<kQ3, 6, true>,
+      TilePackedLowK<kQ3, 7, true>, TilePackedLowK<kQ3, 8, true>};
   kTable[p.nt - 1](p);
+}
+template <bool kQ3>
+void DispatchPackedLowKRows(const PackedArgs& p) {
+  static_assert(kRowFnMaxTokens == 2);
+  (p.nt == 1 ? TilePackedLowK<kQ3, 1, false> : TilePackedLowK<kQ3, 2, false>)(p);
 }
 
 void DispatchPackedIQ4_XS(const PackedArgs& p) {
@@ -678,8 +734,8 @@ PackedKernel GetPackedKernelAvx512(GgmlType type) {
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true, DispatchPackedQ6_KRows};
     case GgmlType::kIQ4_XS: return {DispatchPackedIQ4_XS, 1, /*tiled=*/true, DispatchPackedIQ4_XSRows};
-    case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1};
-    case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1};
+    case GgmlType::kQ2_K: return {DispatchPackedLowK<false>, 1, /*tiled=*/true, DispatchPackedLowKRows<false>};
+    case GgmlType::kQ3_K: return {DispatchPackedLowK<true>, 1, /*tiled=*/true, DispatchPackedLowKRows<true>};
     case GgmlType::kF16: return {DispatchPackedFloat<false>, kFloatGroups};
     case GgmlType::kBF16: return {DispatchPackedFloat<true>, kFloatGroups};
     default: return {};
