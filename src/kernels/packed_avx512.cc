@@ -213,6 +213,44 @@ void TilePacked(const PackedArgs& p) {
   StoreRows(p, 0, acc);
 }
 
+// Tiled Q8_K activations (matmul_internal.h): a block's per-token scale and its int16
+// pair of 16-value sums, at these offsets from the block.
+constexpr int64_t kTiledD = 32 * kPackedMaxTokens, kTiledPair = 36 * kPackedMaxTokens;
+
+// The int16 pair (low half of lo, low half of hi) in every lane: vpdpwssd's operand.
+__attribute__((always_inline)) inline __m512i Int16Pairs(__m512i lo, __m512i hi) {
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+// Per row, the sum over a super-block's 8 blocks of pairs[j] (int16 pairs per row) . the
+// pair of token t's two 16-value sums of block j; `as` is the super-block's first tiled
+// block. The K-quant tiles' offsets and mins, once per super-block.
+__attribute__((always_inline)) inline __m512i BlockSumsDot(const __m512i (&pairs)[8], const uint8_t* as, int t) {
+  __m512i r = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    r = _mm512_dpwssd_epi32(r, pairs[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kTiledPair + 4 * t)));
+  }
+  return r;
+}
+
+// acc + f(isum) * d[rows] * da.
+__attribute__((always_inline)) inline __m512 AddScaled(__m512 acc, __m512i isum, __m512 d, float da) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(da)), acc);
+}
+
+// The end of a super-block over tiled activations whose weights are stored with an
+// unsigned offset: acc[t] += f(isum[t] - (BlockSumsDot(pairs) << kShift)) * d * da[t].
+template <int kShift, int NT>
+__attribute__((always_inline)) inline void AddOffsetSuperBlock(__m512 (&acc)[NT], const __m512i (&isum)[NT],
+                                                               const __m512i (&pairs)[8], __m512 d, const uint8_t* as) {
+  const float* da = reinterpret_cast<const float*>(as + kTiledD);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = AddScaled(acc[t], _mm512_sub_epi32(isum[t], _mm512_slli_epi32(BlockSumsDot(pairs, as, t), kShift)), d, da[t]);
+  }
+}
+
 // Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset) into
 // iacc, then the sub-block's 6-bit scales multiply it in int32 into the super-block's sum
 // (|sum| < 2^26 for Q4_K, 2^27 for Q5_K), and once per super-block
@@ -226,7 +264,6 @@ void TilePacked(const PackedArgs& p) {
 // vpdpbusd.
 template <bool kQ5, int NT>
 void TilePackedQ4_K(const PackedArgs& p) {
-  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
   const int64_t nsb = p.cols / 256;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -259,21 +296,16 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)));
-      mdup[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+      mdup[j] = Int16Pairs(m, m);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
-    const float* da = reinterpret_cast<const float*>(as + kD);
+    const float* da = reinterpret_cast<const float*>(as + kTiledD);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      __m512i msum = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        msum = _mm512_dpwssd_epi32(msum, mdup[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
-      }
-      const __m512 dat = _mm512_set1_ps(da[t]);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
-      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dat), acc[t]);
+      const __m512i msum = BlockSumsDot(mdup, as, t);
+      acc[t] = AddScaled(acc[t], isum[t], d, da[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, _mm512_set1_ps(da[t])), acc[t]);
     }
   }
   StoreRows(p, 0, acc);
@@ -293,7 +325,6 @@ void TilePackedQ4_K(const PackedArgs& p) {
 // DRAM one token ran 0.9x tiled (bench_kernels dram/q6_K/tokens:1, one thread).
 template <int NT, bool kTiled>
 void TilePackedQ6_K(const PackedArgs& p) {
-  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
   struct NoRows {
     explicit NoRows(const PackedArgs&) {}
   };
@@ -355,26 +386,13 @@ void TilePackedQ6_K(const PackedArgs& p) {
       __m512i spair[8];  // rows' (sc_2j, sc_2j+1) as int16 pairs, against block j's two 16-value sums
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const __m512i lo = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j)));
-        const __m512i hi = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j + 16)));
-        spair[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+        spair[j] = Int16Pairs(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j))),
+                              _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * j + 16))));
       }
-      const float* da = reinterpret_cast<const float*>(as + kD);
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        __m512i bias = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          bias = _mm512_dpwssd_epi32(bias, spair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
-        }
-        const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 5));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
-      }
+      AddOffsetSuperBlock<5>(acc, isum, spair, d, as);
     } else {
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(tok.d[t][s])), acc[t]);
-      }
+      for (int t = 0; t < NT; ++t) acc[t] = AddScaled(acc[t], isum[t], d, tok.d[t][s]);
     }
   }
   StoreRows(p, 0, acc);
@@ -389,7 +407,6 @@ void TilePackedQ6_K(const PackedArgs& p) {
 // PackedKernel::row_fn) each sub-block starts at -128 x its sum.
 template <int NT, bool kTiled>
 void TilePackedIQ4_XS(const PackedArgs& p) {
-  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
   struct NoRows {
     explicit NoRows(const PackedArgs&) {}
   };
@@ -429,24 +446,12 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m512i v = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
-        sdup[j] = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
+        sdup[j] = Int16Pairs(v, v);
       }
-      const float* da = reinterpret_cast<const float*>(as + kD);
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        __m512i bias = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          bias = _mm512_dpwssd_epi32(bias, sdup[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
-        }
-        const __m512i sum = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(bias, 7));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(da[t])), acc[t]);
-      }
+      AddOffsetSuperBlock<7>(acc, isum, sdup, d, as);
     } else {
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(tok.d[t][s])), acc[t]);
-      }
+      for (int t = 0; t < NT; ++t) acc[t] = AddScaled(acc[t], isum[t], d, tok.d[t][s]);
     }
   }
   StoreRows(p, 0, acc);
@@ -472,7 +477,6 @@ __attribute__((always_inline)) inline V MoveBit(V v) {
 template <bool kQ3, int NT, bool kTiled>
 void TilePackedLowK(const PackedArgs& p) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
-  constexpr int64_t kD = 32 * kPackedMaxTokens, kPair = 36 * kPackedMaxTokens;
   struct NoRows {
     explicit NoRows(const PackedArgs&) {}
   };
@@ -550,23 +554,16 @@ void TilePackedLowK(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m128i* x = reinterpret_cast<const __m128i*>(sc + 32 * j);
-        __m512i lo, hi;
         if constexpr (kQ3) {
-          lo = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_load_si128(x)), _mm512_set1_epi32(0xFFFF));
-          hi = _mm512_cvtepi8_epi32(_mm_load_si128(x + 1));
+          pair[j] = Int16Pairs(_mm512_cvtepi8_epi32(_mm_load_si128(x)), _mm512_cvtepi8_epi32(_mm_load_si128(x + 1)));
         } else {
-          lo = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x)), 4);
-          hi = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x + 1)), 4);
+          pair[j] = Int16Pairs(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x)), 4),
+                               _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(x + 1)), 4));
         }
-        pair[j] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
       }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        __m512i ps = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          ps = _mm512_dpwssd_epi32(ps, pair[j], _mm512_set1_epi32(Load32(as + j * kTiledBlockBytes + kPair + 4 * t)));
-        }
+        const __m512i ps = BlockSumsDot(pair, as, t);
         if constexpr (kQ3) {
           isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(ps, 2));
         } else {
@@ -581,15 +578,14 @@ void TilePackedLowK(const PackedArgs& p) {
     }
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      float dat_s;
+      float da;
       if constexpr (kTiled) {
-        dat_s = reinterpret_cast<const float*>(as + kD)[t];
+        da = reinterpret_cast<const float*>(as + kTiledD)[t];
       } else {
-        dat_s = tok.d[t][s];
+        da = tok.d[t][s];
       }
-      const __m512 dat = _mm512_set1_ps(dat_s);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dat), acc[t]);
-      if constexpr (!kQ3) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmin, dat), acc[t]);
+      acc[t] = AddScaled(acc[t], isum[t], d, da);
+      if constexpr (!kQ3) acc[t] = AddScaled(acc[t], msum[t], dmin, da);
     }
   }
   StoreRows(p, 0, acc);
