@@ -234,6 +234,14 @@ __attribute__((always_inline)) inline __m512i BlockSumsDot(const __m512i (&pairs
   return r;
 }
 
+// The row pointers of a K-quant tile's Q8_K activations (Q8KTokens), or nothing for a
+// tile over tiled activations, whose one pointer is p.a.
+struct NoRowTokens {
+  explicit NoRowTokens(const PackedArgs&) {}
+};
+template <bool kTiled, int NT>
+using RowTokens = std::conditional_t<kTiled, NoRowTokens, Q8KTokens<NT>>;
+
 // acc + f(isum) * d[rows] * da.
 __attribute__((always_inline)) inline __m512 AddScaled(__m512 acc, __m512i isum, __m512 d, float da) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(da)), acc);
@@ -325,10 +333,7 @@ void TilePackedQ4_K(const PackedArgs& p) {
 // DRAM one token ran 0.9x tiled (bench_kernels dram/q6_K/tokens:1, one thread).
 template <int NT, bool kTiled>
 void TilePackedQ6_K(const PackedArgs& p) {
-  struct NoRows {
-    explicit NoRows(const PackedArgs&) {}
-  };
-  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
+  const RowTokens<kTiled, NT> tok(p);
   const int64_t nsb = p.cols / 256;
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -407,10 +412,7 @@ void TilePackedQ6_K(const PackedArgs& p) {
 // PackedKernel::row_fn) each sub-block starts at -128 x its sum.
 template <int NT, bool kTiled>
 void TilePackedIQ4_XS(const PackedArgs& p) {
-  struct NoRows {
-    explicit NoRows(const PackedArgs&) {}
-  };
-  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
+  const RowTokens<kTiled, NT> tok(p);
   const int64_t nsb = p.cols / 256;
   const Iq4Grid grid;
   __m512 acc[NT];
@@ -477,10 +479,7 @@ __attribute__((always_inline)) inline V MoveBit(V v) {
 template <bool kQ3, int NT, bool kTiled>
 void TilePackedLowK(const PackedArgs& p) {
   constexpr int64_t kBlock = kQ3 ? 192 : 128, kSuper = kQ3 ? kPackedQ3KSuperBytes : kPackedQ2KSuperBytes;
-  struct NoRows {
-    explicit NoRows(const PackedArgs&) {}
-  };
-  const std::conditional_t<kTiled, NoRows, Q8KTokens<NT>> tok(p);
+  const RowTokens<kTiled, NT> tok(p);
   const int64_t nsb = p.cols / 256;
   const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i m4 = _mm512_set1_epi8(4);
