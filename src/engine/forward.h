@@ -63,8 +63,7 @@ struct ForwardProfile {
     kOut,        // the output projection (wo)
     kResidual,   // the residual adds
     kFfnIn,      // gate / up products
-    kFfnAct,     // SwiGLU / GeGLU
-    kFfnDown,    // the down product
+    kFfnDown,    // the down product; SwiGLU / GeGLU runs in its activation conversion (MatMulGlu)
     kRouting,    // mixture of experts: router, grouping, gather and scatter
     kLogits,     // output norm, vocabulary product, soft-cap
     kPhases
