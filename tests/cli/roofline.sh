@@ -60,6 +60,13 @@ if simd:
     limit = l["int8_ops_per_s"] / (2 * l["macs_per_token"])
     assert abs(j["pp_limit_tok_s"] - limit) <= 1e-6 * limit, (j["pp_limit_tok_s"], limit)
     assert abs(j["pp_fraction"] - j["pp_tok_s"] / limit) <= 1e-9 + 1e-6 * j["pp_fraction"], j
+# The bandwidth is the larger of the read loop's and what the decode itself streamed (its
+# tokens/s times the weight bytes; a batched step reads them once for all sessions).
+decode = max(j["tg_tok_s"], j["tg_batched_tok_s"] / j["sessions"]) * l["weight_bytes_per_token"]
+assert abs(l["dram_bytes_per_s_decode"] - decode) <= 1e-6 * decode, (l, decode)
+assert abs(l["dram_bytes_per_s_loop"] - (l["dram_bytes_per_s_before"] + l["dram_bytes_per_s_after"]) / 2) <= 1e-6 * l["dram_bytes_per_s_loop"], l
+assert l["dram_bytes_per_s"] == max(l["dram_bytes_per_s_loop"], l["dram_bytes_per_s_decode"]), l
+assert j["tg_fraction"] <= 1 + 1e-9 or (simd and j["tg_limit_tok_s"] < l["dram_bytes_per_s"] / l["weight_bytes_per_token"]), j
 tg_limit = min(l["dram_bytes_per_s"] / l["weight_bytes_per_token"], l["int8_ops_per_s"] / (2 * l["macs_per_token"]) if simd else 1e30)
 assert abs(j["tg_limit_tok_s"] - tg_limit) <= 1e-6 * tg_limit, (j["tg_limit_tok_s"], tg_limit)
 assert 0 < j["tg_fraction"] and 0 < j["tg_batched_fraction"], j
