@@ -79,6 +79,36 @@ timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 
   || die "--thread-sweep -t 2 did not run 1 and 2 threads: $(cat "$tmp/sweep.json")"
 ok "--thread-sweep: one result per thread count, 1 and 2"
 
+say "bench/ab.py: two binaries in alternating rounds (A B, then B A), every figure of both, medians, B/A"
+ln -s "$(realpath "$TRELLIS")" "$tmp/a"
+ln -s "$(realpath "$TRELLIS")" "$tmp/b"
+src=$(cd "$(dirname "$0")/../.." && pwd)
+timeout "$(scaled 120)" python3 "$src/bench/ab.py" --a "$tmp/a" --b "$tmp/b" --rounds 2 --csv "$tmp/ab.csv" -- \
+  -m "$tmp/tiny.gguf" -t 2 -p 16 -n 2 -r 1 -s 2 --budget >"$tmp/ab.md" 2>"$tmp/ab.err" || die "ab.py failed: $(cat "$tmp/ab.err")"
+python3 - "$tmp/ab.md" "$tmp/ab.csv" "$tmp/a" "$tmp/b" <<'PY' || die "ab.py output: $(cat "$tmp/ab.md")"
+import csv, sys
+md, rows, a, b = open(sys.argv[1]).read(), list(csv.DictReader(open(sys.argv[2]))), sys.argv[3], sys.argv[4]
+for fig in ("pp_tok_s", "tg_tok_s", "tg_batched_tok_s", "pp:attention", "tg_batched:logits"):
+    line = next((l for l in md.splitlines() if l.startswith(f"| {fig} |")), None)
+    assert line, f"no row for {fig}"
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert len(cells) == 6 and len(cells[1].split(" / ")) == 2 and len(cells[2].split(" / ")) == 2, line
+    assert abs(float(cells[5]) - float(cells[4]) / float(cells[3])) < 2e-3 * float(cells[5]), line
+order = [(r["round"], r["binary"]) for r in rows if r["figure"] == "pp_tok_s"]
+assert order == [("1", a), ("1", b), ("2", b), ("2", a)], order
+print(f"  ok   {len(rows)} values in 2 rounds, A B then B A; medians and B/A in the table")
+PY
+expect_ab_fail() {
+  local rc=0
+  python3 "$src/bench/ab.py" "$@" >/dev/null 2>"$tmp/abf.err" || rc=$?
+  [[ $rc -ne 0 && $(wc -l <"$tmp/abf.err") -eq 1 && $(cat "$tmp/abf.err") == ab.py:* ]] ||
+    die "ab.py $*: expected one 'ab.py: ...' error line, got rc $rc: $(cat "$tmp/abf.err")"
+}
+expect_ab_fail --a "$tmp/a" --b "$tmp/missing" -- -m "$tmp/tiny.gguf" -p 8 -n 0 -r 1
+expect_ab_fail --a "$tmp/a" --b "$tmp/b" -- -m "$tmp/missing.gguf" -p 8 -n 0 -r 1
+expect_ab_fail --a "$tmp/a" --b "$tmp/b" --env-a NOEQUALS -- -m "$tmp/tiny.gguf" -p 8 -n 0 -r 1
+ok "ab.py: a missing binary, a failing run and a bad --env-a are one-line errors"
+
 say "bench speed --budget: each test's phases, their times adding up to the test's, the products against their limits"
 timeout "$(scaled 60)" "$TRELLIS" bench speed -m "$tmp/tiny.gguf" -t 2 -p 32 -n 4 -r 1 -s 2 --limits-quick --budget --json \
   >"$tmp/budget.json" 2>"$tmp/budget.err" || die "bench speed --budget failed: $(cat "$tmp/budget.err")"
