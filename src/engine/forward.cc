@@ -128,26 +128,17 @@ void Forward::HeadsRmsNorm(float* x, int64_t width, const std::vector<float>& w,
   ForRange(n_rows, static_cast<int64_t>(n_rows) * width, rows);
 }
 
-void Forward::Residual(float* x, float* y, const std::vector<float>* post_norm, const std::vector<float>* norm,
-                       float* out, int n_rows) {
-  const int64_t n = model_.config().n_embd;
-  const float eps = model_.config().rms_eps;
-  auto rows = [&](int64_t b, int64_t e, int) {
-    for (int64_t r = b; r < e; ++r) {
-      float* xr = x + r * n;
-      float* yr = y + r * n;
-      if (post_norm != nullptr) RmsNorm(yr, post_norm->data(), n, eps, yr);
-      for (int64_t i = 0; i < n; ++i) xr[i] += yr[i];
-      if (norm != nullptr) RmsNorm(xr, norm->data(), n, eps, out + r * n);
-    }
+void Forward::AddInPlace(float* x, const float* y, int64_t n) {
+  auto add = [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) x[i] += y[i];
   };
-  ForRange(n_rows, static_cast<int64_t>(n_rows) * n, rows);
+  ForRange(n, n, add);
 }
 
 const char* ForwardProfile::Name(int phase) {
   static constexpr const char* kNames[kPhases] = {
       "embeddings, plan", "norms", "q/k/v products", "biases, q/k norms, rope", "K/V write", "attention",
-      "output projection", "residual adds and the norms after them", "gate/up products", "down product",
+      "output projection", "residual adds", "gate/up products", "SwiGLU / GeGLU", "down product",
       "expert routing, gather, scatter", "logits"};
   return phase >= 0 && phase < kPhases ? kNames[phase] : "?";
 }
@@ -284,9 +275,6 @@ void Forward::RunLayers() {
     if (!rope_swa_cs_.empty()) RopeTables(pos_.data() + b, e - b, rope_swa_, rope_swa_cs_.data() + b * n_dims);
   });
   Mark(ForwardProfile::kRope);
-  // The first layer's attention norm; every later one comes with the residual add before it.
-  if (first < model_.part().last_layer) RowsRmsNorm(x_.data(), model_.layer(first).attn_norm, xn_.data(), n_rows);
-  Mark(ForwardProfile::kNorm);
   for (int li = first; li < model_.part().last_layer; ++li) {
     const LayerWeights& l = model_.layer(li);
     const int kv_layer = li - first;  // the pool holds this part's layers only
@@ -294,7 +282,9 @@ void Forward::RunLayers() {
     const RopeParams& rope = swa ? rope_swa_ : rope_;
     const float* rope_cs = swa ? rope_swa_cs_.data() : rope_cs_.data();
     const AttnOptions attn_opt{c.attn_softcap, swa ? c.n_swa : 0};
-    // Attention block (xn_ holds the attention norm of x_).
+    // Attention block.
+    RowsRmsNorm(x_.data(), l.attn_norm, xn_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     const MatMulOut qkv[] = {{&l.wq, q_.data(), QD}, {&l.wk, k_.data(), KD}, {&l.wv, v_.data(), KD}};
     for (const MatMulOut& o : qkv) CountMatMul(ForwardProfile::kQkv, *o.w, n_rows);
     MatMulShared(qkv, xn_.data(), E, n_rows, pool_, scratch_);
@@ -355,20 +345,22 @@ void Forward::RunLayers() {
     CountMatMul(ForwardProfile::kOut, l.wo, n_rows);
     MatMul(l.wo, attn_.data(), QD, n_rows, tmp_.data(), E, pool_, scratch_);
     Mark(ForwardProfile::kOut);
-    // The post-norm, the residual add and the feed-forward norm in one pass over the rows.
-    Residual(x_.data(), tmp_.data(), c.post_norms ? &l.attn_post_norm : nullptr, &l.ffn_norm, xn_.data(), n_rows);
+    if (c.post_norms) RowsRmsNorm(tmp_.data(), l.attn_post_norm, tmp_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
+    AddInPlace(x_.data(), tmp_.data(), n_rows * E);
     Mark(ForwardProfile::kResidual);
 
     // Feed-forward block.
+    RowsRmsNorm(x_.data(), l.ffn_norm, xn_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
     if (c.moe()) {
       MoeFfn(l, n_rows);
     } else {
       GatedFfn(l.w_gate, l.w_up, l.w_down, xn_.data(), n_rows, tmp_.data());
     }
-    // And the next layer's attention norm with it (the part's last layer has none here:
-    // the logits' norm runs on the rows that want logits, a grid stage passes x_ on).
-    const std::vector<float>* next_norm = li + 1 < model_.part().last_layer ? &model_.layer(li + 1).attn_norm : nullptr;
-    Residual(x_.data(), tmp_.data(), c.post_norms ? &l.ffn_post_norm : nullptr, next_norm, xn_.data(), n_rows);
+    if (c.post_norms) RowsRmsNorm(tmp_.data(), l.ffn_post_norm, tmp_.data(), n_rows);
+    Mark(ForwardProfile::kNorm);
+    AddInPlace(x_.data(), tmp_.data(), n_rows * E);
     Mark(ForwardProfile::kResidual);
   }
 }
@@ -382,12 +374,17 @@ void Forward::GatedFfn(const WeightMatrix& gate, const WeightMatrix& up, const W
   CountMatMul(ForwardProfile::kFfnIn, up, n_rows);
   MatMulShared(gate_up, x, E, n_rows, pool_, scratch_);
   Mark(ForwardProfile::kFfnIn);
-  // The gated rows are made while the down product converts its activations (MatMulGlu):
-  // a separate SwiGLU pass wrote and read back n_rows x F floats (~1 % of a prefill); its
-  // time is in the down product's activation conversion now.
+  const int64_t total = static_cast<int64_t>(n_rows) * F;
+  ForRange(total, total, [&](int64_t b, int64_t e, int) {
+    if (c.ffn_gelu) {
+      GeGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    } else {
+      SwiGlu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    }
+  });
+  Mark(ForwardProfile::kFfnAct);
   CountMatMul(ForwardProfile::kFfnDown, down, n_rows);
-  MatMulGlu(down, c.ffn_gelu ? Glu::kGeGlu : Glu::kSwiGlu, gate_.data(), up_.data(), F, n_rows, out, E, pool_,
-            scratch_);
+  MatMul(down, gate_.data(), F, n_rows, out, E, pool_, scratch_);
   Mark(ForwardProfile::kFfnDown);
 }
 

@@ -55,15 +55,16 @@ struct SeqBatch {
 struct ForwardProfile {
   enum Phase : int {
     kEmbed,      // Prepare: embeddings, plan
-    kNorm,       // the first layer's attention norm (the others are in kResidual)
+    kNorm,       // RMS norms of the residual stream (and post-norms)
     kQkv,        // the q / k / v products
     kRope,       // biases, Q/K norms, rotary embedding
     kKvWrite,    // K/V into the cache (and the Hadamard rotations of a quantized one)
     kAttention,  // paged attention
     kOut,        // the output projection (wo)
-    kResidual,   // post-norms, the residual adds and the norms after them, row by row
+    kResidual,   // the residual adds
     kFfnIn,      // gate / up products
-    kFfnDown,    // the down product; SwiGLU / GeGLU runs in its activation conversion (MatMulGlu)
+    kFfnAct,     // SwiGLU / GeGLU
+    kFfnDown,    // the down product
     kRouting,    // mixture of experts: router, grouping, gather and scatter
     kLogits,     // output norm, vocabulary product, soft-cap
     kPhases
@@ -129,9 +130,7 @@ class Forward {
   template <class Fn>
   void ForRange(int64_t n, int64_t floats, Fn&& fn);
   void RowsRmsNorm(const float* in, const std::vector<float>& w, float* out, int n_rows);
-  // Per row: y = RmsNorm(y) * post_norm if given; x += y; out = RmsNorm(x) * norm if given.
-  void Residual(float* x, float* y, const std::vector<float>* post_norm, const std::vector<float>* norm, float* out,
-                int n_rows);
+  void AddInPlace(float* x, const float* y, int64_t n);
   // Rows of `width` floats: x[r] += b (nothing if b is empty).
   void AddBias(float* x, int64_t width, const std::vector<float>& b, int n_rows);
   // Each head_dim run of each row RMS-normed with weight w (Qwen3's Q/K norm).

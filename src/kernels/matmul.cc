@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "kernels/matmul_internal.h"
-#include "kernels/ops.h"
 #include "kernels/packed.h"
 #include "kernels/quant.h"
 #include "util/clock.h"
@@ -418,20 +417,10 @@ void RunPacked(std::span<const PackedKernel> pks, std::span<const MatMulOut> out
 // SetActivationTimer's sink (matmul.h), per calling thread.
 thread_local int64_t* activation_timer = nullptr;
 
-// glu(gate, up) over n values, as the feed-forward block would apply it.
-void ApplyGlu(Glu glu, const float* gate, const float* up, float* out, int64_t n) {
-  if (glu == Glu::kGeGlu) {
-    GeGlu(gate, up, out, n);
-  } else {
-    SwiGlu(gate, up, out, n);
-  }
-}
-
 // Activation rows x[t] -> scratch in `type`'s layout, or tiled (matmul_internal.h) for a
-// packed kernel that reads them so; returns the row stride (tiled: the tile stride). With
-// `glu`, row t is made first, glu(x[t], glu->up[t]), in a buffer of the converting thread.
+// packed kernel that reads them so; returns the row stride (tiled: the tile stride).
 int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                                   int64_t cols, ThreadPool& pool, void* scratch, bool tiled, const GluRows* glu) {
+                                   int64_t cols, ThreadPool& pool, void* scratch, bool tiled) {
   TRELLIS_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 64 == 0);
   const bool tiled_q8k = tiled && ActFamily(type) == GgmlType::kQ8_K;
   TRELLIS_CHECK(!tiled || ActFamily(type) == GgmlType::kQ8_0 || tiled_q8k);
@@ -441,31 +430,24 @@ int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x,
   const int64_t a_stride = tiled ? TiledActStride(cols) : static_cast<int64_t>(ActRowBytes(type, cols));
   uint8_t* s = static_cast<uint8_t*>(scratch);
   auto quantize = [&](int64_t begin, int64_t end, int) {
-    thread_local std::vector<float> glu_row;
-    if (glu != nullptr) glu_row.resize(static_cast<size_t>(cols));
     for (int64_t t = begin; t < end; ++t) {
-      const float* row = x + t * x_stride;
-      if (glu != nullptr) {
-        ApplyGlu(glu->glu, row, glu->up + t * x_stride, glu_row.data(), cols);
-        row = glu_row.data();
-      }
 #if TRELLIS_X86
       if (tiled) {
         uint8_t* tile = s + t / kPackedMaxTokens * a_stride;
         const int slot = static_cast<int>(t % kPackedMaxTokens);
         if (tiled_q8k) {
-          QuantizeActTiledQ8KAvx2(row, cols, tile, slot);
+          QuantizeActTiledQ8KAvx2(x + t * x_stride, cols, tile, slot);
         } else {
-          QuantizeActTiledAvx2(row, cols, TiledActOffset(type), tile, slot);
+          QuantizeActTiledAvx2(x + t * x_stride, cols, TiledActOffset(type), tile, slot);
         }
         continue;
       }
       if (isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512) {
-        QuantizeActRowAvx2(type, row, cols, s + t * a_stride);
+        QuantizeActRowAvx2(type, x + t * x_stride, cols, s + t * a_stride);
         continue;
       }
 #endif
-      QuantizeActRow(type, row, cols, s + t * a_stride);
+      QuantizeActRow(type, x + t * x_stride, cols, s + t * a_stride);
     }
   };
   // A decode-sized batch takes ~1 us per row to convert: cheaper here than a round trip
@@ -480,13 +462,10 @@ int64_t QuantizeActivationsUntimed(KernelIsa isa, GgmlType type, const float* x,
 
 // QuantizeActivationsUntimed, its wall time added to the thread's activation timer if set.
 int64_t QuantizeActivations(KernelIsa isa, GgmlType type, const float* x, int64_t x_stride, int64_t n_tokens,
-                            int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false,
-                            const GluRows* glu = nullptr) {
-  if (activation_timer == nullptr) {
-    return QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled, glu);
-  }
+                            int64_t cols, ThreadPool& pool, void* scratch, bool tiled = false) {
+  if (activation_timer == nullptr) return QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
   const int64_t t0 = NowNanos();
-  const int64_t stride = QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled, glu);
+  const int64_t stride = QuantizeActivationsUntimed(isa, type, x, x_stride, n_tokens, cols, pool, scratch, tiled);
   *activation_timer += NowNanos() - t0;
   return stride;
 }
@@ -518,8 +497,7 @@ PackedKernel GetPackedKernel(KernelIsa isa, GgmlType type) {
 }
 
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
-                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch,
-                   const GluRows* glu) {
+                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
   TRELLIS_CHECK(IsaSupported(isa));
   TRELLIS_CHECK(w.row_bytes == RowBytes(w.type, w.cols));
   const TileKernel k = GetTileKernel(isa, w.type, n_tokens);
@@ -532,13 +510,8 @@ void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t
   const uint8_t* a = reinterpret_cast<const uint8_t*>(x);
   int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(float));
   if (w.type != GgmlType::kF32) {
-    a_stride = QuantizeActivations(isa, w.type, x, x_stride, n_tokens, cols, pool, scratch, pk.tiled, glu);
+    a_stride = QuantizeActivations(isa, w.type, x, x_stride, n_tokens, cols, pool, scratch, pk.tiled);
     a = static_cast<const uint8_t*>(scratch);
-  } else if (glu != nullptr) {  // the tiles read the floats: gate becomes glu(gate, up) (MatMulGlu)
-    float* gate = const_cast<float*>(x);
-    pool.ParallelFor(n_tokens, [&](int64_t b, int64_t e, int) {
-      for (int64_t t = b; t < e; ++t) ApplyGlu(glu->glu, gate + t * x_stride, glu->up + t * x_stride, gate + t * x_stride, cols);
-    });
   }
 
   // 2a. Packed x16 weights.
@@ -626,12 +599,6 @@ size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens) {
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
             int64_t y_stride, ThreadPool& pool, void* scratch) {
   matmul_internal::MatMulWithIsa(BestKernelIsa(), w, x, x_stride, n_tokens, y, y_stride, pool, scratch);
-}
-
-void MatMulGlu(const WeightMatrix& w, Glu glu, float* gate, const float* up, int64_t x_stride, int64_t n_tokens,
-               float* y, int64_t y_stride, ThreadPool& pool, void* scratch) {
-  const matmul_internal::GluRows rows{glu, up};
-  matmul_internal::MatMulWithIsa(BestKernelIsa(), w, gate, x_stride, n_tokens, y, y_stride, pool, scratch, &rows);
 }
 
 void MatMulShared(std::span<const MatMulOut> outs, const float* x, int64_t x_stride, int64_t n_tokens,

@@ -48,21 +48,6 @@ size_t MatMulScratchBytes(GgmlType type, int64_t cols, int64_t n_tokens);
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t n_tokens, float* y,
             int64_t y_stride, ThreadPool& pool, void* scratch);
 
-// The gated linear units of a feed-forward block (ops.h): glu(g, u) = SiLU(g) * u or
-// GELU(g) * u (tanh form).
-enum class Glu { kSwiGlu, kGeGlu };
-
-// y = W glu(gate, up): y[t*y_stride + r] = sum_c W[r][c] * glu(gate, up)[t*x_stride + c],
-// glu applied row by row as SwiGlu / GeGlu (ops.h) apply it to one row, so the results are
-// those of that row-wise op followed by MatMul. The gated rows are made inside the
-// activation conversion, one row at a time in the converting thread's cache, never
-// written out: a prefill's gated activations (n_tokens x cols floats, 11.5 MB for a
-// 512-token TinyLlama batch) are not stored and read back. F32 weights read the floats
-// themselves: for them gate is overwritten with glu(gate, up) first.
-// REQUIRES: as MatMul, with gate and up as x.
-void MatMulGlu(const WeightMatrix& w, Glu glu, float* gate, const float* up, int64_t x_stride, int64_t n_tokens,
-               float* y, int64_t y_stride, ThreadPool& pool, void* scratch);
-
 // One product of MatMulShared: y[t * y_stride + r] = sum_c w[r][c] * x[t][c].
 struct MatMulOut {
   const WeightMatrix* w;

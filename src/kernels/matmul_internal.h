@@ -262,18 +262,9 @@ bool SharedPackedKernels(KernelIsa isa, std::span<const MatMulOut> outs, int64_t
 void MatMulSharedWithIsa(KernelIsa isa, std::span<const MatMulOut> outs, const float* x, int64_t x_stride,
                          int64_t n_tokens, ThreadPool& pool, void* scratch);
 
-// The gated input of MatMulGlu: row t of the product's input is glu(gate + t * stride,
-// up + t * stride); x is gate.
-struct GluRows {
-  Glu glu;
-  const float* up;
-};
-
-// MatMul with a forced kernel family (falls back to scalar for types the ISA lacks); with
-// `glu`, MatMulGlu (x is its gate, overwritten for F32 weights).
+// MatMul with a forced kernel family (falls back to scalar for types the ISA lacks).
 // REQUIRES: IsaSupported(isa).
 void MatMulWithIsa(KernelIsa isa, const WeightMatrix& w, const float* x, int64_t x_stride,
-                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch,
-                   const GluRows* glu = nullptr);
+                   int64_t n_tokens, float* y, int64_t y_stride, ThreadPool& pool, void* scratch);
 
 }  // namespace trellis::matmul_internal

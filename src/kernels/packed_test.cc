@@ -12,7 +12,6 @@
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/kernels_test_util.h"
-#include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "util/fp16.h"
 
@@ -530,75 +529,6 @@ TEST(PackedTest, SharedMatMulEqualsSeparateMatMuls) {
   MatMul(f16.w, x.data(), 256, 3, w2.data(), 20, pool, scratch.ptr);
   EXPECT_EQ(y1, w1);
   EXPECT_EQ(y2, w2);
-}
-
-// MatMulGlu makes each gated row inside the activation conversion: its results must be
-// exactly those of the row-wise SwiGlu / GeGlu followed by MatMul, on every kernel family,
-// packed or row-major, for one token, a partial tile and several tiles, with a row stride
-// wider than the row; for F32 weights (which read the floats) the gate becomes glu(gate, up).
-TEST(PackedTest, GatedMatMulEqualsGluThenMatMul) {
-  const int64_t cols = 512, stride = 520, rows = 40;
-  struct Case {
-    GgmlType type;
-    bool packed;
-  };
-  const Case cases[] = {{GgmlType::kQ4_0, true},  {GgmlType::kQ8_0, true},  {GgmlType::kQ4_K, true},
-                        {GgmlType::kQ6_K, true},  {GgmlType::kF16, true},   {GgmlType::kBF16, true},
-                        {GgmlType::kQ4_0, false}, {GgmlType::kQ4_K, false}, {GgmlType::kF32, false}};
-  std::vector<float> f32_rows = Gaussian(rows * cols, 21);
-  for (const Case& c : cases) {
-    Packed m;
-    if (c.type == GgmlType::kF32) {
-      m.w = WeightMatrix{c.type, f32_rows.data(), rows, cols, static_cast<int64_t>(cols * sizeof(float))};
-    } else {
-      m = MakePacked(c.type, rows, cols, 22);
-      if (!c.packed) m.w.packed = nullptr;
-    }
-    for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kNeon}) {
-      if (!IsaSupported(isa)) continue;
-      for (Glu glu : {Glu::kSwiGlu, Glu::kGeGlu}) {
-        for (int64_t n : {1, 5, 21}) {
-          SCOPED_TRACE(testing::Message() << GetGgmlTypeTraits(c.type).name << (c.packed ? " packed " : " rows ")
-                                          << KernelIsaName(isa) << " glu=" << static_cast<int>(glu) << " n=" << n);
-          const std::vector<float> gate = Gaussian(n * stride, 23), up = Gaussian(n * stride, 24);
-          std::vector<float> gated(gate.size());
-          for (int64_t t = 0; t < n; ++t) {
-            const float *g = gate.data() + t * stride, *u = up.data() + t * stride;
-            float* out = gated.data() + t * stride;
-            glu == Glu::kGeGlu ? GeGlu(g, u, out, cols) : SwiGlu(g, u, out, cols);
-          }
-          AlignedBuffer scratch(std::max<size_t>(64, MatMulScratchBytes(c.type, cols, n)));
-          ThreadPool pool(2);
-          std::vector<float> want(static_cast<size_t>(n * rows), -7.f), got(want.size(), -7.f);
-          matmul_internal::MatMulWithIsa(isa, m.w, gated.data(), stride, n, want.data(), rows, pool, scratch.ptr);
-          std::vector<float> gate_in = gate;
-          const matmul_internal::GluRows glu_rows{glu, up.data()};
-          matmul_internal::MatMulWithIsa(isa, m.w, gate_in.data(), stride, n, got.data(), rows, pool, scratch.ptr,
-                                         &glu_rows);
-          EXPECT_EQ(got, want);
-          if (c.type == GgmlType::kF32) {
-            for (int64_t t = 0; t < n; ++t) {
-              EXPECT_TRUE(std::equal(gated.begin() + t * stride, gated.begin() + t * stride + cols, gate_in.begin() + t * stride));
-            }
-          } else {
-            EXPECT_EQ(gate_in, gate) << "the gate is only read";
-          }
-        }
-      }
-    }
-  }
-  // The public entry point, on the best family.
-  const Packed q = MakePacked(GgmlType::kQ4_K, rows, cols, 25);
-  std::vector<float> gate = Gaussian(3 * cols, 26);
-  const std::vector<float> up = Gaussian(3 * cols, 27);
-  std::vector<float> gated(gate.size());
-  SwiGlu(gate.data(), up.data(), gated.data(), 3 * cols);
-  AlignedBuffer scratch(MatMulScratchBytes(GgmlType::kQ4_K, cols, 3));
-  ThreadPool pool(2);
-  std::vector<float> want(3 * rows), got(3 * rows);
-  MatMul(q.w, gated.data(), cols, 3, want.data(), rows, pool, scratch.ptr);
-  MatMulGlu(q.w, Glu::kSwiGlu, gate.data(), up.data(), cols, 3, got.data(), rows, pool, scratch.ptr);
-  EXPECT_EQ(got, want);
 }
 
 }  // namespace
