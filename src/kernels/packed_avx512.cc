@@ -234,6 +234,43 @@ __attribute__((always_inline)) inline __m512i BlockSumsDot(const __m512i (&pairs
   return r;
 }
 
+// Per token, the int16 pairs (S_2i, S_2i+1) of a super-block's full 32-value block sums,
+// i = 0..3, from the tiled blocks' (lo16, hi16) pairs at `as` (tokens past nt read as 0):
+// against the rows' (x_2i, x_2i+1) pairs one vpdpwssd covers two blocks, where the
+// per-16 pairs take one each. Free of the vector multiply pipes (adds, shifts, blends).
+template <int NT>
+__attribute__((always_inline)) inline void FullBlockSumPairs(const uint8_t* as, uint32_t (&out)[4][8]) {
+  constexpr __mmask8 kLive = static_cast<__mmask8>((1u << NT) - 1);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m256i p0 = _mm256_maskz_loadu_epi32(kLive, as + 2 * i * kTiledBlockBytes + kTiledPair);
+    const __m256i p1 = _mm256_maskz_loadu_epi32(kLive, as + (2 * i + 1) * kTiledBlockBytes + kTiledPair);
+    const __m256i s0 = _mm256_add_epi16(p0, _mm256_srli_epi32(p0, 16));  // low half: lo + hi (|.| <= 4064)
+    const __m256i s1 = _mm256_add_epi16(p1, _mm256_srli_epi32(p1, 16));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i]), _mm256_blend_epi16(s0, _mm256_slli_epi32(s1, 16), 0xAA));
+  }
+}
+
+// r += pairs (int16 pairs of 16 rows) . the int16 pair at a, broadcast; folded by hand as
+// DpbusdBroadcast.
+__attribute__((always_inline)) inline __m512i DpwssdBroadcast(__m512i r, __m512i pairs, const uint32_t* a) {
+#if defined(__GNUC__) && !defined(__clang__)
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(r) : "v"(pairs), "m"(*a));
+  return r;
+#else
+  return _mm512_dpwssd_epi32(r, pairs, _mm512_set1_epi32(static_cast<int32_t>(*a)));
+#endif
+}
+
+// Per row, the sum over a super-block's 8 blocks of x_j (16 rows, x2[i] = (x_2i, x_2i+1)
+// int16 pairs) times token t's full block sums (FullBlockSumPairs): 4 vpdpwssd.
+__attribute__((always_inline)) inline __m512i FullBlockSumsDot(const __m512i (&x2)[4], const uint32_t (&sums)[4][8], int t) {
+  __m512i r = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) r = DpwssdBroadcast(r, x2[i], &sums[i][t]);
+  return r;
+}
+
 // The row pointers of a K-quant tile's Q8_K activations (Q8KTokens), or nothing for a
 // tile over tiled activations, whose one pointer is p.a.
 struct NoRowTokens {
@@ -282,6 +319,8 @@ void TilePackedQ4_K(const PackedArgs& p) {
     const uint8_t* sc = sb + 8 * kSub + 64;
     const uint8_t* mins = sc + 128;
     const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // the super-block's first activation block
+    alignas(32) uint32_t sums[4][8];
+    FullBlockSumPairs<NT>(as, sums);
     __m512i isum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
@@ -300,20 +339,21 @@ void TilePackedQ4_K(const PackedArgs& p) {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
     }
-    __m512i mdup[8];  // rows' (m_j, m_j) as int16 pairs, against block j's two 16-value sums
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 16 * j)));
-      mdup[j] = Int16Pairs(m, m);
+    __m512i m2[4];  // rows' (m_2i, m_2i+1) as int16 pairs, against the blocks' full sums
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      m2[i] = Int16Pairs(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * i))),
+                         _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(mins + 32 * i + 16))));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 8 * kSub + 32)));
     const float* da = reinterpret_cast<const float*>(as + kTiledD);
+    // acc += da * (f(isum) * d - f(msum) * dmin): three multiply-pipe ops a token, not four.
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const __m512i msum = BlockSumsDot(mdup, as, t);
-      acc[t] = AddScaled(acc[t], isum[t], d, da[t]);
-      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, _mm512_set1_ps(da[t])), acc[t]);
+      const __m512i msum = FullBlockSumsDot(m2, sums, t);
+      const __m512 rows = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(isum[t]), d));
+      acc[t] = _mm512_fmadd_ps(rows, _mm512_set1_ps(da[t]), acc[t]);
     }
   }
   StoreRows(p, 0, acc);
@@ -423,6 +463,8 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb + 2048)));
     const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 2048 + 32);
     const uint8_t* as = p.a + 8 * s * kTiledBlockBytes;  // tiled: the super-block's first block
+    [[maybe_unused]] alignas(32) uint32_t sums[4][8];
+    if constexpr (kTiled) FullBlockSumPairs<NT>(as, sums);
     __m512i isum[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
@@ -444,13 +486,17 @@ void TilePackedIQ4_XS(const PackedArgs& p) {
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iacc[t], scale));
     }
     if constexpr (kTiled) {
-      __m512i sdup[8];  // rows' (sc_j, sc_j) as int16 pairs, against block j's two 16-value sums
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        const __m512i v = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
-        sdup[j] = Int16Pairs(v, v);
+      __m512i s2[4];  // rows' (sc_2i, sc_2i+1) as int16 pairs, against the blocks' full sums
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        s2[i] = Int16Pairs(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * i))),
+                           _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + 32 * i + 16))));
       }
-      AddOffsetSuperBlock<7>(acc, isum, sdup, d, as);
+      const float* da = reinterpret_cast<const float*>(as + kTiledD);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = AddScaled(acc[t], _mm512_sub_epi32(isum[t], _mm512_slli_epi32(FullBlockSumsDot(s2, sums, t), 7)), d, da[t]);
+      }
     } else {
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) acc[t] = AddScaled(acc[t], isum[t], d, tok.d[t][s]);
