@@ -12,6 +12,10 @@
 //               vpmaddubsw + vpmaddwd + vpaddd ymm (AVX2, 6 chains).
 //   f32 FMA     vfmadd231ps zmm, 16 independent accumulators (AVX2: ymm, 12); 2 FLOP each.
 //   bf16 dot    vdpbf16ps zmm (AVX512_BF16), 16 accumulators; 2 FLOP per bf16 pair.
+//   pipe shares (AVX-512 VNNI, 1 thread, not in --limits) the int8 dot with 8 of another
+//               instruction per 16 vpdpbusd (vmulps, vfmadd231ps, vpmulld, vpdpwssd,
+//               vcvtdq2ps, vpaddd): the int8 dot's rate where it runs on other pipes,
+//               2/3 of it where it takes the same two; the tiles' ceilings follow.
 //   clock       16 dependent 1-cycle integer adds per loop (1 thread): the core clock the
 //               peaks ran at, so peak / clock gives ops per cycle.
 // The peak loops are inline assembly, so the compiler can neither fold them (a naive
@@ -187,6 +191,39 @@ __attribute__((target("avx512f,avx512vnni"))) void VnniTileMixZmm(int64_t n) {
                : TRELLIS_ZMM_CLOBBERS, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23");
   SinkZmm(out);
 }
+
+// Which instructions share vpdpbusd's pipes: 16 vpdpbusd (zmm0..15, as VnniZmm) plus 8
+// independent OP into zmm16..23 per iteration, counted as the 2048 int8 ops of the
+// vpdpbusd alone. Where OP runs on other pipes the rate is int8_dot's; where it takes the
+// same ones (two on Zen 4 / 5: 24 instructions for 16 slots) it is 2/3 of it. The packed
+// tiles' ceilings follow from how many such instructions they spend per vpdpbusd
+// (docs/ROOFLINE.md, "Which instructions share the int8 dot's pipes").
+#define TRELLIS_ZERO_HI(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
+#define TRELLIS_R16_23(X) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define TRELLIS_PORT_LOOP(NAME, OP)                                                                     \
+  __attribute__((target("avx512f,avx512vnni,avx512bw"))) void NAME(int64_t n) {                       \
+    const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-5);                                   \
+    __m512i out;                                                                                         \
+    asm volatile(TRELLIS_R16(TRELLIS_ZERO_Z) TRELLIS_R16_23(TRELLIS_ZERO_HI) "1:\n\t" TRELLIS_R16(       \
+        TRELLIS_VNNI_Z) TRELLIS_R16_23(OP) "dec %[n]\n\t"                                                \
+                                          "jnz 1b\n\t" TRELLIS_R1_15(TRELLIS_FOLD_Z) "vmovdqu64 %%zmm0, %[out]" \
+                 : [n] "+r"(n), [out] "=m"(out)                                                         \
+                 : [x] "v"(x), [y] "v"(y)                                                               \
+                 : TRELLIS_ZMM_CLOBBERS, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23"); \
+    SinkZmm(out);                                                                                        \
+  }
+#define TRELLIS_OP_MUL(i) "vmulps %[y], %[x], %%zmm" #i "\n\t"
+#define TRELLIS_OP_FMA(i) "vfmadd231ps %[y], %[x], %%zmm" #i "\n\t"
+#define TRELLIS_OP_MULLD(i) "vpmulld %[y], %[x], %%zmm" #i "\n\t"
+#define TRELLIS_OP_DPWSSD(i) "vpdpwssd %[y], %[x], %%zmm" #i "\n\t"
+#define TRELLIS_OP_CVT(i) "vcvtdq2ps %[x], %%zmm" #i "\n\t"
+#define TRELLIS_OP_ADD(i) "vpaddd %[y], %[x], %%zmm" #i "\n\t"
+TRELLIS_PORT_LOOP(VnniWithMul, TRELLIS_OP_MUL)
+TRELLIS_PORT_LOOP(VnniWithFma, TRELLIS_OP_FMA)
+TRELLIS_PORT_LOOP(VnniWithMulld, TRELLIS_OP_MULLD)
+TRELLIS_PORT_LOOP(VnniWithDpwssd, TRELLIS_OP_DPWSSD)
+TRELLIS_PORT_LOOP(VnniWithCvt, TRELLIS_OP_CVT)
+TRELLIS_PORT_LOOP(VnniWithAdd, TRELLIS_OP_ADD)
 
 // 16 x vdpbf16ps zmm: 16 x 32 bf16 pairs x 2 = 1024 FLOP per iteration.
 __attribute__((target("avx512f,avx512bf16"))) void Bf16Zmm(int64_t n) {
@@ -451,6 +488,17 @@ Result<std::vector<Figure>> MeasureFigures(const RooflineBenchOptions& o, const 
   for (const PeakLoop& k : loops) {
     const int64_t iters = Calibrate(k.fn, peak_seconds);
     for (int n : thread_counts) figs.push_back(MeasurePeak(k, n, iters, reps));
+  }
+  if (p.vnni512 && !only_threads) {  // one core's pipes: 1 thread; not part of --limits
+    const PeakLoop shares[] = {
+        {"int8_with_vmulps", "int8 dot with 8 vmulps per 16 vpdpbusd", "GOP/s", VnniWithMul, 16 * 64 * 2},
+        {"int8_with_vfmadd231ps", "int8 dot with 8 vfmadd231ps per 16 vpdpbusd", "GOP/s", VnniWithFma, 16 * 64 * 2},
+        {"int8_with_vpmulld", "int8 dot with 8 vpmulld per 16 vpdpbusd", "GOP/s", VnniWithMulld, 16 * 64 * 2},
+        {"int8_with_vpdpwssd", "int8 dot with 8 vpdpwssd per 16 vpdpbusd", "GOP/s", VnniWithDpwssd, 16 * 64 * 2},
+        {"int8_with_vcvtdq2ps", "int8 dot with 8 vcvtdq2ps per 16 vpdpbusd", "GOP/s", VnniWithCvt, 16 * 64 * 2},
+        {"int8_with_vpaddd", "int8 dot with 8 vpaddd per 16 vpdpbusd", "GOP/s", VnniWithAdd, 16 * 64 * 2},
+    };
+    for (const PeakLoop& k : shares) figs.push_back(MeasurePeak(k, 1, Calibrate(k.fn, peak_seconds), reps));
   }
   figs.push_back(MeasurePeak(clock, 1, Calibrate(clock.fn, peak_seconds), reps));
   return figs;

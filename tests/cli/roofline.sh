@@ -16,7 +16,11 @@ want=("DRAM read" "L2 read" "core clock")
 grep -qw avx512_bf16 /proc/cpuinfo && [[ $isa != avx2 && $isa != scalar ]] && want+=("bf16 dot")
 # AVX-512 VNNI: the packed tiles' instruction mix too (int8_tile_mix; not compared with the
 # peak here: --quick's short loops put the two within noise of each other)
-grep -qw avx512_vnni /proc/cpuinfo && [[ $isa != avx2 && $isa != scalar ]] && want+=("int8 dot in the Q4_0")
+vnni512=0
+grep -qw avx512_vnni /proc/cpuinfo && [[ $isa != avx2 && $isa != scalar ]] && vnni512=1 && want+=("int8 dot in the Q4_0")
+# and, for one core, the int8 dot beside 8 of each instruction the tiles mix in (which of
+# them share vpdpbusd's pipes differs between CPUs, so only their presence is checked)
+shares=(vmulps vfmadd231ps vpmulld vpdpwssd vcvtdq2ps vpaddd)
 
 say "bench roofline --quick --threads 2: a row per figure and thread count, every figure > 0"
 timeout 60 "$TRELLIS" bench roofline --quick --threads 2 >"$tmp/md.txt" 2>"$tmp/md.err" ||
@@ -31,6 +35,15 @@ for w in "${want[@]}"; do
   done
   ok "$w: positive"
 done
+if [[ $vnni512 == 1 ]]; then
+  for op in "${shares[@]}"; do
+    row=$(grep -E "^\| int8 dot with 8 $op per 16 vpdpbusd \| 1 \|" "$tmp/md.txt" | head -1) ||
+      die "no 'int8 dot with 8 $op' row: $(cat "$tmp/md.txt")"
+    v=$(awk -F'|' '{gsub(/ /, "", $4); print $4}' <<<"$row")
+    awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' || die "'int8 dot with 8 $op': figure '$v' is not positive"
+  done
+  ok "the int8 dot beside ${#shares[@]} other instructions: positive"
+fi
 for m in Q4_0 Q4_K_M F16; do
   for t in 1 2; do
     row=$(grep -E "^\| $m \| $t \|" "$tmp/md.txt") || die "no ceiling row for $m, $t threads: $(cat "$tmp/md.txt")"
