@@ -299,9 +299,9 @@ __attribute__((always_inline)) inline void AddOffsetSuperBlock(__m512 (&acc)[NT]
 // Q4_K: per 32-element sub-block the same 8 dots as Q4_0 (weights 0..15, no offset) into
 // iacc, then the sub-block's 6-bit scales multiply it in int32 into the super-block's sum
 // (|sum| < 2^26 for Q4_K, 2^27 for Q5_K), and once per super-block
-// acc += f(isum) * (d * da[t]) - f(msum) * (dmin * da[t]), where msum = sum of the 6-bit
-// mins m_j times the blocks' activation sums, one vpdpwssd of (m_j, m_j) int16 pairs
-// against each block's pair of 16-value sums. That is llama.cpp's own order (integers within a
+// acc += da[t] * (f(isum) * d - f(msum) * dmin), where msum = sum of the 6-bit mins m_j
+// times the blocks' activation sums, one vpdpwssd of (m_2i, m_2i+1) int16 pairs against
+// two blocks' full sums (FullBlockSumPairs). That is llama.cpp's own order (integers within a
 // super-block, one scale per super-block), and per token and sub-block one vpmulld + add
 // instead of a convert, a multiply and two FMAs: the scale step shares the vector ports
 // with vpdpbusd (docs/ROOFLINE.md). Activations are tiled Q8_K (matmul_internal.h), so one
@@ -447,8 +447,8 @@ void TilePackedQ6_K(const PackedArgs& p) {
 // times the sub-block's int8 scale in int32 (|sum| < 2^28 over a super-block); one
 // convert + FMA per super-block applies d[rows] * da[t], as Q6_K. The grid's +128 comes
 // off as 128 x the sum of the activations, as Q6_K's offset: kTiled (tiled Q8_K
-// activations, the broadcasts folded) once per super-block, 8 vpdpwssd of (sc_j, sc_j)
-// pairs against each block's two 16-value sums; with row activations (one or two tokens,
+// activations, the broadcasts folded) once per super-block, 4 vpdpwssd of (sc_2i, sc_2i+1)
+// pairs against two blocks' full sums (FullBlockSumPairs); with row activations (one or two tokens,
 // PackedKernel::row_fn) each sub-block starts at -128 x its sum.
 template <int NT, bool kTiled>
 void TilePackedIQ4_XS(const PackedArgs& p) {
