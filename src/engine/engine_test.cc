@@ -266,8 +266,10 @@ TEST(EngineTest, AProfiledPassCountsEveryPhaseAndChangesNothing) {
     EXPECT_GT(k.act_ns, 0) << P::Name(i);
     EXPECT_LT(k.act_ns, k.ns) << P::Name(i);
   }
+  // No lower bound against the wall: what lies outside the phases (the scheduler,
+  // sampling) stretches with a loaded host (367 of 816 us once in CI); each phase's own
+  // time is checked above.
   EXPECT_LE(prof.TotalNs(), wall);
-  EXPECT_GT(prof.TotalNs(), wall / 2);
 }
 
 TEST(EngineTest, BadRequestsAreRefusedAndLeakNothing) {
