@@ -406,6 +406,7 @@ void RunPacked(std::span<const PackedKernel> pks, std::span<const MatMulOut> out
             p.a = a + (pk.tiled ? t / kPackedMaxTokens : t) * a_stride;  // t0 and tc: multiples of the tile
             p.y = outs[i].y + t * outs[i].y_stride + g * kPackRows;
             p.nt = static_cast<int>(std::min<int64_t>(kPackedMaxTokens, t1 - t));
+            p.cached = t > t0;
             pk.fn(p);
           }
         }

@@ -69,8 +69,11 @@ inline void FillQ8KBlockSums(uint8_t* row, int64_t cols) {
 // An 8-token tile spends ~8 cycles on a line, so its near prefetch leads by less than
 // DRAM's latency; the far one keeps more lines in flight (packed_avx512.cc: measured).
 inline constexpr int64_t kL2PrefetchBytes = 8192;
-template <int NT, int64_t kNear>
+// kOn = false: none, for a tile whose weights an earlier tile has just read
+// (PackedArgs::cached).
+template <int NT, int64_t kNear, bool kOn = true>
 __attribute__((always_inline)) inline void PrefetchWeights(const uint8_t* p) {
+  if constexpr (!kOn) return;
   __builtin_prefetch(p + kNear, 0, 3);                                  // prefetcht0
   if constexpr (NT > 1) __builtin_prefetch(p + kL2PrefetchBytes, 0, 2);  // prefetcht1
 }
@@ -169,6 +172,12 @@ struct PackedArgs {
   int ng;               // groups (1..PackedKernel::groups)
   int nr;               // rows of those groups that exist (1..16 * ng)
   int nt;               // tokens (1..kPackedMaxTokens)
+  // The same weights were read by the tile just before (earlier tokens of a prefill
+  // chunk), so they are in L1 or L2: a kernel may skip its software prefetches, which
+  // then only take load slots. The 32-element block types do (bench_kernels, 512 tokens,
+  // 8 alternating rounds: Q8_0 1.07x on one thread, 1.03x on two; Q4_0, Q5_0, IQ4_NL
+  // 1.00-1.04x); the K-quants measured 1.00-1.01x without them and keep them.
+  bool cached = false;
 };
 using PackedFn = void (*)(const PackedArgs&);
 
