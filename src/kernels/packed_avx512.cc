@@ -8,8 +8,11 @@
 // (weights are stored unsigned: Q4_0 as e = q + 8, Q8_0 as q + 128). Then one convert and
 // one FMA apply dw[16 rows] * da[token]. Q4_0 nibbles are split with one shift and two ands
 // per 64 bytes, shared by all tokens of the tile. A tile is 16 rows x up to 8 tokens:
-// 8 int32 + 8 f32 accumulators stay in registers. Q4_0 and Q8_0 read tiled activations
-// (matmul_internal.h): one pointer per block reaches every token's bytes, scale and sum.
+// 8 int32 + 8 f32 accumulators stay in registers; over weights an earlier tile has just
+// read (prefill), the 32-element block types take 32 rows x 4 tokens at a time instead,
+// each activation dword loaded once for two groups (TilePackedGroups). Those types read
+// tiled activations (matmul_internal.h): one pointer per block reaches every token's
+// bytes, scale and sum.
 //
 // Measured on Zen 4 (one thread, 5632 x 2048 Q4_0, 512 tokens): ~550 GOP/s, against
 // ~250 for the row-major 3x4 tiles; from DRAM, one token streams at the bandwidth.
@@ -81,13 +84,13 @@ __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m5
 struct Nibbles {
   __m512i operator()(__m512i e) const { return e; }
 };
-template <int NT, bool kFold = true, typename Act, typename Map = Nibbles, bool kPf = true>
+template <int NT, bool kFold = true, typename Act, typename Map = Nibbles>
 __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act act, __m512i (&iacc)[NT],
                                                           Map map = {}) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
-    PrefetchWeights<NT, kPrefetchBytes, kPf>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m512i packed = _mm512_load_si512(wb + 64 * i);
     const __m512i lo = map(_mm512_and_si512(packed, m4));
     const __m512i hi = map(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4));
@@ -123,15 +126,15 @@ __attribute__((always_inline)) inline __m512i BitTo4(__m512i v) {
 // A 5-bit block (4 nibble lines + the 5th-bit line at wb + 256, packed.h: Q5_0, Q5_1 and
 // Q5_K's sub-blocks) against NT tokens: iacc[t] += sum of e * a, e in 0..31, token t's
 // bytes 8i..8i+7 of the block at act(t, i).
-template <int NT, bool kFold = true, typename Act, bool kPf = true>
+template <int NT, bool kFold = true, typename Act>
 __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act, __m512i (&iacc)[NT]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
-  PrefetchWeights<NT, kPrefetchBytes, kPf>(wb + 256);
+  PrefetchWeights<NT, kPrefetchBytes>(wb + 256);
   const __m512i high = _mm512_load_si512(wb + 256);
   auto line = [&](auto i_const) {
     constexpr int i = decltype(i_const)::value;
-    PrefetchWeights<NT, kPrefetchBytes, kPf>(wb + 64 * i);
+    PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
     const __m512i packed = _mm512_load_si512(wb + 64 * i);
     const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
     const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
@@ -149,73 +152,180 @@ __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act
   line(std::integral_constant<int, 3>{});
 }
 
+// Line i's two 16-row x 4-value vectors of a 4- or 5-bit block at wb (its 5th-bit line
+// `high` loaded by the caller for Q5_0 / Q5_1): the low and the high nibbles, mapped
+// through IQ4_NL's grid or given their 5th bits.
+template <GgmlType kType, int kI>
+__attribute__((always_inline)) inline void UnpackLine(const uint8_t* wb, __m512i high, const Iq4Grid& grid,
+                                                      __m512i& lo, __m512i& hi) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i packed = _mm512_load_si512(wb + 64 * kI);
+  lo = _mm512_and_si512(packed, m4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
+  if constexpr (kType == GgmlType::kIQ4_NL) {
+    lo = grid(lo);
+    hi = grid(hi);
+  } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    lo = _mm512_or_si512(lo, _mm512_and_si512(BitTo4<2 * kI>(high), m10));
+    hi = _mm512_or_si512(hi, _mm512_and_si512(BitTo4<2 * kI + 1>(high), m10));
+  }
+}
+
+// iacc[g][t] += w[g] . token t's 4 activation bytes at a + 32 t, for G groups. One group
+// folds the broadcast into vpdpbusd's memory operand; more load it once into a register
+// that meets every group's weights.
+template <int G, int NT>
+__attribute__((always_inline)) inline void DotGroups(__m512i (&iacc)[G][NT], const __m512i (&w)[G], const uint8_t* a,
+                                                     int t) {
+  if constexpr (G == 1) {
+    iacc[0][t] = DpbusdBroadcast(iacc[0][t], w[0], a);
+  } else {
+    const __m512i x = _mm512_set1_epi32(Load32(a));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) iacc[g][t] = _mm512_dpbusd_epi32(iacc[g][t], w[g], x);
+  }
+}
+
 // The 32-element block types against tiled activations (matmul_internal.h): per block,
 // every operand a token needs is at a fixed offset from the block's pointer ab: its 32
 // bytes at 32 t, its scale at 256 + 4 t, its accumulator start at 288 + 4 t (-offset *
 // sum, TiledActOffset: the weights' unsigned bias; for Q5_1, whose weights have none, the
-// sum itself, which its offset m multiplies). kPf = false: no software prefetch, for
-// tiles whose weights the tile before them has just read (PackedArgs::cached).
-template <GgmlType kType, int NT, bool kPf = true>
-void TilePacked(const PackedArgs& p) {
+// sum itself, which its offset m multiplies).
+//
+// G groups (16 G rows) x NT tokens from slot t0 of the tile. With one group every
+// vpdpbusd takes its activation dword as a broadcast memory operand, 64 loads a block
+// beside 64 vpdpbusd, and the load pipes, not the dot products, set the pace: without
+// those loads (results wrong) a one-group tile of 8 tokens ran 1.2-1.37x. Two groups x 4
+// tokens broadcast each dword once for both groups: half the loads for the same dots
+// (an in-process A/B, 8 units x 9 tiles of 2048 columns, one thread: Q4_0 1.15x, Q8_0
+// 1.28x). kPf = false: no software prefetch, for tiles whose weights the tile before them
+// has just read (PackedArgs::cached).
+template <GgmlType kType, int G, int NT, bool kPf = true>
+__attribute__((always_inline)) inline void TilePackedGroups(const PackedArgs& p, int t0) {
   constexpr int kLines = PackedLines(kType);
   constexpr bool kMin = kType == GgmlType::kQ5_1;
+  constexpr bool kQ5 = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
   constexpr int64_t kD = 32 * kPackedMaxTokens, kCorr = 36 * kPackedMaxTokens;
-  const uint8_t* qs = p.g;
-  const uint16_t* scales = reinterpret_cast<const uint16_t*>(p.g + p.nb * 64 * kLines);
-  [[maybe_unused]] const uint16_t* mins = scales + 16 * p.nb;
+  const uint8_t* qs[G];
+  const uint16_t* scales[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    qs[g] = p.g + g * p.group_bytes;
+    scales[g] = reinterpret_cast<const uint16_t*>(qs[g] + p.nb * 64 * kLines);
+  }
   [[maybe_unused]] const Iq4Grid grid;
-  __m512 acc[NT];
+  __m512 acc[G][NT];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
   constexpr int64_t kScaleLead = kPrefetchBytes / (64 * kLines);  // blocks
   if constexpr (kPf) {
-    PrefetchScalesStart<kScaleLead>(scales);
-    if constexpr (kMin) PrefetchScalesStart<kScaleLead>(mins);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      PrefetchScalesStart<kScaleLead>(scales[g]);
+      if constexpr (kMin) PrefetchScalesStart<kScaleLead>(scales[g] + 16 * p.nb);
+    }
   }
   for (int64_t b = 0; b < p.nb; ++b) {
-    const uint8_t* wb = qs + b * 64 * kLines;
-    const uint8_t* ab = p.a + b * kTiledBlockBytes;
+    const uint8_t* wb[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) wb[g] = qs[g] + b * 64 * kLines;
+    const uint8_t* ab = p.a + b * kTiledBlockBytes + 32 * t0;  // token t0's bytes
+    const uint8_t* tail = p.a + b * kTiledBlockBytes + 4 * t0;  // + kD, kCorr: token t0's scale, start
     if constexpr (kPf) {
-      PrefetchScales<kScaleLead>(scales, b);
-      if constexpr (kMin) PrefetchScales<kScaleLead>(mins, b);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        PrefetchScales<kScaleLead>(scales[g], b);
+        if constexpr (kMin) PrefetchScales<kScaleLead>(scales[g] + 16 * p.nb, b);
+      }
     }
-    auto act = [ab](int t, int i) { return ab + 32 * t + 8 * i; };
-    __m512i iacc[NT];
+    __m512i iacc[G][NT];
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) iacc[t] = kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(Load32(ab + kCorr + 4 * t));
-    if constexpr (kType == GgmlType::kQ4_0) {
-      DotNibbleBlock<NT, true, decltype(act), Nibbles, kPf>(wb, act, iacc);
-    } else if constexpr (kType == GgmlType::kIQ4_NL) {
-      DotNibbleBlock<NT, true, decltype(act), Iq4Grid, kPf>(wb, act, iacc, grid);
-    } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
-      DotQ5Block<NT, true, decltype(act), kPf>(wb, act, iacc);
-    } else {
+    for (int t = 0; t < NT; ++t) {
+      const __m512i start = kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(Load32(tail + kCorr + 4 * t));
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) iacc[g][t] = start;
+    }
+    if constexpr (kType == GgmlType::kQ8_0) {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        PrefetchWeights<NT, kPrefetchBytes, kPf>(wb + 64 * j);
-        const __m512i w = _mm512_load_si512(wb + 64 * j);
+        __m512i w[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 64 * j);
+          w[g] = _mm512_load_si512(wb[g] + 64 * j);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) DotGroups<G, NT>(iacc, w, ab + 32 * t + 4 * j, t);
+      }
+    } else {
+      [[maybe_unused]] __m512i high[G];
+      if constexpr (kQ5) {
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 256);
+          high[g] = _mm512_load_si512(wb[g] + 256);
+        }
+      }
+      auto line = [&](auto i_const) {
+        constexpr int i = decltype(i_const)::value;
+        __m512i lo[G], hi[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 64 * i);
+          UnpackLine<kType, i>(wb[g], kQ5 ? high[g] : _mm512_setzero_si512(), grid, lo[g], hi[g]);
+        }
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
-          iacc[t] = DpbusdBroadcast(iacc[t], w, ab + 32 * t + 4 * j);
+          DotGroups<G, NT>(iacc, lo, ab + 32 * t + 8 * i, t);
+          DotGroups<G, NT>(iacc, hi, ab + 32 * t + 8 * i + 4, t);
+        }
+      };
+      line(std::integral_constant<int, 0>{});
+      line(std::integral_constant<int, 1>{});
+      line(std::integral_constant<int, 2>{});
+      line(std::integral_constant<int, 3>{});
+    }
+    const float* da = reinterpret_cast<const float*>(tail + kD);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales[g] + 16 * b)));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[g][t]), _mm512_mul_ps(dw, _mm512_set1_ps(da[t])), acc[g][t]);
+      }
+      if constexpr (kMin) {  // + m[rows] * (da * sum)[t]
+        const __m512 mw =
+            _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales[g] + 16 * p.nb + 16 * b)));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const float dsum = da[t] * static_cast<float>(Load32(tail + kCorr + 4 * t));
+          acc[g][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(dsum), acc[g][t]);
         }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
-    const float* da = reinterpret_cast<const float*>(ab + kD);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da[t])), acc[t]);
-    }
-    if constexpr (kMin) {  // + m[rows] * (da * sum)[t]
-      const __m512 mw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins + 16 * b)));
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        const float dsum = da[t] * static_cast<float>(Load32(ab + kCorr + 4 * t));
-        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(dsum), acc[t]);
-      }
-    }
   }
-  StoreRows(p, 0, acc);
+  PackedArgs q = p;
+  q.y = p.y + t0 * p.y_stride;
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) StoreRows(q, g, acc[g]);
+}
+
+// One group, the tile's NT tokens.
+template <GgmlType kType, int NT, bool kPf = true>
+void TilePacked(const PackedArgs& p) {
+  TilePackedGroups<kType, 1, NT, kPf>(p, 0);
+}
+
+// Two groups x a full tile of 8 tokens over cached weights (PackedArgs::cached), in two
+// passes of 4.
+template <GgmlType kType>
+void TilePacked2x8(const PackedArgs& p) {
+  static_assert(kPackedMaxTokens == 8);
+  TilePackedGroups<kType, 2, 4, false>(p, 0);
+  TilePackedGroups<kType, 2, 4, false>(p, 4);
 }
 
 // Tiled Q8_K activations (matmul_internal.h): a block's per-token scale and its int16
@@ -766,19 +876,32 @@ void DispatchPacked(const PackedArgs& p) {
   static constexpr PackedFn kTable[kPackedMaxTokens] = {
       TilePacked<kType, 1>, TilePacked<kType, 2>, TilePacked<kType, 3>, TilePacked<kType, 4>,
       TilePacked<kType, 5>, TilePacked<kType, 6>, TilePacked<kType, 7>, TilePacked<kType, 8>};
-  if (p.cached && p.nt == kPackedMaxTokens) return TilePacked<kType, kPackedMaxTokens, false>(p);
-  kTable[p.nt - 1](p);
+  if (p.nt == kPackedMaxTokens && p.cached) {
+    if (p.ng == 2) return TilePacked2x8<kType>(p);
+    return TilePacked<kType, kPackedMaxTokens, false>(p);
+  }
+  // Weights on their way from memory (decode, and a prefill chunk's first tile of a
+  // unit), or fewer tokens: one group at a time, as many tokens as there are. Two groups
+  // x 4 tokens there streamed each line for half the work: 8 sessions decoding, TinyLlama
+  // Q4_0 0.91x, Q8_0 0.85x.
+  PackedArgs q = p;
+  for (int g = 0; g < p.ng; ++g) {
+    q.g = p.g + g * p.group_bytes;
+    q.nr = p.nr - 16 * g;
+    q.y = p.y + 16 * g;
+    kTable[p.nt - 1](q);
+  }
 }
 
 }  // namespace
 
 PackedKernel GetPackedKernelAvx512(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return {DispatchPacked<GgmlType::kQ4_0>, 1, /*tiled=*/true};
-    case GgmlType::kQ5_0: return {DispatchPacked<GgmlType::kQ5_0>, 1, /*tiled=*/true};
-    case GgmlType::kQ5_1: return {DispatchPacked<GgmlType::kQ5_1>, 1, /*tiled=*/true};
-    case GgmlType::kQ8_0: return {DispatchPacked<GgmlType::kQ8_0>, 1, /*tiled=*/true};
-    case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 1, /*tiled=*/true};
+    case GgmlType::kQ4_0: return {DispatchPacked<GgmlType::kQ4_0>, 2, /*tiled=*/true};
+    case GgmlType::kQ5_0: return {DispatchPacked<GgmlType::kQ5_0>, 2, /*tiled=*/true};
+    case GgmlType::kQ5_1: return {DispatchPacked<GgmlType::kQ5_1>, 2, /*tiled=*/true};
+    case GgmlType::kQ8_0: return {DispatchPacked<GgmlType::kQ8_0>, 2, /*tiled=*/true};
+    case GgmlType::kIQ4_NL: return {DispatchPacked<GgmlType::kIQ4_NL>, 2, /*tiled=*/true};
     case GgmlType::kQ4_K: return {DispatchPackedQ4_K<false>, 1, /*tiled=*/true};
     case GgmlType::kQ5_K: return {DispatchPackedQ4_K<true>, 1, /*tiled=*/true};
     case GgmlType::kQ6_K: return {DispatchPackedQ6_K, 1, /*tiled=*/true, DispatchPackedQ6_KRows};
