@@ -196,11 +196,12 @@ __attribute__((always_inline)) inline void DotGroups(__m512i (&iacc)[G][NT], con
 // G groups (16 G rows) x NT tokens from slot t0 of the tile. With one group every
 // vpdpbusd takes its activation dword as a broadcast memory operand, 64 loads a block
 // beside 64 vpdpbusd, and they cost the dot products time: the one-group 8-token tile
-// with them taken out (results wrong) ran 1.2-1.37x, and a bare loop of 16 vpdpbusd
-// whose dwords are broadcast from 4 lines, with 2 zmm loads beside, ran 0.85-0.88 of the
-// register-operand rate (Zen 5). Two groups x 4 tokens broadcast each dword into a
-// register once for both groups: half those loads for the same dots (in-process A/B, 8
-// units x 9 tiles of 2048 columns, one thread: Q4_0 1.14-1.15x, Q8_0 1.28-1.43x).
+// with them taken out (results wrong) ran 1.2-1.37x, and `bench roofline`'s loop of 16
+// vpdpbusd whose dwords are broadcast from 4 lines, 2 zmm loads beside, runs 0.76-0.78x
+// the loop with 8 register broadcasts used twice (Zen 5). Two groups x 4 tokens
+// broadcast each dword into a register once for both groups: half those loads for the
+// same dots (in-process A/B, 8 units x 9 tiles of 2048 columns, one thread: Q4_0
+// 1.14-1.15x, Q8_0 1.28-1.43x).
 // kPf = false: no software prefetch, for tiles whose weights the tile before them has
 // just read (PackedArgs::cached).
 template <GgmlType kType, int G, int NT, bool kPf = true>

@@ -43,6 +43,12 @@ if [[ $vnni512 == 1 ]]; then
     awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' || die "'int8 dot with 8 $op': figure '$v' is not positive"
   done
   ok "the int8 dot beside ${#shares[@]} other instructions: positive"
+  for src in "dwords as broadcast memory operands" "8 dwords broadcast to registers"; do
+    row=$(grep -F "| int8 dot, $src" "$tmp/md.txt" | head -1) || die "no 'int8 dot, $src' row: $(cat "$tmp/md.txt")"
+    v=$(awk -F'|' '{gsub(/ /, "", $4); print $4}' <<<"$row")
+    awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' || die "'int8 dot, $src': figure '$v' is not positive"
+  done
+  ok "the int8 dot with its dwords from memory and from registers: positive"
 fi
 for m in Q4_0 Q4_K_M F16; do
   for t in 1 2; do
