@@ -236,41 +236,68 @@ TRELLIS_PORT_LOOP(VnniWithAdd, TRELLIS_OP_ADD)
 // vpdpbusd. Both walk 16 KiB of L1 (activations) and 16 KiB (weights), 320 bytes an
 // iteration. The int8 dot's register-operand rate is the reference.
 alignas(64) uint8_t g_tile_bytes[32768];
-__attribute__((target("avx512f,avx512vnni"))) void VnniBroadcastOperands(int64_t n) {
-  const uint8_t* a = g_tile_bytes;
-  const uint8_t* w = g_tile_bytes + 16384;
-  int64_t o = 0;
-  __m512i out;
-  asm volatile(TRELLIS_R16(TRELLIS_ZERO_Z) "1:\n\t"
-               "vmovdqa64 (%[w],%[o]), %%zmm16\n\t"
-               "vmovdqa64 64(%[w],%[o]), %%zmm17\n\t" "vpdpbusd 0(%[a],%[o])%{1to16%}, %%zmm16, %%zmm0\n\t" "vpdpbusd 32(%[a],%[o])%{1to16%}, %%zmm16, %%zmm1\n\t" "vpdpbusd 64(%[a],%[o])%{1to16%}, %%zmm16, %%zmm2\n\t" "vpdpbusd 96(%[a],%[o])%{1to16%}, %%zmm16, %%zmm3\n\t" "vpdpbusd 128(%[a],%[o])%{1to16%}, %%zmm16, %%zmm4\n\t" "vpdpbusd 160(%[a],%[o])%{1to16%}, %%zmm16, %%zmm5\n\t" "vpdpbusd 192(%[a],%[o])%{1to16%}, %%zmm16, %%zmm6\n\t" "vpdpbusd 224(%[a],%[o])%{1to16%}, %%zmm16, %%zmm7\n\t" "vpdpbusd 4(%[a],%[o])%{1to16%}, %%zmm17, %%zmm8\n\t" "vpdpbusd 36(%[a],%[o])%{1to16%}, %%zmm17, %%zmm9\n\t" "vpdpbusd 68(%[a],%[o])%{1to16%}, %%zmm17, %%zmm10\n\t" "vpdpbusd 100(%[a],%[o])%{1to16%}, %%zmm17, %%zmm11\n\t" "vpdpbusd 132(%[a],%[o])%{1to16%}, %%zmm17, %%zmm12\n\t" "vpdpbusd 164(%[a],%[o])%{1to16%}, %%zmm17, %%zmm13\n\t" "vpdpbusd 196(%[a],%[o])%{1to16%}, %%zmm17, %%zmm14\n\t" "vpdpbusd 228(%[a],%[o])%{1to16%}, %%zmm17, %%zmm15\n\t" 
-               "add $320, %[o]\n\t"
-               "and $16383, %[o]\n\t"
-               "dec %[n]\n\t"
-               "jnz 1b\n\t" TRELLIS_R1_15(TRELLIS_FOLD_Z) "vmovdqu64 %%zmm0, %[out]"
-               : [n] "+r"(n), [o] "+r"(o), [out] "=m"(out)
-               : [a] "r"(a), [w] "r"(w)
-               : TRELLIS_ZMM_CLOBBERS, "xmm16", "xmm17", "memory");
-  SinkZmm(out);
-}
-__attribute__((target("avx512f,avx512vnni"))) void VnniBroadcastPairs(int64_t n) {
-  const uint8_t* a = g_tile_bytes;
-  const uint8_t* w = g_tile_bytes + 16384;
-  int64_t o = 0;
-  __m512i out;
-  asm volatile(TRELLIS_R16(TRELLIS_ZERO_Z) "1:\n\t"
-               "vmovdqa64 (%[w],%[o]), %%zmm16\n\t"
-               "vmovdqa64 64(%[w],%[o]), %%zmm17\n\t" "vpbroadcastd 0(%[a],%[o]), %%zmm18\n\t" "vpdpbusd %%zmm18, %%zmm16, %%zmm0\n\t" "vpdpbusd %%zmm18, %%zmm17, %%zmm8\n\t" "vpbroadcastd 32(%[a],%[o]), %%zmm19\n\t" "vpdpbusd %%zmm19, %%zmm16, %%zmm1\n\t" "vpdpbusd %%zmm19, %%zmm17, %%zmm9\n\t" "vpbroadcastd 64(%[a],%[o]), %%zmm20\n\t" "vpdpbusd %%zmm20, %%zmm16, %%zmm2\n\t" "vpdpbusd %%zmm20, %%zmm17, %%zmm10\n\t" "vpbroadcastd 96(%[a],%[o]), %%zmm21\n\t" "vpdpbusd %%zmm21, %%zmm16, %%zmm3\n\t" "vpdpbusd %%zmm21, %%zmm17, %%zmm11\n\t" "vpbroadcastd 4(%[a],%[o]), %%zmm22\n\t" "vpdpbusd %%zmm22, %%zmm16, %%zmm4\n\t" "vpdpbusd %%zmm22, %%zmm17, %%zmm12\n\t" "vpbroadcastd 36(%[a],%[o]), %%zmm23\n\t" "vpdpbusd %%zmm23, %%zmm16, %%zmm5\n\t" "vpdpbusd %%zmm23, %%zmm17, %%zmm13\n\t" "vpbroadcastd 68(%[a],%[o]), %%zmm24\n\t" "vpdpbusd %%zmm24, %%zmm16, %%zmm6\n\t" "vpdpbusd %%zmm24, %%zmm17, %%zmm14\n\t" "vpbroadcastd 100(%[a],%[o]), %%zmm25\n\t" "vpdpbusd %%zmm25, %%zmm16, %%zmm7\n\t" "vpdpbusd %%zmm25, %%zmm17, %%zmm15\n\t" 
-               "add $320, %[o]\n\t"
-               "and $16383, %[o]\n\t"
-               "dec %[n]\n\t"
-               "jnz 1b\n\t" TRELLIS_R1_15(TRELLIS_FOLD_Z) "vmovdqu64 %%zmm0, %[out]"
-               : [n] "+r"(n), [o] "+r"(o), [out] "=m"(out)
-               : [a] "r"(a), [w] "r"(w)
-               : TRELLIS_ZMM_CLOBBERS, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",
-                 "xmm24", "xmm25", "memory");
-  SinkZmm(out);
-}
+#define TRELLIS_TILE_BYTES_LOOP(NAME, BODY)                                                           \
+  __attribute__((target("avx512f,avx512vnni"))) void NAME(int64_t n) {                                \
+    const uint8_t* a = g_tile_bytes;                                                                    \
+    const uint8_t* w = g_tile_bytes + 16384;                                                            \
+    int64_t o = 0;                                                                                      \
+    __m512i out;                                                                                        \
+    asm volatile(TRELLIS_R16(TRELLIS_ZERO_Z) "1:\n\t"                                                  \
+                 "vmovdqa64 (%[w],%[o]), %%zmm16\n\t"                                                  \
+                 "vmovdqa64 64(%[w],%[o]), %%zmm17\n\t" BODY "add $320, %[o]\n\t"                      \
+                 "and $16383, %[o]\n\t"                                                                \
+                 "dec %[n]\n\t"                                                                        \
+                 "jnz 1b\n\t" TRELLIS_R1_15(TRELLIS_FOLD_Z) "vmovdqu64 %%zmm0, %[out]"                   \
+                 : [n] "+r"(n), [o] "+r"(o), [out] "=m"(out)                                            \
+                 : [a] "r"(a), [w] "r"(w)                                                               \
+                 : TRELLIS_ZMM_CLOBBERS, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", \
+                   "xmm24", "xmm25", "memory");                                                         \
+    SinkZmm(out);                                                                                       \
+  }
+#define TRELLIS_BCAST_OPERANDS \
+  "vpdpbusd 0(%[a],%[o])%{1to16%}, %%zmm16, %%zmm0\n\t" \
+  "vpdpbusd 32(%[a],%[o])%{1to16%}, %%zmm16, %%zmm1\n\t" \
+  "vpdpbusd 64(%[a],%[o])%{1to16%}, %%zmm16, %%zmm2\n\t" \
+  "vpdpbusd 96(%[a],%[o])%{1to16%}, %%zmm16, %%zmm3\n\t" \
+  "vpdpbusd 128(%[a],%[o])%{1to16%}, %%zmm16, %%zmm4\n\t" \
+  "vpdpbusd 160(%[a],%[o])%{1to16%}, %%zmm16, %%zmm5\n\t" \
+  "vpdpbusd 192(%[a],%[o])%{1to16%}, %%zmm16, %%zmm6\n\t" \
+  "vpdpbusd 224(%[a],%[o])%{1to16%}, %%zmm16, %%zmm7\n\t" \
+  "vpdpbusd 4(%[a],%[o])%{1to16%}, %%zmm17, %%zmm8\n\t" \
+  "vpdpbusd 36(%[a],%[o])%{1to16%}, %%zmm17, %%zmm9\n\t" \
+  "vpdpbusd 68(%[a],%[o])%{1to16%}, %%zmm17, %%zmm10\n\t" \
+  "vpdpbusd 100(%[a],%[o])%{1to16%}, %%zmm17, %%zmm11\n\t" \
+  "vpdpbusd 132(%[a],%[o])%{1to16%}, %%zmm17, %%zmm12\n\t" \
+  "vpdpbusd 164(%[a],%[o])%{1to16%}, %%zmm17, %%zmm13\n\t" \
+  "vpdpbusd 196(%[a],%[o])%{1to16%}, %%zmm17, %%zmm14\n\t" \
+  "vpdpbusd 228(%[a],%[o])%{1to16%}, %%zmm17, %%zmm15\n\t"
+#define TRELLIS_BCAST_PAIRS \
+  "vpbroadcastd 0(%[a],%[o]), %%zmm18\n\t" \
+  "vpdpbusd %%zmm18, %%zmm16, %%zmm0\n\t" \
+  "vpdpbusd %%zmm18, %%zmm17, %%zmm8\n\t" \
+  "vpbroadcastd 32(%[a],%[o]), %%zmm19\n\t" \
+  "vpdpbusd %%zmm19, %%zmm16, %%zmm1\n\t" \
+  "vpdpbusd %%zmm19, %%zmm17, %%zmm9\n\t" \
+  "vpbroadcastd 64(%[a],%[o]), %%zmm20\n\t" \
+  "vpdpbusd %%zmm20, %%zmm16, %%zmm2\n\t" \
+  "vpdpbusd %%zmm20, %%zmm17, %%zmm10\n\t" \
+  "vpbroadcastd 96(%[a],%[o]), %%zmm21\n\t" \
+  "vpdpbusd %%zmm21, %%zmm16, %%zmm3\n\t" \
+  "vpdpbusd %%zmm21, %%zmm17, %%zmm11\n\t" \
+  "vpbroadcastd 4(%[a],%[o]), %%zmm22\n\t" \
+  "vpdpbusd %%zmm22, %%zmm16, %%zmm4\n\t" \
+  "vpdpbusd %%zmm22, %%zmm17, %%zmm12\n\t" \
+  "vpbroadcastd 36(%[a],%[o]), %%zmm23\n\t" \
+  "vpdpbusd %%zmm23, %%zmm16, %%zmm5\n\t" \
+  "vpdpbusd %%zmm23, %%zmm17, %%zmm13\n\t" \
+  "vpbroadcastd 68(%[a],%[o]), %%zmm24\n\t" \
+  "vpdpbusd %%zmm24, %%zmm16, %%zmm6\n\t" \
+  "vpdpbusd %%zmm24, %%zmm17, %%zmm14\n\t" \
+  "vpbroadcastd 100(%[a],%[o]), %%zmm25\n\t" \
+  "vpdpbusd %%zmm25, %%zmm16, %%zmm7\n\t" \
+  "vpdpbusd %%zmm25, %%zmm17, %%zmm15\n\t"
+TRELLIS_TILE_BYTES_LOOP(VnniBroadcastOperands, TRELLIS_BCAST_OPERANDS)
+TRELLIS_TILE_BYTES_LOOP(VnniBroadcastPairs, TRELLIS_BCAST_PAIRS)
 
 // 16 x vdpbf16ps zmm: 16 x 32 bf16 pairs x 2 = 1024 FLOP per iteration.
 __attribute__((target("avx512f,avx512bf16"))) void Bf16Zmm(int64_t n) {

@@ -197,7 +197,7 @@ __attribute__((always_inline)) inline void DotGroups(__m512i (&iacc)[G][NT], con
 // vpdpbusd takes its activation dword as a broadcast memory operand, 64 loads a block
 // beside 64 vpdpbusd, and they cost the dot products time: the one-group 8-token tile
 // with them taken out (results wrong) ran 1.2-1.37x, and `bench roofline`'s loop of 16
-// vpdpbusd whose dwords are broadcast from 4 lines, 2 zmm loads beside, runs 0.76-0.78x
+// vpdpbusd whose dwords are broadcast from 4 lines, 2 zmm loads beside, runs 0.78-0.87x
 // the loop with 8 register broadcasts used twice (Zen 5). Two groups x 4 tokens
 // broadcast each dword into a register once for both groups: half those loads for the
 // same dots (in-process A/B, 8 units x 9 tiles of 2048 columns, one thread: Q4_0
