@@ -77,6 +77,24 @@ __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m5
 #endif
 }
 
+// One 64-byte line of packed weights, loaded once. GCC 12 folds a plain load into every
+// instruction that reads it (a 4-bit line into both the low- and the high-nibble and; a
+// high-bit line into up to four shifts), so the tiles read each line two to four times;
+// those extra zmm loads are the dear kind here (`bench roofline`'s broadcast rows). Behind
+// an asm the value is loaded once: the one-group Q4_0 tile ran 1.07-1.10x (in-process A/B,
+// one thread, weights in L2 or streaming); bench_kernels at 8 and 512 tokens, one thread,
+// 4 alternating rounds: q5_K 1.11x, q6_K 1.08-1.11x, q4_K / iq4_xs / q3_K 1.04-1.05x,
+// q5_0 1.03-1.14x, iq4_nl 1.06-1.09x, q4_0 1.00-1.05x. Tiles of one or two tokens keep
+// the plain load: single-token decode of TinyLlama Q4_K_M (Q4_K and Q6_K tiles, weights
+// from DRAM) ran 0.92-0.93x with the asm (`bench/ab.py`, 4 and 6 rounds).
+template <int NT>
+__attribute__((always_inline)) inline __m512i LoadLine(const uint8_t* p) {
+  if constexpr (NT <= 2) return _mm512_load_si512(p);
+  __m512i v;
+  __asm__("vmovdqa64 %1, %0" : "=v"(v) : "m"(*reinterpret_cast<const __m512i*>(p)));
+  return v;
+}
+
 // One 32-element block of 4-bit x16 weights (4 lines at wb, packed.h) against NT tokens'
 // activation bytes: iacc[t] (16 rows) += sum of map(e) * a, token t's bytes 8i..8i+7 of
 // the block at act(t, i). The nibbles are split (and mapped) once per line and shared by
@@ -91,7 +109,7 @@ __attribute__((always_inline)) inline void DotNibbleBlock(const uint8_t* wb, Act
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
-    const __m512i packed = _mm512_load_si512(wb + 64 * i);
+    const __m512i packed = LoadLine<NT>(wb + 64 * i);
     const __m512i lo = map(_mm512_and_si512(packed, m4));
     const __m512i hi = map(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4));
 #pragma GCC unroll 8
@@ -131,11 +149,11 @@ __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
   PrefetchWeights<NT, kPrefetchBytes>(wb + 256);
-  const __m512i high = _mm512_load_si512(wb + 256);
+  const __m512i high = LoadLine<NT>(wb + 256);
   auto line = [&](auto i_const) {
     constexpr int i = decltype(i_const)::value;
     PrefetchWeights<NT, kPrefetchBytes>(wb + 64 * i);
-    const __m512i packed = _mm512_load_si512(wb + 64 * i);
+    const __m512i packed = LoadLine<NT>(wb + 64 * i);
     const __m512i lo = _mm512_or_si512(_mm512_and_si512(packed, m4), _mm512_and_si512(BitTo4<2 * i>(high), m10));
     const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), m4),
                                        _mm512_and_si512(BitTo4<2 * i + 1>(high), m10));
@@ -155,11 +173,11 @@ __attribute__((always_inline)) inline void DotQ5Block(const uint8_t* wb, Act act
 // Line i's two 16-row x 4-value vectors of a 4- or 5-bit block at wb (its 5th-bit line
 // `high` loaded by the caller for Q5_0 / Q5_1): the low and the high nibbles, mapped
 // through IQ4_NL's grid or given their 5th bits.
-template <GgmlType kType, int kI>
+template <GgmlType kType, int kI, int kTokens>
 __attribute__((always_inline)) inline void UnpackLine(const uint8_t* wb, __m512i high, const Iq4Grid& grid,
                                                       __m512i& lo, __m512i& hi) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i packed = _mm512_load_si512(wb + 64 * kI);
+  const __m512i packed = LoadLine<kTokens>(wb + 64 * kI);
   lo = _mm512_and_si512(packed, m4);
   hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), m4);
   if constexpr (kType == GgmlType::kIQ4_NL) {
@@ -269,7 +287,7 @@ __attribute__((always_inline)) inline void TilePackedGroups(const PackedArgs& p,
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
           PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 256);
-          high[g] = _mm512_load_si512(wb[g] + 256);
+          high[g] = LoadLine<G * NT>(wb[g] + 256);
         }
       }
       auto line = [&](auto i_const) {
@@ -278,7 +296,7 @@ __attribute__((always_inline)) inline void TilePackedGroups(const PackedArgs& p,
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
           PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 64 * i);
-          UnpackLine<kType, i>(wb[g], kQ5 ? high[g] : _mm512_setzero_si512(), grid, lo[g], hi[g]);
+          UnpackLine<kType, i, G * NT>(wb[g], kQ5 ? high[g] : _mm512_setzero_si512(), grid, lo[g], hi[g]);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
@@ -514,9 +532,9 @@ void TilePackedQ6_K(const PackedArgs& p) {
       }
 #pragma GCC unroll 2
       for (int x = 0; x < 2; ++x) {
-        const __m512i l0 = _mm512_load_si512(bl + 128 * x);
-        const __m512i l1 = _mm512_load_si512(bl + 128 * x + 64);
-        const __m512i h = _mm512_load_si512(bl + 256 + 64 * x);
+        const __m512i l0 = LoadLine<NT>(bl + 128 * x);
+        const __m512i l1 = LoadLine<NT>(bl + 128 * x + 64);
+        const __m512i h = LoadLine<NT>(bl + 256 + 64 * x);
         const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
         const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
                                            _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
@@ -666,11 +684,11 @@ void TilePackedLowK(const PackedArgs& p) {
       [[maybe_unused]] __m512i hb;
       if constexpr (kQ3) {
         PrefetchWeights<NT, kPrefetchBytes>(bl + 128);
-        hb = _mm512_load_si512(bl + 128);
+        hb = LoadLine<NT>(bl + 128);
       }
       auto group = [&](auto m_const) {
         constexpr int m = decltype(m_const)::value;
-        const __m512i line = _mm512_load_si512(bl + 64 * m);
+        const __m512i line = LoadLine<NT>(bl + 64 * m);
         __m512i w[4] = {_mm512_and_si512(line, m3), _mm512_and_si512(_mm512_srli_epi16(line, 2), m3),
                         _mm512_and_si512(_mm512_srli_epi16(line, 4), m3), _mm512_and_si512(_mm512_srli_epi16(line, 6), m3)};
         if constexpr (kQ3) {
