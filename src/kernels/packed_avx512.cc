@@ -86,7 +86,10 @@ __attribute__((always_inline)) inline __m512i DpbusdBroadcast(__m512i iacc, __m5
 // 4 alternating rounds: q5_K 1.11x, q6_K 1.08-1.11x, q4_K / iq4_xs / q3_K 1.04-1.05x,
 // q5_0 1.03-1.14x, iq4_nl 1.06-1.09x, q4_0 1.00-1.05x. Tiles of one or two tokens keep
 // the plain load: single-token decode of TinyLlama Q4_K_M (Q4_K and Q6_K tiles, weights
-// from DRAM) ran 0.92-0.93x with the asm (`bench/ab.py`, 4 and 6 rounds).
+// from DRAM) ran 0.92-0.93x with the asm (`bench/ab.py`, 4 and 6 rounds); so do the
+// 32-element block types' tiles over weights on their way from memory (TilePackedGroups
+// with prefetches: 8 sessions decoding Q4_0 read 0.95x in 6 rounds with the asm), where
+// the K-quants' 8-token tiles gained (Q4_K_M 8 sessions 1.10x).
 template <int NT>
 __attribute__((always_inline)) inline __m512i LoadLine(const uint8_t* p) {
   if constexpr (NT <= 2) return _mm512_load_si512(p);
@@ -287,7 +290,7 @@ __attribute__((always_inline)) inline void TilePackedGroups(const PackedArgs& p,
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
           PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 256);
-          high[g] = LoadLine<G * NT>(wb[g] + 256);
+          high[g] = LoadLine<kPf ? 1 : G * NT>(wb[g] + 256);
         }
       }
       auto line = [&](auto i_const) {
@@ -296,7 +299,7 @@ __attribute__((always_inline)) inline void TilePackedGroups(const PackedArgs& p,
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
           PrefetchWeights<NT * G, kPrefetchBytes, kPf>(wb[g] + 64 * i);
-          UnpackLine<kType, i, G * NT>(wb[g], kQ5 ? high[g] : _mm512_setzero_si512(), grid, lo[g], hi[g]);
+          UnpackLine<kType, i, kPf ? 1 : G * NT>(wb[g], kQ5 ? high[g] : _mm512_setzero_si512(), grid, lo[g], hi[g]);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
